@@ -1,0 +1,74 @@
+"""Settings of the frontend (``python -m infera.server``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from infera.config.base import ConfigError, option
+
+DISCOVERY_BACKENDS = ("static", "etcd", "kubernetes")
+REQUEST_TRANSPORTS = ("http", "nats")
+KV_EVENT_TRANSPORTS = ("zmq", "nats", "none")
+ROUTER_MODES = ("auto", "direct")
+ROUTER_POLICIES = ("kv-aware", "round-robin")
+
+# A per-request nonce that Claude Code puts in the first system block; left in, it makes every
+# prompt unique at token 0 and defeats prefix caching on every engine.
+BILLING_HEADER_PATTERN = r"(?m)^x-anthropic-billing-header:[^\n]*\n?"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    host: str = option("0.0.0.0", "address to listen on")
+    port: int = option(8000, "port to listen on")
+    router_mode: str = option("auto", "auto: pick in-process; direct: obey the x-worker-instance-id header",
+                              choices=ROUTER_MODES)
+    router_policy: str = option("kv-aware", "how auto mode scores workers", choices=ROUTER_POLICIES)
+    router_tokenizer_path: str = option("", "local tokenizer dir (tokenizer.json + tokenizer_config.json) "
+                                            "used to render and hash prompts; required for kv-aware")
+    kv_overlap_weight: float = option(1.0, "kv-aware: weight of prefill work left after the cache credit "
+                                           "against decode load already on the worker")
+    router_temperature: float = option(0.0, "kv-aware: 0 picks the cheapest worker; >0 samples by softmax of "
+                                            "-cost/temperature, spreading near-ties")
+    request_max_retries: int = option(1, "retries on an alternate worker when a request fails before its "
+                                         "first response byte; 0 fails fast")
+    discovery_backend: str = option("kubernetes", "where the worker list comes from", choices=DISCOVERY_BACKENDS)
+    request_transport: str = option("nats", "how requests reach a worker", choices=REQUEST_TRANSPORTS)
+    kv_event_transport: str = option("nats", "how KV-cache events reach the router", choices=KV_EVENT_TRANSPORTS)
+    worker_url: tuple[str, ...] = option((), "static discovery: a worker's base URL (repeatable); its record "
+                                              "is read from GET <url>/infera/worker")
+    workers_file: str = option("", "static discovery: a JSON file listing worker URLs or records; watched "
+                                   "for changes")
+    etcd_endpoint: str = option("", "host:port of etcd (--discovery-backend etcd)")
+    k8s_label_selector: str = option("app.kubernetes.io/component=infera-worker",
+                                     "pod selector (--discovery-backend kubernetes)")
+    nats_server: str = option("", "NATS URL (--request-transport/--kv-event-transport nats)",
+                              env=("NATS_SERVER", "NATS_URL"))
+    max_body_bytes: int = option(8 * 1024 * 1024, "largest request body accepted (413 above it)")
+    upstream_connect_timeout: float = option(5.0, "seconds to connect to a worker")
+    upstream_first_byte_timeout: float = option(600.0, "seconds to wait for a worker's first response byte "
+                                                       "(then it counts as failed and may be retried)")
+    kv_events_stale_seconds: float = option(5.0, "a worker that was sent requests but published no KV event "
+                                                 "for this long is treated as blind: the router predicts its "
+                                                 "cache from its own decisions")
+    strip_prompt_pattern: tuple[str, ...] = option(
+        (BILLING_HEADER_PATTERN,),
+        "regex removed from every prompt before routing and forwarding: per-request nonces defeat prefix "
+        "caching (repeatable; pass '' to disable)")
+    worker_poll_interval: float = option(2.0, "static discovery: seconds between worker health checks")
+    log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+
+    def __post_init__(self) -> None:
+        if self.router_policy == "kv-aware" and self.router_mode == "auto" and not self.router_tokenizer_path:
+            raise ConfigError("--router-tokenizer-path is required for --router-policy kv-aware "
+                              "(or pass --router-policy round-robin)")
+        if self.discovery_backend == "static" and not (self.worker_url or self.workers_file):
+            raise ConfigError("--discovery-backend static needs --worker-url (repeatable) or --workers-file")
+        if self.discovery_backend == "etcd" and not self.etcd_endpoint:
+            raise ConfigError("--discovery-backend etcd needs --etcd-endpoint host:port")
+        if self.request_max_retries < 0:
+            raise ConfigError("--request-max-retries must be >= 0")
+        if self.kv_overlap_weight < 0:
+            raise ConfigError("--kv-overlap-weight must be >= 0")
+        if self.max_body_bytes <= 0:
+            raise ConfigError("--max-body-bytes must be > 0")

@@ -1,0 +1,34 @@
+"""The fleet-view seam: which workers exist right now, and what changed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+from infera.protocols.worker import WorkerRecord
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FleetChange:
+    kind: Literal["add", "update", "remove"]
+    worker: WorkerRecord
+
+
+FleetListener = Callable[[FleetChange], None]
+
+
+class FleetView(Protocol):
+    """A live set of routable workers (listed, reachable, and in a state to serve)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def workers(self) -> dict[str, WorkerRecord]:
+        """The current workers by instance id. Cheap; called on every request."""
+        ...
+
+    def subscribe(self, listener: FleetListener) -> None:
+        """Call ``listener`` for every change from now on (synchronously, in the event loop)."""
+        ...

@@ -1,0 +1,173 @@
+"""Static discovery: worker URLs from flags or a watched JSON file.
+
+Each entry is a base URL (the worker's record is read from ``GET <url>/infera/worker``,
+which the mock engine and infera's worker wrappers serve) or an object with the record's
+fields (for an engine that serves no record: at least ``http_url`` and ``model``; the
+instance id defaults to the URL). A worker is in the view while its record is known and
+``GET /health`` answers 200; it leaves after ``unhealthy_after`` failed checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from infera.discovery.base import FleetChange, FleetListener
+from infera.protocols.worker import WorkerRecord
+
+log = logging.getLogger(__name__)
+
+GetJson = Callable[[str, float], Awaitable[object]]
+"""Fetch a URL's JSON body with a timeout (seconds); raises on failure."""
+
+
+class WorkersFileError(ValueError):
+    pass
+
+
+def parse_workers_file(text: str) -> list[str | dict[str, Any]]:
+    """A JSON list of URLs or record objects, or ``{"workers": [...]}``."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise WorkersFileError(f"not JSON: {exc}") from exc
+    if isinstance(doc, dict):
+        doc = doc.get("workers")
+    if not isinstance(doc, list) or not all(isinstance(x, str | dict) for x in doc):
+        raise WorkersFileError("expected a list of worker URLs or worker objects")
+    return doc
+
+
+class StaticFleet:
+    def __init__(
+        self,
+        get_json: GetJson,
+        urls: Sequence[str] = (),
+        workers_file: str = "",
+        poll_interval: float = 2.0,
+        unhealthy_after: int = 2,
+        timeout: float = 2.0,
+    ) -> None:
+        self._get_json = get_json
+        self._urls = list(urls)
+        self._file = workers_file
+        self._file_mtime: float | None = None
+        self._file_entries: list[str | dict[str, Any]] = []
+        self._poll = poll_interval
+        self._unhealthy_after = unhealthy_after
+        self._timeout = timeout
+        self._workers: dict[str, WorkerRecord] = {}
+        self._by_entry: dict[str, str] = {}  # entry key (url) -> instance id
+        self._failures: dict[str, int] = {}
+        self._listeners: list[FleetListener] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def workers(self) -> dict[str, WorkerRecord]:
+        return self._workers
+
+    def subscribe(self, listener: FleetListener) -> None:
+        self._listeners.append(listener)
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.create_task(self._loop(), name="static-fleet")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("static discovery refresh failed")
+
+    def _entries(self) -> list[str | dict[str, Any]]:
+        if self._file:
+            try:
+                mtime = os.stat(self._file).st_mtime
+                if mtime != self._file_mtime:
+                    with open(self._file, encoding="utf-8") as fh:
+                        self._file_entries = parse_workers_file(fh.read())
+                    self._file_mtime = mtime
+            except (OSError, WorkersFileError) as exc:
+                log.warning("workers file %s unreadable, keeping the last list: %s", self._file, exc)
+        return [*self._urls, *self._file_entries]
+
+    async def refresh(self) -> None:
+        """Re-read the entries and check every worker once (concurrently)."""
+        entries = self._entries()
+        keys = {_entry_key(e) for e in entries}
+        for key in list(self._by_entry):
+            if key not in keys:
+                self._drop(self._by_entry.pop(key), "removed from the list")
+        await asyncio.gather(*(self._check(e) for e in entries))
+
+    async def _check(self, entry: str | dict[str, Any]) -> None:
+        key = _entry_key(entry)
+        base = key.rstrip("/")
+        try:
+            await self._get_json(base + "/health", self._timeout)
+            if isinstance(entry, str):
+                raw = await self._get_json(base + "/infera/worker", self._timeout)
+            else:
+                raw = {"instance_id": base, "http_url": base, **entry}
+            record = WorkerRecord.model_validate(raw)
+        except ValidationError as exc:
+            log.warning("worker %s has an invalid record: %s", key, exc.errors()[:2])
+            self._fail(key)
+            return
+        except Exception as exc:  # unreachable, non-200, bad JSON: all mean "not routable now"
+            log.debug("worker %s not healthy: %s", key, exc)
+            self._fail(key)
+            return
+        self._failures.pop(key, None)
+        old_id = self._by_entry.get(key)
+        if old_id is not None and old_id != record.instance_id:
+            self._drop(old_id, "restarted with a new instance id")
+        self._by_entry[key] = record.instance_id
+        previous = self._workers.get(record.instance_id)
+        if previous == record:
+            return
+        self._workers = {**self._workers, record.instance_id: record}
+        if previous is None:
+            log.info("worker %s joined (%s, %s)", record.instance_id, record.role, record.http_url)
+        self._emit(FleetChange("add" if previous is None else "update", record))
+
+    def _fail(self, key: str) -> None:
+        count = self._failures.get(key, 0) + 1
+        self._failures[key] = count
+        worker_id = self._by_entry.get(key)
+        if worker_id is not None and count >= self._unhealthy_after:
+            self._by_entry.pop(key, None)
+            self._drop(worker_id, f"failed {count} health checks")
+
+    def _drop(self, worker_id: str, why: str) -> None:
+        record = self._workers.get(worker_id)
+        if record is None:
+            return
+        self._workers = {k: v for k, v in self._workers.items() if k != worker_id}
+        log.warning("worker %s left the fleet: %s", worker_id, why)
+        self._emit(FleetChange("remove", record))
+
+    def _emit(self, change: FleetChange) -> None:
+        for listener in self._listeners:
+            listener(change)
+
+
+def _entry_key(entry: str | dict[str, Any]) -> str:
+    if isinstance(entry, str):
+        return entry
+    return str(entry.get("http_url") or entry.get("url") or "")

@@ -1,0 +1,47 @@
+"""The router's own block hashes, computed from token ids.
+
+A prompt is cut into blocks of ``block_size`` tokens; only full blocks are hashed (an
+engine never caches a partial block). Each block's hash covers its tokens and its
+parent's hash, so equal hashes mean equal prefixes up to and including that block:
+
+    hash_i = xxh3_64(tokens of block i as little-endian uint32, seed=hash_{i-1}),  hash_{-1} = parent
+
+Hashes are unsigned 64-bit ints. They never come from the engine: engines use other
+recipes (vLLM: sha256 over pickled tuples) and publish only 64 bits of them, so the
+router rebuilds its own from the token ids carried by ``BlockStored`` events.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import xxhash
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> list[int]:
+    """Chained hashes of the full blocks of ``token_ids``; a partial tail block is ignored.
+
+    ``parent`` is the hash of the block before the first one (0 = the chain starts at
+    token 0). Token ids must fit in uint32 (struct.error otherwise). Returns one hash
+    per full block, in order; an empty list when there is no full block.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    n_blocks = len(token_ids) // block_size
+    if n_blocks == 0:
+        return []
+    n_tokens = n_blocks * block_size
+    # struct.pack is the fastest list -> uint32 bytes path in CPython (about 9 ns a token,
+    # array('I') about 13); the format string is cached by the struct module.
+    body = token_ids if n_tokens == len(token_ids) else token_ids[:n_tokens]
+    view = memoryview(struct.pack(f"<{n_tokens}I", *body))
+    step = block_size * 4
+    out: list[int] = []
+    h = parent
+    for start in range(0, n_tokens * 4, step):
+        h = _xxh3(view[start : start + step], seed=h)
+        out.append(h)
+    return out

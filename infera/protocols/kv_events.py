@@ -1,0 +1,186 @@
+"""KV-cache events in vLLM's wire format (decode and encode).
+
+An engine publishes ZMQ multipart messages ``[topic, seq, payload]``: ``seq`` is an
+8-byte big-endian unsigned counter per publisher, ``payload`` one msgpack
+``EventBatch`` = ``[ts, events, data_parallel_rank]``. vLLM >= 0.32 encodes each
+event as a map keyed by field name (tag in ``"type"``); older vLLM and SGLang encode
+it as an array with the tag first, and SGLang leaves trailing fields out. The
+decoder accepts all of these; the encoder writes what vLLM 0.32 writes, byte for byte.
+
+Block hashes are opaque unsigned 64-bit ids chosen by the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+
+SEQ_BYTES = 8
+REPLAY_END_SEQ = 2**64 - 1  # the replay socket's end marker: seq -1 as signed 64-bit
+
+
+class KvEventDecodeError(ValueError):
+    """A payload is not a KV-event batch this decoder understands."""
+
+
+@dataclasses.dataclass(slots=True)
+class BlockStored:
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]  # tokens of all blocks in the event, concatenated
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = "GPU"
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class BlockRemoved:
+    block_hashes: list[int]
+    medium: str | None = "GPU"
+    group_idx: int | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class AllBlocksCleared:
+    pass
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclasses.dataclass(slots=True)
+class EventBatch:
+    ts: float
+    events: list[KvEvent]
+    data_parallel_rank: int | None = 0
+
+
+# Field order on the wire (vLLM's class field order). Fields with a default are written
+# only when they differ from it (msgspec omit_defaults); required fields always.
+_STORED_REQUIRED = (
+    "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+)
+_STORED_OPTIONAL = ("extra_keys", "group_idx", "kv_cache_spec_kind")
+_REMOVED_REQUIRED = ("block_hashes", "medium")
+_REMOVED_OPTIONAL = ("group_idx",)
+
+
+def seq_to_bytes(seq: int) -> bytes:
+    return seq.to_bytes(SEQ_BYTES, "big")
+
+
+def seq_from_bytes(frame: bytes) -> int:
+    if len(frame) != SEQ_BYTES:
+        raise KvEventDecodeError(f"sequence frame has {len(frame)} bytes, expected {SEQ_BYTES}")
+    return int.from_bytes(frame, "big")
+
+
+def _hashes(value: Any) -> list[int]:
+    if not isinstance(value, list):
+        raise KvEventDecodeError(f"block_hashes is {type(value).__name__}, expected a list")
+    out: list[int] = []
+    for h in value:
+        if isinstance(h, int):
+            out.append(h & 0xFFFFFFFFFFFFFFFF)
+        elif isinstance(h, bytes):  # some engines send raw digests; keep the last 8 bytes like vLLM
+            out.append(int.from_bytes(h, "big") & 0xFFFFFFFFFFFFFFFF)
+        else:
+            raise KvEventDecodeError(f"block hash of type {type(h).__name__}")
+    return out
+
+
+def _opt_hash(value: Any) -> int | None:
+    return None if value is None else _hashes([value])[0]
+
+
+def _decode_event(raw: Any) -> KvEvent | None:
+    """One event from its map or array form; None for an event type we do not use."""
+    if isinstance(raw, dict):
+        tag = raw.get("type")
+        fields = raw
+    elif isinstance(raw, list) and raw and isinstance(raw[0], str):
+        tag = raw[0]
+        names = {
+            "BlockStored": _STORED_REQUIRED + _STORED_OPTIONAL,
+            "BlockRemoved": _REMOVED_REQUIRED + _REMOVED_OPTIONAL,
+        }.get(tag, ())
+        fields = dict(zip(names, raw[1:], strict=False))
+    else:
+        raise KvEventDecodeError(f"event is neither a map nor a tagged array: {raw!r:.80}")
+    if tag == "BlockStored":
+        token_ids = fields.get("token_ids") or []
+        block_hashes = _hashes(fields.get("block_hashes", []))
+        block_size = fields.get("block_size")
+        if not isinstance(block_size, int) or block_size <= 0:
+            block_size = len(token_ids) // max(1, len(block_hashes))
+        return BlockStored(
+            block_hashes=block_hashes,
+            parent_block_hash=_opt_hash(fields.get("parent_block_hash")),
+            token_ids=list(token_ids),
+            block_size=block_size,
+            lora_id=fields.get("lora_id"),
+            medium=fields.get("medium"),
+            lora_name=fields.get("lora_name"),
+            extra_keys=fields.get("extra_keys"),
+            group_idx=fields.get("group_idx"),
+            kv_cache_spec_kind=fields.get("kv_cache_spec_kind"),
+        )
+    if tag == "BlockRemoved":
+        return BlockRemoved(
+            block_hashes=_hashes(fields.get("block_hashes", [])),
+            medium=fields.get("medium"),
+            group_idx=fields.get("group_idx"),
+        )
+    if tag == "AllBlocksCleared":
+        return AllBlocksCleared()
+    return None
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    """Decode one msgpack ``EventBatch``; unknown event types are skipped."""
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise KvEventDecodeError(f"not msgpack: {exc}") from exc
+    if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
+        raise KvEventDecodeError(f"batch is not [ts, events, dp_rank]: {raw!r:.80}")
+    events = [ev for ev in (_decode_event(item) for item in raw[1]) if ev is not None]
+    dp_rank = raw[2] if len(raw) > 2 else None
+    ts = float(raw[0]) if isinstance(raw[0], int | float) else 0.0
+    return EventBatch(ts=ts, events=events, data_parallel_rank=dp_rank)
+
+
+def _event_map(ev: KvEvent) -> dict[str, Any]:
+    if isinstance(ev, BlockStored):
+        out: dict[str, Any] = {"type": "BlockStored"}
+        for name in _STORED_REQUIRED:
+            out[name] = getattr(ev, name)
+        for name in _STORED_OPTIONAL:
+            value = getattr(ev, name)
+            if value is not None:
+                out[name] = value
+        return out
+    if isinstance(ev, BlockRemoved):
+        out = {"type": "BlockRemoved"}
+        for name in _REMOVED_REQUIRED:
+            out[name] = getattr(ev, name)
+        for name in _REMOVED_OPTIONAL:
+            value = getattr(ev, name)
+            if value is not None:
+                out[name] = value
+        return out
+    return {"type": "AllBlocksCleared"}
+
+
+def encode_batch(batch: EventBatch) -> bytes:
+    """Encode as vLLM 0.32 does: the batch an array, each event a map."""
+    body: list[Any] = [batch.ts, [_event_map(ev) for ev in batch.events]]
+    if batch.data_parallel_rank is not None:
+        body.append(batch.data_parallel_rank)
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]

@@ -1,0 +1,54 @@
+"""The worker record: what a worker tells the fleet about itself.
+
+One JSON object, the same everywhere it is published: served by an engine at
+``GET /infera/worker``, stored in etcd at ``/infera/workers/<id>`` and in a pod
+annotation. ``version`` lets readers refuse records they do not understand.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RECORD_VERSION = 1
+
+Role = Literal["mixed", "prefill", "decode"]
+
+
+class KvEventEndpoint(BaseModel):
+    """Where a worker's engine publishes KV-cache events (vLLM's ZMQ wire format)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    endpoint: str = Field(description="ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557")
+    replay_endpoint: str | None = Field(default=None, description="ZMQ ROUTER endpoint that resends by sequence number")
+    topic: str = ""
+
+
+class Capacity(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    kv_blocks: int = Field(default=0, ge=0, description="KV-cache blocks on the device (0 = unknown)")
+    max_num_seqs: int = Field(default=0, ge=0, description="max concurrently running sequences (0 = unknown)")
+
+
+class WorkerRecord(BaseModel):
+    """A worker as the router sees it; ``instance_id`` is unique across the fleet."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: int = RECORD_VERSION
+    instance_id: str
+    model: str
+    role: Role = "mixed"
+    engine: str = "unknown"
+    http_url: str = Field(description="base URL of the engine's HTTP API, without /v1")
+    nats_subject: str | None = None
+    kv_events: KvEventEndpoint | None = None
+    kv_block_size: int = Field(default=16, gt=0, description="tokens per KV block")
+    capacity: Capacity = Field(default_factory=Capacity)
+    dp_rank: int = 0
+    dp_size: int = 1
+    connector: str | None = Field(default=None, description="PD connector: push (SGLang bootstrap) or pull (NIXL)")
+    bootstrap_addr: str | None = None

@@ -1,0 +1,66 @@
+"""The policy seam: policies score candidates; the router owns every invariant.
+
+A policy sees the request's :class:`RoutingContext` and the healthy candidates of the
+right model and role, and returns one cost per candidate (lower is better) and a short
+reason. Filtering, load accounting, tie-breaking and retries are the router's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from infera.kv.hashing import block_hashes
+from infera.kv.index import PrefixIndex
+from infera.protocols.worker import WorkerRecord
+
+
+@dataclasses.dataclass(slots=True)
+class RoutingContext:
+    model: str
+    token_ids: list[int] | None  # the prompt as the engine will tokenize it; None if not tokenized
+    prompt_tokens: int  # exact when token_ids is set, else an estimate
+    max_tokens: int
+    _hashes: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+
+    def hashes(self, block_size: int) -> list[int]:
+        """The prompt's full-block router hashes for ``block_size`` (computed once per size)."""
+        cached = self._hashes.get(block_size)
+        if cached is None:
+            cached = block_hashes(self.token_ids, block_size) if self.token_ids else []
+            self._hashes[block_size] = cached
+        return cached
+
+
+@dataclasses.dataclass(slots=True)
+class Candidate:
+    worker: WorkerRecord
+    in_flight: int  # requests the router has in flight on it
+    prefill_tokens: int  # prompt tokens routed to it still waiting for their first token
+    active_blocks: int  # distinct KV blocks its in-flight requests occupy
+
+
+@dataclasses.dataclass(slots=True)
+class Scores:
+    costs: list[float]  # one per candidate, lower is better; any scale
+    reason: str  # why, for the decision metric (e.g. "cache-hit", "rotation")
+    overlap_blocks: list[int] | None = None  # per candidate, for kv-aware policies
+
+
+class Policy(Protocol):
+    needs_tokens: bool  # the router tokenizes the prompt only for policies that need it
+
+    def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyDeps:
+    """What a policy may read. ``blind`` tells whether a worker's KV events are missing or stale."""
+
+    index: PrefixIndex
+    kv_overlap_weight: float
+    blind: Callable[[str], bool]
+
+
+PolicyFactory = Callable[[PolicyDeps], Policy]

@@ -1,0 +1,53 @@
+"""Inspection and operations endpoints: health, metrics, the worker registry, cache views."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import ORJSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from infera.router.router import Router
+from infera.server.errors import openai_error
+from infera.server.metrics import ServerMetrics
+
+
+class AdminHandlers:
+    def __init__(self, router: Router, metrics: ServerMetrics) -> None:
+        self.router = router
+        self.metrics = metrics
+
+    def routes(self) -> APIRouter:
+        api = APIRouter()
+        api.add_api_route("/health", self.health, methods=["GET"])
+        api.add_api_route("/metrics", self.prometheus, methods=["GET"])
+        api.add_api_route("/v1/workers", self.workers, methods=["GET"])
+        api.add_api_route("/v1/admin/cache-view/{worker_id}", self.cache_view, methods=["GET"])
+        return api
+
+    async def health(self) -> ORJSONResponse:
+        count = len(self.router.fleet.workers())
+        body = {"status": "ok" if count else "no_workers", "workers": count, "models": self.router.models()}
+        return ORJSONResponse(body, status_code=200 if count else 503)
+
+    async def prometheus(self) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def workers(self) -> ORJSONResponse:
+        router = self.router
+        cooling = router.cooling_down()
+        out = []
+        for wid, record in sorted(router.fleet.workers().items()):
+            out.append({
+                **record.model_dump(mode="json"),
+                "in_flight": router.load.in_flight(wid),
+                "kv_blocks_indexed": router.index.block_count(wid),
+                "kv_events_stale": router.is_blind(wid),
+                "cooldown_seconds": round(max(0.0, cooling.get(wid, 0.0)), 3),
+            })
+        return ORJSONResponse({"object": "list", "data": out})
+
+    async def cache_view(self, worker_id: str) -> ORJSONResponse:
+        if worker_id not in self.router.fleet.workers():
+            return openai_error(404, f"no worker {worker_id!r} in the fleet", "not_found_error", "worker_id")
+        view = self.router.index.cache_view(worker_id)
+        return ORJSONResponse({"worker_id": worker_id, "kv_events_stale": self.router.is_blind(worker_id), **view})

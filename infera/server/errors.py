@@ -1,0 +1,45 @@
+"""Error responses in the OpenAI shape, and the handlers that make every failure use it."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import ORJSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from infera.protocols.openai import error_body
+
+STATUS_KINDS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+def openai_error(status: int, message: str, kind: str | None = None, param: str | None = None) -> ORJSONResponse:
+    return ORJSONResponse(error_body(message, kind or STATUS_KINDS.get(status, "server_error"), param, status),
+                          status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def http_error(_: Request, exc: Exception) -> ORJSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        return openai_error(exc.status_code, str(exc.detail))
+
+    async def validation_error(_: Request, exc: Exception) -> ORJSONResponse:
+        return openai_error(400, str(exc))
+
+    async def unexpected(_: Request, exc: Exception) -> ORJSONResponse:
+        return openai_error(500, f"internal error: {type(exc).__name__}", "server_error")
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(Exception, unexpected)

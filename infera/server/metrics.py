@@ -1,0 +1,91 @@
+"""Prometheus metrics of one frontend: request histograms, and fleet/router state read at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from infera.router.router import OVERLAP_BUCKETS, Router
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class ServerMetrics:
+    """One registry per app (no globals), so tests and several apps in one process never collide."""
+
+    def __init__(self, router: Router) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("infera_requests", "Requests by endpoint and HTTP status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.ttft = Histogram("infera_time_to_first_token_seconds", "Arrival to first response byte sent",
+                              ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("infera_inter_token_latency_seconds", "Gap between streamed chunks",
+                             ["endpoint"], buckets=ITL_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("infera_request_duration_seconds", "Arrival to last byte",
+                             ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.registry.register(_RouterCollector(router))
+
+
+class _RouterCollector(Collector):
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+        router = self._router
+        workers = router.fleet.workers()
+        fleet = GaugeMetricFamily("infera_fleet_workers", "Routable workers by role", labels=["role"])
+        for role in ("mixed", "prefill", "decode"):
+            fleet.add_metric([role], sum(1 for w in workers.values() if w.role == role))
+        yield fleet
+
+        in_flight = GaugeMetricFamily("infera_worker_in_flight", "Requests in flight per worker", labels=["worker"])
+        blocks = GaugeMetricFamily("infera_kv_indexed_blocks", "KV blocks the router believes each worker holds",
+                                   labels=["worker"])
+        stale = GaugeMetricFamily("infera_kv_events_stale",
+                                  "1 when a worker's KV events are missing or stale and its cache is predicted",
+                                  labels=["worker"])
+        cooling = GaugeMetricFamily("infera_worker_cooldown_seconds", "Seconds a failed worker is avoided for",
+                                    labels=["worker"])
+        cool = router.cooling_down()
+        for wid in sorted(workers):
+            in_flight.add_metric([wid], router.load.in_flight(wid))
+            blocks.add_metric([wid], router.index.block_count(wid))
+            stale.add_metric([wid], 1.0 if router.is_blind(wid) else 0.0)
+            cooling.add_metric([wid], max(0.0, cool.get(wid, 0.0)))
+        yield in_flight
+        yield blocks
+        yield stale
+        yield cooling
+
+        batches = CounterMetricFamily("infera_kv_event_batches", "KV-event batches received", labels=["worker"])
+        for wid, n in sorted(router.stats.kv_batches.items()):
+            batches.add_metric([wid], n)
+        yield batches
+        gaps = CounterMetricFamily("infera_kv_event_gaps", "KV-event batches lost for good", labels=["worker"])
+        for wid, n in sorted(router.stats.kv_gaps.items()):
+            gaps.add_metric([wid], n)
+        yield gaps
+
+        decisions = CounterMetricFamily("infera_routing_decisions", "Routing decisions by policy and reason",
+                                        labels=["policy", "reason"])
+        for (policy, reason), n in sorted(router.stats.decisions.items()):
+            decisions.add_metric([policy, reason], n)
+        yield decisions
+        yield CounterMetricFamily("infera_request_retries", "Attempts on an alternate worker",
+                                  value=router.stats.retries)
+
+        stats = router.stats
+        overlap = HistogramMetricFamily("infera_routed_prompt_overlap_fraction",
+                                        "Fraction of a routed prompt's blocks cached on the chosen worker")
+        overlap.add_metric([], [(_bound(b), float(n)) for b, n in zip(OVERLAP_BUCKETS, stats.overlap_buckets,
+                                                                        strict=True)]
+                           + [("+Inf", float(stats.overlap_count))], stats.overlap_sum)
+        yield overlap
+
+
+def _bound(value: float) -> str:
+    return repr(float(value))

@@ -1,0 +1,200 @@
+"""OpenAI endpoints: thin handlers that validate, route and relay."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import ORJSONResponse, Response, StreamingResponse
+
+from infera.protocols.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ValidationError,
+    error_body,
+    first_error,
+    strip_system_nonces,
+)
+from infera.router.router import RoutedResponse, Router, RouteRequest, RoutingError
+from infera.server.errors import openai_error
+from infera.server.metrics import ServerMetrics
+from infera.transport.base import UpstreamError
+
+FORWARD_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate")
+WORKER_HEADER = "x-worker-instance-id"
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing more than ``limit`` bytes without reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class OpenAIHandlers:
+    def __init__(self, router: Router, metrics: ServerMetrics, max_body_bytes: int,
+                 strip_patterns: Sequence[str]) -> None:
+        self.router = router
+        self.metrics = metrics
+        self.max_body = max_body_bytes
+        self.patterns = [re.compile(p) for p in strip_patterns if p]
+
+    def routes(self) -> APIRouter:
+        api = APIRouter()
+        api.add_api_route("/v1/chat/completions", self.chat, methods=["POST"], include_in_schema=True)
+        api.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        api.add_api_route("/v1/models", self.list_models, methods=["GET"])
+        return api
+
+    async def list_models(self) -> ORJSONResponse:
+        created = int(time.time())
+        data = [{"id": m, "object": "model", "created": created, "owned_by": "infera"} for m in self.router.models()]
+        return ORJSONResponse({"object": "list", "data": data})
+
+    async def chat(self, request: Request) -> Response:
+        return await self._handle(request, "chat", "/v1/chat/completions")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._handle(request, "completion", "/v1/completions")
+
+    async def _handle(self, request: Request, kind: Literal["chat", "completion"], path: str) -> Response:
+        started = time.perf_counter()
+        response = await self._route(request, kind, path, started)
+        if not isinstance(response, StreamingResponse):
+            self.metrics.requests.labels(path, str(response.status_code)).inc()
+            self.metrics.e2e.labels(path).observe(time.perf_counter() - started)
+        return response
+
+    async def _route(self, request: Request, kind: Literal["chat", "completion"], path: str,
+                     started: float) -> Response:
+        try:
+            body = await read_body(request, self.max_body)
+        except BodyTooLarge:
+            return openai_error(413, f"request body exceeds {self.max_body} bytes")
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            return openai_error(400, f"malformed JSON body: {exc}")
+        if not isinstance(payload, dict):
+            return openai_error(400, "the request body must be a JSON object")
+        schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
+        try:
+            parsed = schema.model_validate(payload)
+        except ValidationError as exc:
+            message, param = first_error(exc)
+            return openai_error(400, message, param=param)
+        if parsed.model not in self.router.models():
+            if not self.router.fleet.workers():
+                return openai_error(503, "no workers are available")
+            return openai_error(404, f"The model '{parsed.model}' does not exist", "not_found_error", "model")
+        if kind == "chat" and strip_system_nonces(payload, self.patterns):
+            body = orjson.dumps(payload)
+        req = RouteRequest(kind=kind, path=path, body=body, payload=payload, model=parsed.model,
+                           max_tokens=parsed.output_limit(), worker_hint=request.headers.get(WORKER_HEADER))
+        headers = {"content-type": "application/json"}
+        for name in FORWARD_HEADERS:
+            value = request.headers.get(name)
+            if value is not None:
+                headers[name] = value
+        routed = await self._dispatch_or_disconnect(request, req, headers)
+        if routed is None:
+            return Response(status_code=499)
+        if isinstance(routed, Response):
+            return routed
+        self.metrics.ttft.labels(path).observe(time.perf_counter() - started)
+        out_headers = {"x-infera-worker": routed.worker_id}
+        if routed.content_type.startswith("text/event-stream"):
+            return StreamingResponse(self._relay(routed, path, started), status_code=routed.status,
+                                     media_type="text/event-stream", headers=out_headers)
+        try:
+            collected = await self._collect_or_disconnect(request, routed)
+        except UpstreamError as exc:
+            return openai_error(exc.status, f"the worker failed before the response was complete: {exc}")
+        if collected is None:
+            return Response(status_code=499)
+        return Response(collected, status_code=routed.status, media_type=routed.content_type,
+                        headers=out_headers)
+
+    async def _dispatch_or_disconnect(self, request: Request, req: RouteRequest,
+                                      headers: dict[str, str]) -> RoutedResponse | Response | None:
+        """Dispatch, but give up (and release the worker) if the client goes away meanwhile."""
+        dispatch = asyncio.ensure_future(self.router.dispatch(req, headers))
+        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait((dispatch, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not dispatch.done():
+            dispatch.cancel()
+            try:
+                await dispatch
+            except (asyncio.CancelledError, Exception):
+                pass
+            return None
+        try:
+            return dispatch.result()
+        except RoutingError as exc:
+            return openai_error(exc.status, str(exc), exc.kind)
+
+    async def _collect_or_disconnect(self, request: Request, routed: RoutedResponse) -> bytes | None:
+        async def collect() -> bytes:
+            return b"".join([chunk async for chunk in routed.chunks()])
+
+        task = asyncio.ensure_future(collect())
+        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not task.done():
+            task.cancel()
+            routed.close()
+            return None
+        return task.result()
+
+    async def _relay(self, routed: RoutedResponse, path: str, started: float) -> AsyncIterator[bytes]:
+        """Relay SSE bytes; a failure mid-stream becomes an error event and a clean close."""
+        status = str(routed.status)
+        last = time.perf_counter()
+        itl = self.metrics.itl.labels(path)
+        try:
+            async for chunk in routed.chunks():
+                now = time.perf_counter()
+                itl.observe(now - last)
+                last = now
+                yield chunk
+        except UpstreamError as exc:
+            status = "stream_error"
+            event: dict[str, Any] = error_body(f"the worker failed mid-stream: {exc}", "upstream_error",
+                                               code=exc.status)
+            yield b"data: " + orjson.dumps(event) + b"\n\n"
+        except asyncio.CancelledError:
+            status = "499"
+            raise
+        finally:
+            self.metrics.requests.labels(path, status).inc()
+            self.metrics.e2e.labels(path).observe(time.perf_counter() - started)

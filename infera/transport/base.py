@@ -1,0 +1,77 @@
+"""Seams of the transport layer: how a request reaches a worker, how KV events reach the router."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Protocol
+
+from infera.protocols.kv_events import EventBatch
+from infera.protocols.worker import WorkerRecord
+
+
+class UpstreamError(Exception):
+    """A worker could not serve a request.
+
+    ``before_first_byte`` is True when nothing of the response has reached the client
+    yet, so the router may retry on another worker. ``status`` is the status code the
+    client should see if the error surfaces (502 unreachable/broken, 504 timed out).
+    """
+
+    def __init__(self, message: str, *, status: int = 502, before_first_byte: bool = True) -> None:
+        super().__init__(message)
+        self.status = status
+        self.before_first_byte = before_first_byte
+
+
+@dataclasses.dataclass
+class UpstreamResponse:
+    """A worker's answer whose status and headers have arrived; the body may still stream.
+
+    ``body`` yields raw bytes as the worker sends them. ``close()`` must be called (it is
+    idempotent) and aborts the upstream request if the body was not read to the end.
+    """
+
+    status: int
+    content_type: str
+    body: AsyncIterator[bytes]
+    close: Callable[[], None]
+
+
+class RequestTransport(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(
+        self, worker: WorkerRecord, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> UpstreamResponse:
+        """POST ``body`` to ``path`` (e.g. ``/v1/chat/completions``) on ``worker``.
+
+        Returns once the response status is known. Raises :class:`UpstreamError` when the
+        worker is unreachable, answers 5xx, or sends no first byte in time.
+        """
+        ...
+
+
+EventSink = Callable[[str, EventBatch], None]
+"""Called with (worker id, batch) for every batch, in sequence order per worker."""
+
+GapSink = Callable[[str, int], None]
+"""Called with (worker id, number of batches lost) when a gap could not be repaired."""
+
+
+class KvEventSource(Protocol):
+    def bind(self, sink: EventSink, on_gap: GapSink) -> None:
+        """Set where batches and unrepairable gaps go; called once, before ``start``."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def watch(self, worker: WorkerRecord) -> None:
+        """Start receiving ``worker``'s events (no-op if it publishes none or is watched already)."""
+        ...
+
+    def unwatch(self, worker_id: str) -> None: ...

@@ -1,0 +1,142 @@
+"""KV events over ZMQ: one SUB socket per worker, straight from the engine's publisher.
+
+Each worker gets a task that first asks the engine's replay socket for everything since
+seq 0 (so a router that starts late still learns the current cache), then follows the
+live stream. A jump in sequence numbers is repaired from the replay socket; when that
+is impossible the gap sink is told, and the router drops that worker's view rather
+than trust a view that may miss removals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import zmq
+import zmq.asyncio
+
+from infera.protocols.kv_events import REPLAY_END_SEQ, KvEventDecodeError, decode_batch, seq_from_bytes, seq_to_bytes
+from infera.protocols.worker import WorkerRecord
+from infera.transport.base import EventSink, GapSink
+
+log = logging.getLogger(__name__)
+
+
+class ZmqEventSource:
+    def __init__(self, replay_timeout: float = 1.0) -> None:
+        self._sink: EventSink = lambda worker_id, batch: None
+        self._on_gap: GapSink = lambda worker_id, lost: None
+        self._replay_timeout = replay_timeout
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._endpoints: dict[str, str] = {}
+
+    def bind(self, sink: EventSink, on_gap: GapSink) -> None:
+        self._sink = sink
+        self._on_gap = on_gap
+
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+
+    async def stop(self) -> None:
+        for worker_id in list(self._tasks):
+            self.unwatch(worker_id)
+        await asyncio.sleep(0)
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    def watch(self, worker: WorkerRecord) -> None:
+        ev = worker.kv_events
+        if ev is None or self._ctx is None:
+            return
+        if self._endpoints.get(worker.instance_id) == ev.endpoint:
+            return
+        self.unwatch(worker.instance_id)
+        self._endpoints[worker.instance_id] = ev.endpoint
+        self._tasks[worker.instance_id] = asyncio.create_task(
+            self._follow(worker.instance_id, ev.endpoint, ev.replay_endpoint, ev.topic),
+            name=f"kv-events-{worker.instance_id}",
+        )
+
+    def unwatch(self, worker_id: str) -> None:
+        self._endpoints.pop(worker_id, None)
+        task = self._tasks.pop(worker_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def _follow(self, worker_id: str, endpoint: str, replay: str | None, topic: str) -> None:
+        assert self._ctx is not None
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        sub.connect(endpoint)
+        expected: int | None = None
+        try:
+            if replay:
+                expected = await self._replay(worker_id, replay, 0, None)
+            while True:
+                frames = await sub.recv_multipart()
+                if len(frames) != 3:
+                    log.warning("worker %s: KV-event message with %d frames ignored", worker_id, len(frames))
+                    continue
+                seq = seq_from_bytes(frames[1])
+                if expected is not None and seq < expected:
+                    continue  # already applied from a replay
+                if expected is not None and seq > expected:
+                    repaired = await self._replay(worker_id, replay, expected, seq) if replay else None
+                    if repaired is None or repaired < seq:
+                        lost = seq - (repaired if repaired is not None else expected)
+                        log.warning("worker %s: %d KV-event batches lost (seq %d..%d); its cache view is reset",
+                                    worker_id, lost, expected, seq - 1)
+                        self._on_gap(worker_id, lost)
+                self._deliver(worker_id, frames[2])
+                expected = seq + 1
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("worker %s: KV-event stream from %s failed", worker_id, endpoint)
+        finally:
+            sub.close(linger=0)
+
+    async def _replay(self, worker_id: str, replay: str | None, start: int, stop: int | None) -> int | None:
+        """Apply batches ``start <= seq < stop`` (all when ``stop`` is None) from the replay socket.
+
+        Returns the next expected seq, or None when the replay socket did not answer.
+        """
+        assert self._ctx is not None and replay is not None
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(replay)
+        next_seq = start
+        try:
+            await dealer.send_multipart([b"", seq_to_bytes(start)])
+            while True:
+                if not await dealer.poll(int(self._replay_timeout * 1000)):
+                    log.warning("worker %s: replay socket %s did not answer", worker_id, replay)
+                    return None if next_seq == start else next_seq
+                frames = await dealer.recv_multipart()
+                if len(frames) != 4:
+                    continue
+                seq = seq_from_bytes(frames[2])
+                if seq == REPLAY_END_SEQ:
+                    return next_seq
+                if seq < next_seq or (stop is not None and seq >= stop):
+                    continue
+                if seq > next_seq and next_seq != start:
+                    return next_seq  # the replay buffer itself has a hole
+                if seq > next_seq and start != 0:
+                    return None  # the buffer no longer reaches back to ``start``
+                self._deliver(worker_id, frames[3])
+                next_seq = seq + 1
+        finally:
+            dealer.close(linger=0)
+
+    def _deliver(self, worker_id: str, payload: bytes) -> None:
+        try:
+            batch = decode_batch(payload)
+        except KvEventDecodeError as exc:
+            log.warning("worker %s: undecodable KV-event batch: %s", worker_id, exc)
+            return
+        self._sink(worker_id, batch)

@@ -1,0 +1,74 @@
+"""Static discovery: URLs and a watched workers file, against real mock engines."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infera.discovery.static import WorkersFileError, parse_workers_file
+from tests.fleet import Proc, start_frontend, start_mock
+
+
+def ids(frontend: Proc) -> set[str]:
+    return {w["instance_id"] for w in httpx.get(frontend.url + "/v1/workers").json()["data"]}
+
+
+def wait_for(cond: object, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_parse_workers_file_forms() -> None:
+    assert parse_workers_file('["http://a", {"http_url": "http://b", "model": "m"}]') == [
+        "http://a", {"http_url": "http://b", "model": "m"}]
+    assert parse_workers_file('{"workers": ["http://a"]}') == ["http://a"]
+    for bad in ("{", '{"workers": 3}', "[1, 2]"):
+        with pytest.raises(WorkersFileError):
+            parse_workers_file(bad)
+
+
+def test_workers_file_is_watched_and_dead_workers_leave(tmp_path: Path) -> None:
+    a = start_mock(tmp_path)
+    b = start_mock(tmp_path)
+    fleet_file = tmp_path / "fleet.json"
+    fleet_file.write_text(json.dumps([a.url]))
+    frontend = start_frontend(tmp_path, [], policy="round-robin", expect_workers=1,
+                              args=("--workers-file", str(fleet_file)))
+    try:
+        a_id = httpx.get(a.url + "/infera/worker").json()["instance_id"]
+        b_id = httpx.get(b.url + "/infera/worker").json()["instance_id"]
+        assert ids(frontend) == {a_id}
+        fleet_file.write_text(json.dumps([a.url, b.url]))
+        assert wait_for(lambda: ids(frontend) == {a_id, b_id})
+        b.kill()
+        assert wait_for(lambda: ids(frontend) == {a_id}), "a dead worker must leave the view"
+        fleet_file.write_text("{ broken")
+        time.sleep(1.5)
+        assert ids(frontend) == {a_id}, "a broken file keeps the last good list"
+    finally:
+        frontend.stop()
+        a.stop()
+        b.stop()
+
+
+def test_record_object_for_an_engine_without_a_record_endpoint(tmp_path: Path) -> None:
+    a = start_mock(tmp_path, model="m1")
+    fleet_file = tmp_path / "fleet.json"
+    fleet_file.write_text(json.dumps([{"http_url": a.url, "model": "m1", "instance_id": "plain-engine"}]))
+    frontend = start_frontend(tmp_path, [], policy="round-robin", expect_workers=1,
+                              args=("--workers-file", str(fleet_file)))
+    try:
+        assert ids(frontend) == {"plain-engine"}
+        reply = httpx.post(frontend.url + "/v1/completions", json={"model": "m1", "prompt": "hi", "max_tokens": 3})
+        assert reply.status_code == 200 and reply.headers["x-infera-worker"] == "plain-engine"
+    finally:
+        frontend.stop()
+        a.stop()

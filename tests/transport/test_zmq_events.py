@@ -1,0 +1,113 @@
+"""ZmqEventSource against real ZMQ sockets replaying the golden vLLM trace."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from infera.protocols.kv_events import REPLAY_END_SEQ, EventBatch, decode_batch, seq_from_bytes, seq_to_bytes
+from infera.protocols.worker import KvEventEndpoint, WorkerRecord
+from infera.transport.zmq_events import ZmqEventSource
+
+
+def golden_frames(golden_dir: Path) -> list[list[bytes]]:
+    lines = (golden_dir / "frames.jsonl").read_text().splitlines()
+    return [[base64.b64decode(f) for f in json.loads(line)["frames_b64"]] for line in lines]
+
+
+class Publisher:
+    """A vLLM-like publisher: PUB for live batches, ROUTER that replays from a seq."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, frames: list[list[bytes]]) -> None:
+        self.pub = ctx.socket(zmq.PUB)
+        self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self.router = ctx.socket(zmq.ROUTER)
+        self.replay_port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.frames = frames
+        self.replays: list[int] = []
+        self.task = asyncio.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            ident, _, start = await self.router.recv_multipart()
+            first = seq_from_bytes(start)
+            self.replays.append(first)
+            for topic, seq, payload in self.frames:
+                if seq_from_bytes(seq) >= first:
+                    await self.router.send_multipart([ident, b"", topic, seq, payload])
+            await self.router.send_multipart([ident, b"", b"", seq_to_bytes(REPLAY_END_SEQ), b""])
+
+    def record(self, replay: bool = True) -> WorkerRecord:
+        return WorkerRecord(
+            instance_id="w1", model="smol", http_url="http://127.0.0.1:1", kv_block_size=128,
+            kv_events=KvEventEndpoint(endpoint=f"tcp://127.0.0.1:{self.port}",
+                                      replay_endpoint=f"tcp://127.0.0.1:{self.replay_port}" if replay else None,
+                                      topic="kv-events"))
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.pub.close(0)
+        self.router.close(0)
+
+
+async def wait_until(cond: object, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if cond():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+async def test_late_subscriber_catches_up_by_replay_then_repairs_a_gap(golden_dir: Path) -> None:
+    frames = golden_frames(golden_dir)
+    ctx = zmq.asyncio.Context()
+    pub = Publisher(ctx, frames[:6])  # the engine has already published seq 0..5
+    got: list[tuple[str, EventBatch]] = []
+    gaps: list[int] = []
+    source = ZmqEventSource()
+    source.bind(lambda w, b: got.append((w, b)), lambda w, n: gaps.append(n))
+    await source.start()
+    try:
+        source.watch(pub.record())
+        await wait_until(lambda: len(got) == 6)  # everything so far, from the replay socket
+        assert pub.replays == [0]
+        await asyncio.sleep(0.3)  # let the SUB connection settle before live traffic
+        pub.frames = frames  # the engine goes on; its buffer holds everything
+        await pub.pub.send_multipart(frames[6])
+        await pub.pub.send_multipart(frames[9])  # seq 7 and 8 never arrive live
+        await wait_until(lambda: len(got) == 10)
+        assert pub.replays == [0, 7]
+        assert gaps == []
+        expected = [decode_batch(f[2]) for f in frames[:10]]
+        assert [b for _, b in got] == expected
+    finally:
+        await source.stop()
+        pub.close()
+        ctx.destroy(0)
+
+
+async def test_unrepairable_gap_is_reported(golden_dir: Path) -> None:
+    frames = golden_frames(golden_dir)
+    ctx = zmq.asyncio.Context()
+    pub = Publisher(ctx, [])
+    got: list[EventBatch] = []
+    gaps: list[int] = []
+    source = ZmqEventSource()
+    source.bind(lambda w, b: got.append(b), lambda w, n: gaps.append(n))
+    await source.start()
+    try:
+        source.watch(pub.record(replay=False))
+        await asyncio.sleep(0.3)
+        await pub.pub.send_multipart(frames[0])
+        await pub.pub.send_multipart(frames[3])
+        await wait_until(lambda: len(got) == 2)
+        assert gaps == [2]
+    finally:
+        await source.stop()
+        pub.close()
+        ctx.destroy(0)
