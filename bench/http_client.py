@@ -1,10 +1,13 @@
 """Upstream HTTP client choice: aiohttp (what infera.transport.http uses) against httpx.
 
-One mock engine at a huge speedup; for each client a separate worker process sends the
-same ~1k-token chat requests to it the way the router's transport does (a pooled client,
-the body relayed chunk by chunk as it arrives) and reports its own CPU time per request
-and the latency it saw. Workers of the two clients alternate round by round, so both see
-the same machine noise; compare the ratios, not the absolute numbers.
+One mock engine at a huge speedup. A minimal proxy process (raw ASGI app on uvicorn with
+uvloop + httptools, as the frontend runs) forwards each request to the engine with a
+pooled client of one library and relays the response body chunk by chunk, the way the
+router's transport does. The load generator (aiohttp, this process) sends the same
+~1k-token chat requests through the aiohttp proxy, the httpx proxy, and straight to the
+engine (the floor). Per cell: the proxy process's CPU µs per request (/proc/<pid>/stat)
+and the latency the client saw. Proxies start fresh and alternate in every round, so both
+see the same machine noise; compare the ratios, not the absolute numbers.
 
     .venv/bin/python bench/http_client.py            # 3 rounds
     .venv/bin/python bench/http_client.py --quick    # 1 round, fewer requests
@@ -14,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,121 +27,129 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
     PYTHON,
+    Proc,
     chat_body,
     default_tokenizer_dir,
+    free_port,
     machine_info,
+    make_session,
     median,
     mock_engine,
     percentile,
+    run_load,
     stop_all,
     write_results,
 )
 
 CLIENTS = ("aiohttp", "httpx")
+TARGETS = ("direct", *CLIENTS)
 MODEL = "bench-model"
 CELLS = [(False, 1), (True, 1), (False, 32), (True, 32)]  # (stream, concurrency)
 
 
 # ---------------------------------------------------------------------------------------
-# Worker: one process, one client library
+# The proxy: one process, one client library
 
 
-Bodies = dict[bool, list[bytes]]
+def _proxy_app(client: str, upstream: str) -> Any:
+    state: dict[str, Any] = {}
 
+    async def start() -> None:
+        if client == "aiohttp":
+            import aiohttp
 
-async def _aiohttp_cells(url: str, cells: list[dict[str, Any]], bodies: Bodies) -> list[dict[str, Any]]:
-    import aiohttp
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60,
+                                             enable_cleanup_closed=True)
+            state["s"] = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                               timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+                                               skip_auto_headers=("User-Agent",))
+        else:
+            import httpx
 
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60, enable_cleanup_closed=True)
-    session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-                                    auto_decompress=False, skip_auto_headers=("User-Agent",))
+            state["s"] = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
+                                                               keepalive_expiry=60),
+                                           timeout=httpx.Timeout(None, connect=5))
 
-    async def one(body: bytes) -> tuple[float, bool]:
-        t0 = time.perf_counter()
-        resp = await session.post(url, data=body, headers={"content-type": "application/json"})
-        try:
-            n = 0
-            async for chunk in resp.content.iter_any():
-                n += len(chunk)
-        finally:
-            resp.release()
-        return time.perf_counter() - t0, resp.status == 200 and n > 0
+    async def stop() -> None:
+        s = state.pop("s", None)
+        if s is not None:
+            await (s.close() if client == "aiohttp" else s.aclose())
 
-    try:
-        return [await _run_cell(one, cell, bodies) for cell in cells]
-    finally:
-        await session.close()
-
-
-async def _httpx_cells(url: str, cells: list[dict[str, Any]], bodies: Bodies) -> list[dict[str, Any]]:
-    import httpx
-
-    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
-                                                   keepalive_expiry=60),
-                               timeout=httpx.Timeout(None, connect=5))
-
-    async def one(body: bytes) -> tuple[float, bool]:
-        t0 = time.perf_counter()
-        req = client.build_request("POST", url, content=body, headers={"content-type": "application/json"})
-        resp = await client.send(req, stream=True)
-        try:
-            n = 0
-            async for chunk in resp.aiter_raw():
-                n += len(chunk)
-        finally:
-            await resp.aclose()
-        return time.perf_counter() - t0, resp.status_code == 200 and n > 0
-
-    try:
-        return [await _run_cell(one, cell, bodies) for cell in cells]
-    finally:
-        await client.aclose()
-
-
-async def _run_cell(one: Any, cell: dict[str, Any], bodies: dict[bool, list[bytes]]) -> dict[str, Any]:
-    stream, conc, n, warmup, limit = cell["stream"], cell["concurrency"], cell["n"], cell["warmup"], cell["time_limit"]
-    pool = bodies[stream]
-    latencies: list[float] = []
-    errors = 0
-    next_i = 0
-
-    async def loop(total: int, record: bool, deadline: float) -> None:
-        nonlocal next_i, errors
-        while next_i < total and time.perf_counter() < deadline:
-            i = next_i
-            next_i += 1
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await start()
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await stop()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            msg = await receive()
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        url = upstream + scope["path"]
+        headers = {"content-type": "application/json"}
+        s = state["s"]
+        if client == "aiohttp":
+            resp = await s.post(url, data=b"".join(chunks), headers=headers)
             try:
-                dt, ok = await one(pool[i % len(pool)])
-            except Exception:
-                ok, dt = False, 0.0
-            if not ok:
-                errors += 1
-            elif record:
-                latencies.append(dt)
+                await send({"type": "http.response.start", "status": resp.status,
+                            "headers": [(b"content-type", resp.headers.get("Content-Type", "").encode())]})
+                async for chunk in resp.content.iter_any():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            finally:
+                resp.release()
+        else:
+            resp = await s.send(s.build_request("POST", url, content=b"".join(chunks), headers=headers), stream=True)
+            try:
+                await send({"type": "http.response.start", "status": resp.status_code,
+                            "headers": [(b"content-type", resp.headers.get("content-type", "").encode())]})
+                async for chunk in resp.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            finally:
+                await resp.aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    await asyncio.gather(*(loop(warmup, False, time.perf_counter() + 30) for _ in range(conc)))
-    next_i, errors = 0, 0
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(loop(n, True, t0 + limit) for _ in range(conc)))
-    cpu1, t1 = time.process_time(), time.perf_counter()
-    ok = len(latencies)
-    return {"stream": stream, "concurrency": conc, "ok": ok, "errors": errors, "elapsed_s": t1 - t0,
-            "rps": ok / (t1 - t0), "cpu_us_per_req": (cpu1 - cpu0) / max(ok, 1) * 1e6,
-            "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3}
+    return app
 
 
-def worker_main(args: argparse.Namespace) -> None:
-    import uvloop
+def proxy_main(client: str, port: int, upstream: str) -> None:
+    import uvicorn
 
-    cells = json.loads(args.cells)
-    bodies = {s: [chat_body(i, MODEL, s, args.max_tokens) for i in range(512)] for s in (False, True)}
-    run = _aiohttp_cells if args.worker == "aiohttp" else _httpx_cells
-    out = uvloop.run(run(args.url + "/v1/chat/completions", cells, bodies))
-    print(json.dumps(out))
+    uvicorn.run(_proxy_app(client, upstream), host="127.0.0.1", port=port, loop="uvloop", http="httptools",
+                log_level="warning", access_log=False, lifespan="on")
 
 
 # ---------------------------------------------------------------------------------------
 # Orchestrator
+
+
+async def _measure(target: str, url: str, proxy: Proc | None, engine: Proc, args: argparse.Namespace,
+                   bodies: dict[bool, list[bytes]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    async with make_session(64) as session:
+        for stream in (False, True):
+            res = await run_load(session, [url], bodies[stream], 8, args.warmup, 60)
+            if res.errors:
+                raise RuntimeError(f"{target}: warm-up errors ({res.errors}): {res.first_error}")
+        for stream, conc in CELLS:
+            n = args.n1 if conc == 1 else args.n32
+            p0 = proxy.cpu() if proxy else 0.0
+            e0 = engine.cpu()
+            res = await run_load(session, [url], bodies[stream], conc, n, 60, offset=1000)
+            ok = max(res.ok, 1)
+            out.append({"target": target, "stream": stream, "concurrency": conc, "ok": res.ok, "errors": res.errors,
+                        "rps": res.rps, "p50_ms": percentile(res.latencies, 50) * 1e3,
+                        "p99_ms": percentile(res.latencies, 99) * 1e3,
+                        "ttft_p50_ms": percentile(res.ttfts, 50) * 1e3,
+                        "proxy_cpu_us_per_req": ((proxy.cpu() - p0) / ok * 1e6) if proxy else 0.0,
+                        "engine_cpu_us_per_req": (engine.cpu() - e0) / ok * 1e6})
+    return out
 
 
 def main() -> None:
@@ -149,76 +158,104 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--n1", type=int, default=None, help="requests per cell at concurrency 1")
     ap.add_argument("--n32", type=int, default=None, help="requests per cell at concurrency 32")
+    ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--speedup", type=float, default=100000.0)
-    ap.add_argument("--worker", choices=CLIENTS, help=argparse.SUPPRESS)
-    ap.add_argument("--url", help=argparse.SUPPRESS)
-    ap.add_argument("--cells", help=argparse.SUPPRESS)
+    ap.add_argument("--proxy", choices=CLIENTS, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--upstream", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
-        worker_main(args)
+    if args.proxy:
+        proxy_main(args.proxy, args.port, args.upstream)
         return
     rounds = args.rounds or (1 if args.quick else 3)
-    n1 = args.n1 or (300 if args.quick else 600)
-    n32 = args.n32 or (1500 if args.quick else 3000)
-    cells = [{"stream": s, "concurrency": c, "n": n1 if c == 1 else n32, "warmup": 20 if c == 1 else 200,
-              "time_limit": 60.0} for s, c in CELLS]
+    args.n1 = args.n1 or (300 if args.quick else 600)
+    args.n32 = args.n32 or (1000 if args.quick else 3000)
     tok = default_tokenizer_dir()
     log_dir = Path(tempfile.mkdtemp(prefix="infera-bench-http-"))
     engine = mock_engine("engine-0", tok, MODEL, log_dir, args.speedup)
+    bodies = {s: [chat_body(i, MODEL, s, args.max_tokens) for i in range(1024)] for s in (False, True)}
     runs: list[dict[str, Any]] = []
+    info = machine_info()
     try:
         engine.start().wait_ready("/infera/worker", 60)
         for r in range(rounds):
-            order = CLIENTS if r % 2 == 0 else CLIENTS[::-1]
-            for client in order:
-                e0 = engine.cpu()
-                proc = subprocess.run([PYTHON, __file__, "--worker", client, "--url", engine.url, "--cells",
-                                       json.dumps(cells), "--max-tokens", str(args.max_tokens)],
-                                      capture_output=True, text=True, timeout=600, check=False)
-                if proc.returncode != 0:
-                    raise RuntimeError(f"{client} worker failed:\n{proc.stderr[-2000:]}")
-                engine_cpu = engine.cpu() - e0
-                for res in json.loads(proc.stdout.strip().splitlines()[-1]):
-                    runs.append({"round": r, "client": client, "engine_cpu_s": engine_cpu, **res})
-                print(f"round {r + 1}/{rounds} {client}: done", file=sys.stderr)
+            order = TARGETS[r % 3:] + TARGETS[: r % 3]
+            for target in order:
+                proxy: Proc | None = None
+                try:
+                    if target == "direct":
+                        url = engine.url + "/v1/chat/completions"
+                    else:
+                        port = free_port()
+                        proxy = Proc(f"proxy-{target}", [PYTHON, __file__, "--proxy", target, "--port", str(port),
+                                                          "--upstream", engine.url], port,
+                                     log_dir / f"proxy-{target}-r{r}.log").start()
+                        _wait_port(proxy)
+                        url = proxy.url + "/v1/chat/completions"
+                    for row in asyncio.run(_measure(target, url, proxy, engine, args, bodies)):
+                        runs.append({"round": r, **row})
+                finally:
+                    if proxy is not None:
+                        proxy.stop()
+                print(f"round {r + 1}/{rounds} {target}: done", file=sys.stderr)
     finally:
         stop_all([engine])
     summary = summarize(runs)
+    print(f"\n{info['date']}  nproc={info['nproc']}  cpu={info['cpu']}  python={info['python']}  rounds={rounds}  "
+          f"n1={args.n1} n32={args.n32}  max_tokens={args.max_tokens}")
     print_table(summary)
-    path = write_results("http_client", {"machine": machine_info(), "command": " ".join(sys.argv),
-                                         "cells": cells, "runs": runs, "summary": summary})
-    print(f"\nresults: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+    path = write_results("http_client", {"machine": info, "command": " ".join(["bench/http_client.py", *sys.argv[1:]]),
+                                         "runs": runs, "summary": summary})
+    print(f"\nresults: {path}")
+
+
+def _wait_port(proc: Proc, timeout: float = 30.0) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", proc.port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{proc.name} did not listen within {timeout:.0f}s:\n{proc.tail()}")
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Median over rounds of each (client, stream, concurrency) figure, and httpx/aiohttp ratios."""
+    """Median over rounds per (target, cell); added latency vs direct; httpx/aiohttp ratios."""
     out: list[dict[str, Any]] = []
     for stream, conc in CELLS:
         row: dict[str, Any] = {"stream": stream, "concurrency": conc}
+        for target in TARGETS:
+            sel = [x for x in runs if x["target"] == target and x["stream"] == stream and x["concurrency"] == conc]
+            for key in ("proxy_cpu_us_per_req", "p50_ms", "p99_ms", "ttft_p50_ms", "rps"):
+                row[f"{target}_{key}"] = median([x[key] for x in sel])
+            row[f"{target}_errors"] = sum(x["errors"] for x in sel)
         for client in CLIENTS:
-            sel = [x for x in runs if x["client"] == client and x["stream"] == stream and x["concurrency"] == conc]
-            for key in ("cpu_us_per_req", "p50_ms", "p99_ms", "rps"):
-                row[f"{client}_{key}"] = median([x[key] for x in sel])
-            row[f"{client}_errors"] = sum(x["errors"] for x in sel)
-        row["cpu_ratio_httpx_over_aiohttp"] = row["httpx_cpu_us_per_req"] / row["aiohttp_cpu_us_per_req"]
-        row["p50_ratio_httpx_over_aiohttp"] = row["httpx_p50_ms"] / row["aiohttp_p50_ms"]
+            row[f"{client}_added_p50_ms"] = row[f"{client}_p50_ms"] - row["direct_p50_ms"]
+        row["cpu_ratio_httpx_over_aiohttp"] = row["httpx_proxy_cpu_us_per_req"] / row["aiohttp_proxy_cpu_us_per_req"]
+        row["added_p50_ratio_httpx_over_aiohttp"] = row["httpx_added_p50_ms"] / row["aiohttp_added_p50_ms"]
         out.append(row)
     return out
 
 
 def print_table(summary: list[dict[str, Any]]) -> None:
-    head = (f"{'mode':<10}{'conc':>5} | {'aiohttp CPU µs/req':>18}{'httpx CPU µs/req':>17}{'ratio':>7} | "
-            f"{'aiohttp p50 ms':>14}{'httpx p50 ms':>13}{'ratio':>7} | {'aiohttp rps':>11}{'httpx rps':>10}")
+    head = (f"{'cell':<16}| {'proxy CPU µs/req':^26} | {'p50 ms':^26} | {'added p50 ms':^21} | {'req/s':^20}\n"
+            f"{'':<16}|{'aiohttp':>9}{'httpx':>9}{'ratio':>8} |{'direct':>8}{'aiohttp':>9}{'httpx':>9} |"
+            f"{'aiohttp':>8}{'httpx':>7}{'ratio':>6} |{'aiohttp':>9}{'httpx':>8}")
     print(head)
-    print("-" * len(head))
-    for row in summary:
-        mode = "stream" if row["stream"] else "non-stream"
-        print(f"{mode:<10}{row['concurrency']:>5} | {row['aiohttp_cpu_us_per_req']:>18.0f}"
-              f"{row['httpx_cpu_us_per_req']:>17.0f}{row['cpu_ratio_httpx_over_aiohttp']:>7.2f} | "
-              f"{row['aiohttp_p50_ms']:>14.2f}{row['httpx_p50_ms']:>13.2f}"
-              f"{row['p50_ratio_httpx_over_aiohttp']:>7.2f} | "
-              f"{row['aiohttp_rps']:>11.0f}{row['httpx_rps']:>10.0f}")
+    print("-" * 118)
+    for r in summary:
+        cell = f"{'stream' if r['stream'] else 'non-stream'} c={r['concurrency']}"
+        errs = sum(r[f"{t}_errors"] for t in TARGETS)
+        print(f"{cell:<16}|{r['aiohttp_proxy_cpu_us_per_req']:>9.0f}{r['httpx_proxy_cpu_us_per_req']:>9.0f}"
+              f"{r['cpu_ratio_httpx_over_aiohttp']:>8.2f} |{r['direct_p50_ms']:>8.2f}{r['aiohttp_p50_ms']:>9.2f}"
+              f"{r['httpx_p50_ms']:>9.2f} |{r['aiohttp_added_p50_ms']:>8.2f}{r['httpx_added_p50_ms']:>7.2f}"
+              f"{r['added_p50_ratio_httpx_over_aiohttp']:>6.1f} |{r['aiohttp_rps']:>9.0f}{r['httpx_rps']:>8.0f}"
+              + (f"  ERRORS {errs}" if errs else ""))
 
 
 if __name__ == "__main__":

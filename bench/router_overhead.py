@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 import time
@@ -211,36 +212,51 @@ def print_table(summary: dict[str, Any]) -> None:
             print(f"{'':<9}{'all cells':<16}{'':>99}{by_cell['all']['router_cpu_us_per_req']:>14.0f}")
 
 
-def plot(summary: dict[str, Any], path: Path, title: str) -> None:
+def plot(summary: dict[str, Any], routing: dict[str, Any] | None, path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     routed = [n for n in ("rr", "kv", "kv-x2") if n in summary]
+    floor = "direct-2" if "direct-2" in summary else "direct"
+    key = "added_p50_ms_vs_direct2" if floor == "direct-2" else "added_p50_ms"
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.3), dpi=90, gridspec_kw={"width_ratios": [2.2, 1]})
     width = 0.8 / len(routed)
     for k, name in enumerate(routed):
-        vals = [summary[name][_cell_name(s, c)]["added_p50_ms"] for s, c in CELLS]
+        vals = [summary[name][_cell_name(s, c)][key] for s, c in CELLS]
         xs = [i + (k - (len(routed) - 1) / 2) * width for i in range(len(CELLS))]
         ax1.bar(xs, vals, width, label=name)
     ax1.axhline(0.4, color="red", lw=0.8, ls="--", label="0.4 ms target (rr)")
     ax1.set_yscale("symlog", linthresh=1)
     ax1.set_xticks(range(len(CELLS)), [_cell_name(s, c) for s, c in CELLS], fontsize=8)
-    ax1.set_ylabel("added p50 vs direct (ms)")
+    ax1.set_ylabel(f"added p50 vs {floor} (ms)", fontsize=8)
     ax1.legend(fontsize=7)
-    ax1.set_title("added latency", fontsize=9)
+    ax1.set_title(f"added latency (client straight to the same engines = {floor})", fontsize=9)
+    names = list(routed)
     cpu = [summary[n]["all"]["router_cpu_us_per_req"] for n in routed]
-    ax2.bar(routed, cpu, color=["C0", "C1", "C2"][: len(routed)])
-    ax2.axhline(500, color="red", lw=0.8, ls="--", label="500 µs target (kv routing)")
-    ax2.set_ylabel("frontend CPU µs / request")
+    colors = ["C0", "C1", "C2"][: len(routed)]
+    if routing is not None:
+        names.append("kv path\nin-process")
+        cpu.append(routing["budget_sum_us"])
+        colors.append("C7")
+    ax2.bar(names, cpu, color=colors)
+    ax2.axhline(500, color="red", lw=0.8, ls="--", label="500 µs target (kv routing path)")
+    ax2.set_ylabel("CPU µs / request", fontsize=8)
+    ax2.tick_params(axis="x", labelsize=7)
     ax2.legend(fontsize=7)
-    ax2.set_title("router CPU per request", fontsize=9)
+    ax2.set_title("frontend CPU per request", fontsize=9)
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def _plot_title(info: dict[str, Any], args: dict[str, Any]) -> str:
+    return (f"infera router overhead: {info['nproc']} cores {info['cpu']}, {info['date']}, {args['engines']} mock "
+            f"engines x{float(args['speedup']):g}, ~1k-token chat, max_tokens {args['max_tokens']}, "
+            f"{args['rounds']} round(s)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -262,10 +278,17 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=None, help="tokenizer dir (default .cache/qwen-tokenizer)")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--skip-routing-cpu", action="store_true", help="skip the in-process stage breakdown")
+    ap.add_argument("--replot", type=Path, help="redraw the plot and table from a results JSON, then exit")
     args = ap.parse_args()
+    if args.replot:
+        saved = json.loads(args.replot.read_text())
+        print_table(saved["summary"])
+        plot(saved["summary"], saved.get("routing_cpu"), PLOTS / "router_overhead.png",
+             _plot_title(saved["machine"], saved["args"]))
+        return
     args.rounds = args.rounds or (1 if args.quick else 3)
-    args.n1 = args.n1 or (200 if args.quick else 500)
-    args.n32 = args.n32 or (1000 if args.quick else 3000)
+    args.n1 = args.n1 or (150 if args.quick else 400)
+    args.n32 = args.n32 or (800 if args.quick else 2500)
     scenarios = [s for s in args.scenarios.split(",") if s]
     unknown = set(scenarios) - set(SCENARIOS)
     if unknown:
@@ -300,8 +323,7 @@ def main() -> None:
     print(f"\nresults: {path}")
     if not args.no_plot and {"direct", "rr", "kv"} <= set(summary):
         png = PLOTS / "router_overhead.png"
-        plot(summary, png, f"infera router overhead, {info['nproc']} cores {info['cpu']}, {info['date']}, "
-                           f"2 mock engines ×{args.speedup:g}, ~1k-token chat, max_tokens {args.max_tokens}")
+        plot(summary, routing, png, _plot_title(info, out["args"]))
         print(f"plot: {png}")
     for x in runs:
         for i, lines in enumerate(x["router_metrics"]):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import ORJSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from infera.router.router import Router
 from infera.server.errors import openai_error
 from infera.server.metrics import ServerMetrics
+from infera.server.responses import JsonResponse
 
 
 class AdminHandlers:
@@ -24,15 +25,15 @@ class AdminHandlers:
         api.add_api_route("/v1/admin/cache-view/{worker_id}", self.cache_view, methods=["GET"])
         return api
 
-    async def health(self) -> ORJSONResponse:
+    async def health(self) -> JsonResponse:
         count = len(self.router.fleet.workers())
         body = {"status": "ok" if count else "no_workers", "workers": count, "models": self.router.models()}
-        return ORJSONResponse(body, status_code=200 if count else 503)
+        return JsonResponse(body, status_code=200 if count else 503)
 
     async def prometheus(self) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def workers(self) -> ORJSONResponse:
+    async def workers(self) -> JsonResponse:
         router = self.router
         cooling = router.cooling_down()
         out = []
@@ -44,10 +45,10 @@ class AdminHandlers:
                 "kv_events_stale": router.is_blind(wid),
                 "cooldown_seconds": round(max(0.0, cooling.get(wid, 0.0)), 3),
             })
-        return ORJSONResponse({"object": "list", "data": out})
+        return JsonResponse({"object": "list", "data": out})
 
-    async def cache_view(self, worker_id: str) -> ORJSONResponse:
+    async def cache_view(self, worker_id: str) -> JsonResponse:
         if worker_id not in self.router.fleet.workers():
             return openai_error(404, f"no worker {worker_id!r} in the fleet", "not_found_error", "worker_id")
         view = self.router.index.cache_view(worker_id)
-        return ORJSONResponse({"worker_id": worker_id, "kv_events_stale": self.router.is_blind(worker_id), **view})
+        return JsonResponse({"worker_id": worker_id, "kv_events_stale": self.router.is_blind(worker_id), **view})

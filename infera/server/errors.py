@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infera.protocols.openai import error_body
+from infera.server.responses import JsonResponse
 
 STATUS_KINDS = {
     400: "invalid_request_error",
@@ -24,20 +24,20 @@ STATUS_KINDS = {
 }
 
 
-def openai_error(status: int, message: str, kind: str | None = None, param: str | None = None) -> ORJSONResponse:
-    return ORJSONResponse(error_body(message, kind or STATUS_KINDS.get(status, "server_error"), param, status),
+def openai_error(status: int, message: str, kind: str | None = None, param: str | None = None) -> JsonResponse:
+    return JsonResponse(error_body(message, kind or STATUS_KINDS.get(status, "server_error"), param, status),
                           status_code=status)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def http_error(_: Request, exc: Exception) -> ORJSONResponse:
+    async def http_error(_: Request, exc: Exception) -> JsonResponse:
         assert isinstance(exc, StarletteHTTPException)
         return openai_error(exc.status_code, str(exc.detail))
 
-    async def validation_error(_: Request, exc: Exception) -> ORJSONResponse:
+    async def validation_error(_: Request, exc: Exception) -> JsonResponse:
         return openai_error(400, str(exc))
 
-    async def unexpected(_: Request, exc: Exception) -> ORJSONResponse:
+    async def unexpected(_: Request, exc: Exception) -> JsonResponse:
         return openai_error(500, f"internal error: {type(exc).__name__}", "server_error")
 
     app.add_exception_handler(StarletteHTTPException, http_error)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import ORJSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from infera.protocols.openai import (
     ChatCompletionRequest,
@@ -23,6 +23,7 @@ from infera.protocols.openai import (
 from infera.router.router import RoutedResponse, Router, RouteRequest, RoutingError
 from infera.server.errors import openai_error
 from infera.server.metrics import ServerMetrics
+from infera.server.responses import JsonResponse
 from infera.transport.base import UpstreamError
 
 FORWARD_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate")
@@ -70,10 +71,10 @@ class OpenAIHandlers:
         api.add_api_route("/v1/models", self.list_models, methods=["GET"])
         return api
 
-    async def list_models(self) -> ORJSONResponse:
+    async def list_models(self) -> JsonResponse:
         created = int(time.time())
         data = [{"id": m, "object": "model", "created": created, "owned_by": "infera"} for m in self.router.models()]
-        return ORJSONResponse({"object": "list", "data": data})
+        return JsonResponse({"object": "list", "data": data})
 
     async def chat(self, request: Request) -> Response:
         return await self._handle(request, "chat", "/v1/chat/completions")

@@ -14,6 +14,8 @@ from tests.fleet import free_port, metric, scrape, start_frontend
 from tests.server.conftest import MODEL, make_fleet
 from tests.server.test_routing import ask, system_prompt
 
+pytestmark = pytest.mark.slow  # spawns fleets of real processes
+
 
 def in_flight_total(url: str) -> float:
     text = scrape(url)

@@ -8,16 +8,17 @@ from infera.server.nodelay import set_nodelay
 
 async def test_set_nodelay_on_an_accepted_tcp_connection() -> None:
     accepted: list[asyncio.BaseTransport] = []
+    arrived = asyncio.Event()
 
     class Grab(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             accepted.append(transport)
+            arrived.set()
 
     server = await asyncio.get_running_loop().create_server(Grab, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     _, writer = await asyncio.open_connection("127.0.0.1", port)
-    while not accepted:
-        await asyncio.sleep(0.01)
+    await arrived.wait()
     sock = accepted[0].get_extra_info("socket")
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
     assert set_nodelay(accepted[0])

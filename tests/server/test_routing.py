@@ -13,6 +13,8 @@ import pytest
 from tests.fleet import start_frontend
 from tests.server.conftest import MODEL, Fleet, make_fleet
 
+pytestmark = pytest.mark.slow  # spawns fleets of real processes
+
 WORDS = "amber basin cedar delta ember fjord grove harbor island jetty kettle lagoon meadow north orchard".split()
 
 

@@ -55,8 +55,8 @@ class Publisher:
         self.router.close(0)
 
 
-async def wait_until(cond: object, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.01)):
+async def wait_until(cond: object, seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.01)):
         if cond():  # type: ignore[operator]
             return
         await asyncio.sleep(0.01)
