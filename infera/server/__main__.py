@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import uvicorn
 from fastapi import FastAPI
@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from infera.config import load
 from infera.config.base import ConfigError
 from infera.config.server import ServerSettings
+from infera.discovery.base import FleetView
 from infera.discovery.static import StaticFleet
 from infera.kv.index import PrefixIndex
 from infera.kv.tokenizer import PromptRenderer
@@ -41,12 +42,22 @@ def check_available(settings: ServerSettings) -> None:
                 "--discovery-backend static --worker-url URL --request-transport http --kv-event-transport zmq")
 
 
+def static_fleet(settings: ServerSettings, transport: HttpTransport) -> FleetView:
+    return StaticFleet(transport.get_json, settings.worker_url, settings.workers_file,
+                       poll_interval=settings.worker_poll_interval)
+
+
+# One factory per --discovery-backend value; a new backend is one function and one line here.
+FLEETS: dict[str, Callable[[ServerSettings, HttpTransport], FleetView]] = {
+    "static": static_fleet,
+}
+
+
 def build(settings: ServerSettings) -> FastAPI:
     check_available(settings)
     renderer = PromptRenderer.from_dir(settings.router_tokenizer_path) if settings.router_tokenizer_path else None
     transport = HttpTransport(settings.upstream_connect_timeout, settings.upstream_first_byte_timeout)
-    fleet = StaticFleet(transport.get_json, settings.worker_url, settings.workers_file,
-                        poll_interval=settings.worker_poll_interval)
+    fleet = FLEETS[settings.discovery_backend](settings, transport)
     index = PrefixIndex()
     options = RouterOptions(
         mode=settings.router_mode,
