@@ -32,3 +32,17 @@ class FleetView(Protocol):
     def subscribe(self, listener: FleetListener) -> None:
         """Call ``listener`` for every change from now on (synchronously, in the event loop)."""
         ...
+
+
+class Registrar(Protocol):
+    """Worker side: publish this worker's record and keep it published.
+
+    ``register`` publishes (and keeps alive, re-publishing after a lost lease or a restarted
+    store) until ``deregister``, which removes the record so routers stop sending first.
+    """
+
+    async def register(self, record: WorkerRecord) -> None: ...
+
+    async def update(self, record: WorkerRecord) -> None: ...
+
+    async def deregister(self) -> None: ...
