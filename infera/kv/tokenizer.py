@@ -38,9 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.ext
-import jinja2.nodes
-import jinja2.utils
 from tokenizers import Tokenizer
 
 from infera.kv.chat_template import (
@@ -53,6 +50,8 @@ from infera.kv.chat_template import (
 from infera.kv.codecs import BYTE_LEVEL_SPECIALS, ByteCodec, Codec, HfCodec, TiktokenCodec, tiktoken_spec
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
 class TokenizerLoadError(ValueError):
     """A tokenizer directory is missing a file or holds one that cannot be read."""
 
