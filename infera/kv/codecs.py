@@ -55,12 +55,21 @@ class HfCodec:
         return self._tok.token_to_id(token)
 
 
+SEGMENT_CACHE_MIN_CHARS = 128  # shorter text between special tokens is cheaper to encode than to look up
+SEGMENT_CACHE_ENTRIES = 4096
+
+
 class TiktokenCodec:
     """tiktoken's BPE for a tokenizer.json converted from a tiktoken vocabulary (Qwen, Llama 3, ...).
 
     About 10x faster than ``tokenizers`` on the same text. Used only for encoding without
     added special tokens (the chat path), and only when ``tiktoken_spec`` proves that the
     tokenizer.json's merges are exactly tiktoken's rank rule; anything else goes to ``hf``.
+
+    Text between special tokens is encoded independently (tiktoken, like ``tokenizers``
+    with plain added tokens, splits on them first), so each such segment's ids are cached:
+    a system prompt shared by many requests, or the earlier turns of a conversation, are
+    encoded once. The cache is bounded (oldest entries go first).
     """
 
     def __init__(self, hf: HfCodec, spec: TiktokenSpec) -> None:
@@ -72,6 +81,11 @@ class TiktokenCodec:
             "infera", pat_str=spec.pattern, mergeable_ranks=spec.ranks, special_tokens=spec.specials
         )
         self._encode = self._enc.encode
+        self._ordinary = self._enc.encode_ordinary
+        self._special_ids = dict(spec.specials)
+        names = sorted(spec.specials, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")").split if names else None
+        self._segments: dict[str, list[int]] = {}
         self.vocab_size = hf.vocab_size
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
@@ -79,7 +93,25 @@ class TiktokenCodec:
             return self._hf.encode(text, True)
         if self._nfc and not text.isascii():
             text = unicodedata.normalize("NFC", text)
-        return self._encode(text, allowed_special="all")
+        if self._split is None or len(text) < SEGMENT_CACHE_MIN_CHARS:
+            return self._encode(text, allowed_special="all")
+        out: list[int] = []
+        cache = self._segments
+        for i, piece in enumerate(self._split(text)):
+            if i % 2:
+                out.append(self._special_ids[piece])
+            elif len(piece) < SEGMENT_CACHE_MIN_CHARS:
+                if piece:
+                    out.extend(self._ordinary(piece))
+            else:
+                ids = cache.get(piece)
+                if ids is None:
+                    ids = self._ordinary(piece)
+                    if len(cache) >= SEGMENT_CACHE_ENTRIES:
+                        del cache[next(iter(cache))]
+                    cache[piece] = ids
+                out.extend(ids)
+        return out
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
         return self._hf.decode(ids, skip_special_tokens)

@@ -63,4 +63,9 @@ class PolicyDeps:
     blind: Callable[[str], bool]
 
 
-PolicyFactory = Callable[[PolicyDeps], Policy]
+class PolicyFactory(Protocol):
+    """A policy class: ``needs_tokens`` is known before any instance exists."""
+
+    needs_tokens: bool
+
+    def __call__(self, deps: PolicyDeps) -> Policy: ...

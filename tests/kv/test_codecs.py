@@ -1,0 +1,41 @@
+"""The tiktoken codec's segment cache never changes a token id."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infera.kv.tokenizer import PromptRenderer
+
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>"]
+_renderers: dict[str, tuple[PromptRenderer, PromptRenderer]] = {}
+
+
+def renderers(qwen_dir: Path) -> tuple[PromptRenderer, PromptRenderer]:
+    if "qwen" not in _renderers:
+        _renderers["qwen"] = (PromptRenderer.from_dir(qwen_dir), PromptRenderer.from_dir(qwen_dir, fast=False))
+    return _renderers["qwen"]
+
+
+def test_cached_segments_give_the_same_ids_as_tokenizers(qwen_tokenizer_dir: Path) -> None:
+    fast, slow = renderers(qwen_tokenizer_dir)
+    assert fast.uses_tiktoken
+    rng = random.Random(5)
+    words = ["alpha", " beta", "γάμμα", "数据", "\n\n", "  ", "1234", "x = f(y)", "é", "🙂"]
+    system = "".join(rng.choice(words) for _ in range(400))
+    for turn in range(5):
+        text = (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+                + "".join(rng.choice(words) for _ in range(60 * turn)) + "<|im_end|>\n<|im_start|>assistant\n")
+        for _ in range(2):  # the second pass reads the cache
+            assert fast.encode(text) == slow.encode(text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(SPECIALS), st.text(min_size=0, max_size=300)), max_size=12))
+def test_any_mix_of_text_and_specials(qwen_tokenizer_dir: Path, parts: list[str]) -> None:
+    fast, slow = renderers(qwen_tokenizer_dir)
+    text = "".join(parts)
+    assert fast.encode(text) == slow.encode(text)
