@@ -10,6 +10,8 @@ Side by side in one run, on fresh engines each time, the scenarios are:
   rr          one infera frontend, --router-policy round-robin
   kv          one infera frontend, --router-policy kv-aware
   kv-x2       two kv-aware frontends over the same engines, clients alternating between them
+  sgl-rr/-ca  sglang-router (PyPI, its own venv) round_robin / cache_aware   (bench/peers.py)
+  vllm-rr/-ca vllm-router (PyPI, its own venv) round_robin / cache_aware
 
 For each: p50/p99 latency (non-stream: last byte; stream: first chunk and last byte) at
 concurrency 1 and 32, requests/s at 32 (the max of a closed loop on this box), and the
@@ -35,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import peers
 from bench.common import (
     PLOTS,
     Proc,
@@ -54,9 +57,14 @@ from bench.common import (
 )
 
 MODEL = "bench-model"
-SCENARIOS = ("direct", "direct-2", "rr", "kv", "kv-x2")
-FRONTENDS = {"direct": (None, 0), "direct-2": (None, 0), "rr": ("round-robin", 1), "kv": ("kv-aware", 1),
-             "kv-x2": ("kv-aware", 2)}
+SCENARIOS = ("direct", "direct-2", "rr", "kv", "kv-x2", "sgl-rr", "sgl-ca", "vllm-rr", "vllm-ca")
+FLOORS = ("direct", "direct-2")
+# scenario -> (router: infera or a peer package, policy, number of router processes)
+FRONTENDS: dict[str, tuple[str, str | None, int]] = {
+    "direct": ("", None, 0), "direct-2": ("", None, 0), "rr": ("infera", "round-robin", 1),
+    "kv": ("infera", "kv-aware", 1), "kv-x2": ("infera", "kv-aware", 2),
+    "sgl-rr": ("sglang-router", "round_robin", 1), "sgl-ca": ("sglang-router", "cache_aware", 1),
+    "vllm-rr": ("vllm-router", "round_robin", 1), "vllm-ca": ("vllm-router", "cache_aware", 1)}
 CELLS = [(False, 1), (True, 1), (False, 32), (True, 32)]  # (stream, concurrency)
 METRIC_PREFIXES = ("infera_routing_decisions", "infera_kv_event_batches", "infera_kv_event_gaps",
                    "infera_kv_indexed_blocks", "infera_kv_events_stale", "infera_routed_prompt_overlap_fraction_sum",
@@ -113,9 +121,26 @@ def _scrape(front: Proc) -> list[str]:
     return [ln for ln in body.decode(errors="replace").splitlines() if ln.startswith(METRIC_PREFIXES)]
 
 
+def _start_fronts(name: str, engines: list[Proc], tok: Path, log_dir: Path, peer_set: dict[str, Any]) -> list[Proc]:
+    kind, policy, n_fronts = FRONTENDS[name]
+    if policy is None:
+        return []
+    if kind == "infera":
+        fronts = [frontend(f"frontend-{i}", tok, policy, engines, log_dir) for i in range(n_fronts)]
+    else:
+        fronts = [peers.router(peer_set[kind], policy, [e.url for e in engines], log_dir, tok)]
+    for f in fronts:
+        f.start()
+    for f in fronts:
+        if kind == "infera":
+            f.wait_ready("/health", 90, frontend_ready(len(engines)))
+        else:
+            peers.wait_ready(f, len(engines))
+    return fronts
+
+
 def run_scenario(name: str, r: int, args: argparse.Namespace, tok: Path, log_dir: Path,
-                 bodies: dict[bool, list[bytes]]) -> dict[str, Any]:
-    policy, n_fronts = FRONTENDS[name]
+                 bodies: dict[bool, list[bytes]], peer_set: dict[str, Any] | None = None) -> dict[str, Any]:
     extra = ["--num-kv-blocks", str(args.num_kv_blocks)]
     engines = [mock_engine(f"engine-{i}", tok, MODEL, log_dir / f"r{r}-{name}", args.speedup, extra)
                for i in range(args.engines)]
@@ -125,19 +150,13 @@ def run_scenario(name: str, r: int, args: argparse.Namespace, tok: Path, log_dir
             e.start()
         for e in engines:
             e.wait_ready("/infera/worker", 60)
-        if policy is not None:
-            fronts = [frontend(f"frontend-{i}", tok, policy, engines, log_dir / f"r{r}-{name}")
-                      for i in range(n_fronts)]
-            for f in fronts:
-                f.start()
-            for f in fronts:
-                f.wait_ready("/health", 90, frontend_ready(len(engines)))
+        fronts = _start_fronts(name, engines, tok, log_dir / f"r{r}-{name}", peer_set or {})
         t0 = time.monotonic()
         result = asyncio.run(_measure_scenario(name, engines, fronts, args, bodies, offset=r * 7919))
         result["round"] = r
         result["wall_s"] = time.monotonic() - t0
         result["router_pids"] = [f.pid for f in fronts]
-        result["router_metrics"] = [_scrape(f) for f in fronts]
+        result["router_metrics"] = [_scrape(f) for f in fronts] if FRONTENDS[name][0] == "infera" else []
         result["router_rss_mb"] = [_rss_mb(f.pid) for f in fronts]
         return result
     finally:
@@ -201,14 +220,14 @@ def print_table(summary: dict[str, Any]) -> None:
     for name, by_cell in summary.items():
         for stream, conc in CELLS:
             a = by_cell[_cell_name(stream, conc)]
-            cpu = f"{a['router_cpu_us_per_req']:.0f}" if name not in ("direct", "direct-2") else "-"
+            cpu = f"{a['router_cpu_us_per_req']:.0f}" if name not in FLOORS else "-"
             print(f"{name:<9}{_cell_name(stream, conc):<16}{a['p50_ms']:>8.2f}{a['p99_ms']:>8.2f}"
                   f"{a.get('added_p50_ms', 0):>9.2f}{a.get('added_p99_ms', 0):>9.2f}{a.get('p50_ratio', 1):>7.2f}"
                   f"{a['ttft_p50_ms']:>9.2f}{a.get('added_ttft_p50_ms', 0):>7.2f}{a['rps']:>7.0f}"
                   f"{a.get('rps_ratio', 1):>7.2f}{a.get('added_p50_ms_vs_direct2', 0):>11.2f}"
                   f"{a.get('rps_ratio_vs_direct2', 1):>9.2f}{cpu:>14}{a['engine_cpu_us_per_req']:>14.0f}"
                   + (f"  ERRORS {a['errors']}" if a["errors"] else ""))
-        if name not in ("direct", "direct-2"):
+        if name not in FLOORS:
             print(f"{'':<9}{'all cells':<16}{'':>99}{by_cell['all']['router_cpu_us_per_req']:>14.0f}")
 
 
@@ -218,10 +237,10 @@ def plot(summary: dict[str, Any], routing: dict[str, Any] | None, path: Path, ti
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    routed = [n for n in ("rr", "kv", "kv-x2") if n in summary]
+    routed = [n for n in SCENARIOS if n in summary and n not in FLOORS]
     floor = "direct-2" if "direct-2" in summary else "direct"
     key = "added_p50_ms_vs_direct2" if floor == "direct-2" else "added_p50_ms"
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.3), dpi=90, gridspec_kw={"width_ratios": [2.2, 1]})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), dpi=80, gridspec_kw={"width_ratios": [2.2, 1.3]})
     width = 0.8 / len(routed)
     for k, name in enumerate(routed):
         vals = [summary[name][_cell_name(s, c)][key] for s, c in CELLS]
@@ -235,12 +254,13 @@ def plot(summary: dict[str, Any], routing: dict[str, Any] | None, path: Path, ti
     ax1.set_title(f"added latency (client straight to the same engines = {floor})", fontsize=9)
     names = list(routed)
     cpu = [summary[n]["all"]["router_cpu_us_per_req"] for n in routed]
-    colors = ["C0", "C1", "C2"][: len(routed)]
+    colors = [f"C{k}" for k in range(len(routed))]
     if routing is not None:
         names.append("kv path\nin-process")
         cpu.append(routing["budget_sum_us"])
         colors.append("C7")
     ax2.bar(names, cpu, color=colors)
+    ax2.tick_params(axis="x", labelrotation=45)
     ax2.axhline(500, color="red", lw=0.8, ls="--", label="500 µs target (kv routing path)")
     ax2.set_ylabel("CPU µs / request", fontsize=8)
     ax2.tick_params(axis="x", labelsize=7)
@@ -262,7 +282,7 @@ def _plot_title(info: dict[str, Any], args: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 round, fewer requests (~2 minutes)")
     ap.add_argument("--rounds", type=int)
@@ -278,14 +298,15 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=None, help="tokenizer dir (default .cache/qwen-tokenizer)")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--skip-routing-cpu", action="store_true", help="skip the in-process stage breakdown")
+    ap.add_argument("--no-install", action="store_true", help="do not pip-install missing peers; skip them")
     ap.add_argument("--replot", type=Path, help="redraw the plot and table from a results JSON, then exit")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.replot:
         saved = json.loads(args.replot.read_text())
         print_table(saved["summary"])
         plot(saved["summary"], saved.get("routing_cpu"), PLOTS / "router_overhead.png",
              _plot_title(saved["machine"], saved["args"]))
-        return
+        return None
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.n1 = args.n1 or (150 if args.quick else 400)
     args.n32 = args.n32 or (800 if args.quick else 2500)
@@ -293,6 +314,12 @@ def main() -> None:
     unknown = set(scenarios) - set(SCENARIOS)
     if unknown:
         ap.error(f"unknown scenarios {sorted(unknown)}")
+    peer_set = peers.ensure_all(install=not args.no_install)
+    skipped = {s: peer_set[FRONTENDS[s][0]].error for s in scenarios
+               if FRONTENDS[s][0] in peer_set and not peer_set[FRONTENDS[s][0]].ok}
+    for s, why in skipped.items():
+        print(f"skipping {s}: {why}", file=sys.stderr)
+    scenarios = [s for s in scenarios if s not in skipped]
     tok = args.tokenizer or default_tokenizer_dir()
     log_dir = Path(tempfile.mkdtemp(prefix="infera-bench-overhead-"))
     bodies = {s: [chat_body(i, MODEL, s, args.max_tokens) for i in range(4096)] for s in (False, True)}
@@ -303,7 +330,7 @@ def main() -> None:
         order = scenarios[r % len(scenarios):] + scenarios[: r % len(scenarios)]
         for name in order:
             t0 = time.monotonic()
-            runs.append(run_scenario(name, r, args, tok, log_dir, bodies))
+            runs.append(run_scenario(name, r, args, tok, log_dir, bodies, peer_set))
             print(f"round {r + 1}/{args.rounds} {name}: {time.monotonic() - t0:.0f}s", file=sys.stderr)
     summary = summarize(runs)
     print(f"\n{info['date']}  nproc={info['nproc']}  cpu={info['cpu']}  python={info['python']}  "
@@ -316,9 +343,11 @@ def main() -> None:
         routing = routing_cpu.run(tok, quick=args.quick)
         print()
         routing_cpu.print_report(routing)
-    out = {"machine": info, "command": " ".join(["bench/router_overhead.py", *sys.argv[1:]]),
+    cmd = " ".join(["bench/router_overhead.py", *(sys.argv[1:] if argv is None else argv)])
+    out = {"machine": info, "command": cmd,
            "args": {k: str(v) for k, v in vars(args).items()}, "log_dir": str(log_dir),
-           "wall_s": time.monotonic() - started, "summary": summary, "routing_cpu": routing, "runs": runs}
+           "wall_s": time.monotonic() - started, "peers": {k: vars(v) for k, v in peer_set.items()},
+           "skipped": skipped, "summary": summary, "routing_cpu": routing, "runs": runs}
     path = write_results("router_overhead", out)
     print(f"\nresults: {path}")
     if not args.no_plot and {"direct", "rr", "kv"} <= set(summary):
@@ -330,6 +359,7 @@ def main() -> None:
             if lines:
                 print(f"[{x['scenario']} r{x['round']} frontend-{i}] " + "; ".join(
                     ln for ln in lines if not ln.startswith("infera_requests_total")), file=sys.stderr)
+    return out
 
 
 if __name__ == "__main__":

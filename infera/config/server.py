@@ -42,8 +42,23 @@ class ServerSettings:
     etcd_endpoint: str = option("", "host:port of etcd (--discovery-backend etcd)")
     k8s_label_selector: str = option("app.kubernetes.io/component=infera-worker",
                                      "pod selector (--discovery-backend kubernetes)")
+    k8s_namespace: str = option("", "namespace whose pods are watched (--discovery-backend kubernetes); empty = "
+                                    "the pod's own (service-account) namespace, else default",
+                                env=("INFERA_K8S_NAMESPACE", "POD_NAMESPACE"))
+    kubeconfig: str = option("", "kubeconfig file for the Kubernetes API; empty = in-cluster config inside a "
+                                 "pod, else $KUBECONFIG or ~/.kube/config", env=("INFERA_KUBECONFIG", "KUBECONFIG"))
+    direct_default_worker: str = option("", "direct mode: the worker that serves a request naming none in "
+                                            "x-worker-instance-id (a frontend sidecar's own pod's worker); empty = "
+                                            "the policy picks")
     nats_server: str = option("", "NATS URL (--request-transport/--kv-event-transport nats)",
                               env=("NATS_SERVER", "NATS_URL"))
+    nats_req_idle_timeout: float = option(900.0, "NATS requests: max seconds to wait for the next reply chunk "
+                                                 "(reset per chunk); expiry -> 504 and a cancel to the worker; "
+                                                 "0 = forever")
+    nats_req_max_duration: float = option(0.0, "NATS requests: hard cap in seconds on a whole request; expiry -> "
+                                               "504 and a cancel to the worker; 0 = off")
+    nats_req_max_pending: int = option(0, "NATS requests: per-worker limit of requests in flight from this "
+                                          "frontend; at the cap -> 429 (retried on another worker); 0 = off")
     max_body_bytes: int = option(8 * 1024 * 1024, "largest request body accepted (413 above it)")
     upstream_connect_timeout: float = option(5.0, "seconds to connect to a worker")
     upstream_first_byte_timeout: float = option(600.0, "seconds to wait for a worker's first response byte "
@@ -57,6 +72,14 @@ class ServerSettings:
         "caching (repeatable; pass '' to disable)")
     worker_poll_interval: float = option(2.0, "static discovery: seconds between worker health checks")
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+    admin_token: str = option("", "when set, /v1/admin/... and /v1/cache/prewarm need 'Authorization: Bearer "
+                                  "<token>' (401 otherwise)")
+    enable_profiling: bool = option(False, "serve POST /v1/admin/profile/start|stop (403 without), fanned out "
+                                           "to the workers' /start_profile and /stop_profile")
+    profile_timeout: float = option(60.0, "seconds each worker may take to answer a profile start/stop (a "
+                                          "stop flushes traces, which can be slow)")
+    kvd_socket_path: str = option("", "Unix socket of the KV daemon (kvd) that takes POST /v1/cache/prewarm "
+                                      "hints; empty = prewarm answers 503")
 
     def __post_init__(self) -> None:
         if self.router_policy == "kv-aware" and self.router_mode == "auto" and not self.router_tokenizer_path:
@@ -70,5 +93,8 @@ class ServerSettings:
             raise ConfigError("--request-max-retries must be >= 0")
         if self.kv_overlap_weight < 0:
             raise ConfigError("--kv-overlap-weight must be >= 0")
+        if self.nats_req_idle_timeout < 0 or self.nats_req_max_duration < 0 or self.nats_req_max_pending < 0:
+            raise ConfigError("--nats-req-idle-timeout, --nats-req-max-duration and --nats-req-max-pending "
+                              "must be >= 0")
         if self.max_body_bytes <= 0:
             raise ConfigError("--max-body-bytes must be > 0")

@@ -6,6 +6,10 @@ ids so that ``BlockRemoved`` finds its block. A block whose parent the index doe
 (events were missed) is not inserted: its local hash cannot be computed, so it is counted
 as an orphan instead.
 
+Each block keeps the tiers (``medium``: "GPU", "CPU", ...) holding it; a block left only
+below the device tier is also listed per worker, so that a scorer can give it partial
+credit (:meth:`PrefixIndex.lower_tier_blocks`) at no cost while every block is on the device.
+
 Besides confirmed blocks (from events only) the index holds *predicted* blocks: the
 router's guess of what a worker caches after it routed a prompt there. They expire after
 a TTL and count only when the caller asks for them (workers whose events are stale or
@@ -29,6 +33,7 @@ from infera.kv.hashing import block_hashes
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 CACHE_VIEW_MAX_HASHES = 256
+TOP_MEDIA = frozenset({"GPU", None})  # the device tier (None: an engine that does not say)
 
 
 @dataclasses.dataclass(slots=True)
@@ -42,6 +47,7 @@ class _Worker:
     blocks: dict[int, _Block] = dataclasses.field(default_factory=dict)  # engine hash -> block
     local_refs: dict[int, int] = dataclasses.field(default_factory=dict)  # local hash -> engine blocks with it
     predicted: dict[int, float] = dataclasses.field(default_factory=dict)  # local hash -> expiry
+    lower: dict[int, str] = dataclasses.field(default_factory=dict)  # local hash -> its medium, if not on GPU
     orphan_blocks: int = 0
     last_event_ts: float | None = None  # engine clock (batch ts)
     last_applied_at: float | None = None  # router wall clock
@@ -123,15 +129,22 @@ class PrefixIndex:
             worker.orphan_blocks += missing
             self.counters.orphan_blocks += missing
         medium = event.medium
+        top = medium in TOP_MEDIA
         for engine_hash, local in zip(event.block_hashes, locals_, strict=False):
             block = worker.blocks.get(engine_hash)
             if block is not None:
                 if medium not in block.media:
                     block.media.append(medium)
+                    if top and worker.lower:
+                        worker.lower.pop(local, None)
                 continue
             worker.blocks[engine_hash] = _Block(local, [medium])
             refs = worker.local_refs.get(local, 0)
             worker.local_refs[local] = refs + 1
+            if not top and refs == 0:
+                worker.lower[local] = str(medium)
+            elif top and worker.lower:
+                worker.lower.pop(local, None)
             if refs == 0:
                 holders = self._holders.get(local)
                 if holders is None:
@@ -150,6 +163,8 @@ class PrefixIndex:
         else:  # unknown tier: the engine no longer has it where we thought; drop it all
             block.media.clear()
         if block.media:
+            if all(m not in TOP_MEDIA for m in block.media):  # left only in a lower tier
+                worker.lower[block.local] = str(block.media[0])
             return
         del worker.blocks[engine_hash]
         local = block.local
@@ -158,6 +173,7 @@ class PrefixIndex:
             worker.local_refs[local] = refs
             return
         del worker.local_refs[local]
+        worker.lower.pop(local, None)
         holders = self._holders[local]
         holders.discard(worker_id)
         if not holders:
@@ -172,6 +188,7 @@ class PrefixIndex:
                 del self._holders[local]
         worker.blocks.clear()
         worker.local_refs.clear()
+        worker.lower.clear()
         for local in list(worker.predicted):
             self._drop_prediction(worker_id, worker, local)
 
@@ -292,6 +309,24 @@ class PrefixIndex:
         guessed = predicted.get(local)
         if guessed:
             out.update(guessed if allowed is None else (w for w in guessed if w in allowed))
+        return out
+
+    def lower_tier_blocks(self, worker_id: str, hashes: Sequence[int], count: int) -> dict[str, int]:
+        """Of the first ``count`` blocks of ``hashes`` (what :meth:`overlaps` found on the worker),
+        how many it holds only in a lower tier than the device, by medium (e.g. ``{"CPU": 3}``).
+
+        Empty, in O(1), for a worker whose confirmed blocks are all on the device (the common
+        case). Predicted blocks count as device blocks.
+        """
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.lower:
+            return {}
+        lower = worker.lower
+        out: dict[str, int] = {}
+        for local in islice(hashes, count):
+            medium = lower.get(local)
+            if medium is not None:
+                out[medium] = out.get(medium, 0) + 1
         return out
 
     # -- workers and views ---------------------------------------------------------------

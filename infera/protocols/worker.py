@@ -44,7 +44,10 @@ class WorkerRecord(BaseModel):
     role: Role = "mixed"
     engine: str = "unknown"
     http_url: str = Field(description="base URL of the engine's HTTP API, without /v1")
-    nats_subject: str | None = None
+    nats_subject: str | None = Field(default=None, description="NATS subject it takes requests on "
+                                     "(infera.req.<id>); None = it serves over HTTP only")
+    nats_kv_subject: str | None = Field(default=None, description="NATS subject its KV events are relayed to "
+                                        "(infera.kv.events.<id>); None = none are (ZMQ only, if any)")
     kv_events: KvEventEndpoint | None = None
     kv_block_size: int = Field(default=16, gt=0, description="tokens per KV block")
     capacity: Capacity = Field(default_factory=Capacity)

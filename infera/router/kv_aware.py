@@ -4,6 +4,9 @@ cost(w) = kv_overlap_weight * prefill_blocks(w) + decode_blocks(w), in KV blocks
 prefill_blocks = the prompt's blocks not cached on w + prompt tokens already queued for
 prefill on w (in blocks), and decode_blocks = distinct blocks w's active requests hold.
 The load term is what stops a hot prefix from piling every request onto one worker.
+A cached block counts fully on the device; held only in a lower tier (host memory after an
+offload or a kvd prewarm) it counts :data:`TIER_CREDIT` of a block, since it must be copied
+back first (NVIDIA Dynamo weighs host-memory blocks 0.75).
 For a worker whose KV events are missing or stale, the cache is predicted from the
 router's own recent decisions instead of read from events.
 """
@@ -13,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores
+
+TIER_CREDIT = {"CPU": 0.75}  # fraction of a block's prefill saved when it sits in that tier
+OTHER_TIER_CREDIT = 0.5  # any other tier below the device (disk, remote): slower still
 
 
 class KvAwarePolicy:
@@ -38,7 +44,12 @@ class KvAwarePolicy:
         for cand, overlap in zip(candidates, overlaps, strict=True):
             size = cand.worker.kv_block_size
             prompt_blocks = -(-ctx.prompt_tokens // size)
-            prefill = (prompt_blocks - overlap) + cand.prefill_tokens / size
+            credit: float = overlap
+            if overlap:
+                lower = self._index.lower_tier_blocks(cand.worker.instance_id, ctx.hashes(size), overlap)
+                for medium, count in lower.items():
+                    credit -= count * (1.0 - TIER_CREDIT.get(medium, OTHER_TIER_CREDIT))
+            prefill = (prompt_blocks - credit) + cand.prefill_tokens / size
             costs.append(self._weight * prefill + cand.active_blocks)
         best_overlap = max(overlaps, default=0)
         if best_overlap == 0:

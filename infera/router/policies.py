@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from infera.router.base import PolicyFactory
 from infera.router.kv_aware import KvAwarePolicy
+from infera.router.least_load import LeastLoadPolicy
 from infera.router.round_robin import RoundRobinPolicy
 
 POLICIES: dict[str, PolicyFactory] = {
     "kv-aware": KvAwarePolicy,
     "round-robin": RoundRobinPolicy,
+    "least-load": LeastLoadPolicy,  # the decode leg of a prefill/decode pair
 }

@@ -1,9 +1,13 @@
-"""The router: mode -> policy -> worker, with the invariants no policy may break.
+"""The router: mode -> topology -> policy -> worker(s), with the invariants no policy may break.
 
-It filters candidates (model, role, health), asks the policy for costs, breaks ties
-fairly, accounts load on every path (a ticket from dispatch until the response ends,
-however it ends), retries on an alternate worker when a worker fails before its first
-response byte, and keeps the prefix index fed from KV events.
+It picks the topology (:mod:`infera.router.topology`: a prefill+decode pair when the fleet
+has one, else a mixed worker), filters candidates (model, role, connector, health), asks
+the policy for costs (the configured policy for mixed and prefill workers, least load for
+decode workers), breaks ties fairly, accounts load on every path (a ticket per worker leg
+from dispatch until its response ends, however it ends), retries on an alternate worker when
+a worker fails before its first response byte (for a pair: the leg that failed, with a
+fresh prefill), and keeps the prefix index fed from KV events. The two legs of a pair run
+in :mod:`infera.router.disagg`, shaped by the worker's connector (:mod:`infera.router.connectors`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from infera.discovery.base import FleetChange, FleetView
@@ -25,14 +29,24 @@ from infera.kv.tokenizer import PromptRenderer
 from infera.protocols.kv_events import EventBatch
 from infera.protocols.worker import WorkerRecord
 from infera.router.base import Candidate, Policy, PolicyDeps, RoutingContext
+from infera.router.connector import Pair
+from infera.router.connectors import CONNECTORS
+from infera.router.disagg import DisaggRouter, Leg, LegFailed
 from infera.router.policies import POLICIES
+from infera.router.response import RoutedResponse
+from infera.router.topology import choose, connector_of
 from infera.transport.base import KvEventSource, RequestTransport, UpstreamError, UpstreamResponse
+
+__all__ = ["RouteRequest", "RoutedResponse", "Router", "RouterOptions", "RoutingError"]
 
 log = logging.getLogger(__name__)
 
 OVERLAP_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 DEFAULT_OUTPUT_TOKENS = 256
 PREDICTION_TTL = 120.0  # seconds a routing decision is remembered as a predicted cache entry
+DECODE_POLICY = "least-load"
+PREFILL_HEADER = "x-prefill-instance-id"
+ATOM_ENGINES = ("atom",)
 
 
 class RoutingError(Exception):
@@ -52,7 +66,8 @@ class RouteRequest:
     payload: Mapping[str, Any]  # the parsed body (read for tokenization only)
     model: str
     max_tokens: int | None = None
-    worker_hint: str | None = None  # x-worker-instance-id (direct mode)
+    worker_hint: str | None = None  # x-worker-instance-id (direct mode; the decode worker of a pair)
+    prefill_hint: str | None = None  # x-prefill-instance-id (direct mode; the prefill worker of a pair)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,35 +99,6 @@ class RouterStats:
         self.overlap_count += 1
 
 
-class RoutedResponse:
-    """A worker's response with its first body chunk already in hand.
-
-    Iterate :meth:`chunks` exactly once; the ticket is released and the upstream closed
-    when iteration ends, fails or is abandoned (client disconnect).
-    """
-
-    def __init__(self, worker_id: str, upstream: UpstreamResponse, first: bytes, finish: Callable[[], None]) -> None:
-        self.worker_id = worker_id
-        self.status = upstream.status
-        self.content_type = upstream.content_type
-        self._upstream = upstream
-        self._first = first
-        self._finish = finish
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            if self._first:
-                yield self._first
-            async for chunk in self._upstream.body:
-                yield chunk
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        self._upstream.close()
-        self._finish()
-
-
 class Router:
     def __init__(
         self,
@@ -138,8 +124,10 @@ class Router:
         self._expect_events_since: dict[str, float] = {}
         self._last_event: dict[str, float] = {}
         self._blind_logged: set[str] = set()
-        factory = POLICIES[options.policy]
-        self.policy: Policy = factory(PolicyDeps(self.index, options.kv_overlap_weight, self.is_blind))
+        deps = PolicyDeps(self.index, options.kv_overlap_weight, self.is_blind)
+        self.policy: Policy = POLICIES[options.policy](deps)
+        self.decode_policy: Policy = POLICIES[DECODE_POLICY](deps)
+        self.disagg = DisaggRouter()
         if self.policy.needs_tokens and renderer is None:
             raise ValueError(f"policy {options.policy} needs a tokenizer (--router-tokenizer-path)")
         fleet.subscribe(self._on_fleet_change)
@@ -200,13 +188,17 @@ class Router:
     def models(self) -> list[str]:
         return sorted({w.model for w in self.fleet.workers().values()})
 
-    def _candidates(self, model: str, exclude: set[str]) -> list[WorkerRecord]:
-        now = self._clock()
+    def _healthy(self, worker_id: str) -> bool:
+        return self._cooldown.get(worker_id, (0.0, 0.0))[0] <= self._clock()
+
+    def _candidates(self, model: str, exclude: set[str], role: str = "mixed",
+                    connector: str | None = None) -> list[WorkerRecord]:
         eligible = [
             w for w in self.fleet.workers().values()
-            if w.model == model and w.role == "mixed" and w.instance_id not in exclude
+            if w.model == model and w.role == role and w.instance_id not in exclude
+            and (connector is None or connector_of(w) == connector)
         ]
-        healthy = [w for w in eligible if self._cooldown.get(w.instance_id, (0.0, 0.0))[0] <= now]
+        healthy = [w for w in eligible if self._healthy(w.instance_id)]
         pool = healthy or eligible  # all cooling down: trying one beats refusing
         return sorted(pool, key=lambda w: w.instance_id)
 
@@ -236,13 +228,15 @@ class Router:
             log.debug("could not render the prompt for routing: %s", exc)
             return None
 
-    def _pick(self, ctx: RoutingContext, candidates: list[WorkerRecord]) -> tuple[WorkerRecord, str, int]:
+    def _pick(self, ctx: RoutingContext, candidates: list[WorkerRecord],
+              policy: Policy | None = None, policy_name: str | None = None) -> tuple[WorkerRecord, str, int]:
+        policy = policy or self.policy
         cands = [
             Candidate(w, self.load.in_flight(w.instance_id), self.load.prefill_tokens(w.instance_id),
                       self.load.active_blocks(w.instance_id))
             for w in candidates
         ]
-        scores = self.policy.score(ctx, cands)
+        scores = policy.score(ctx, cands)
         costs = scores.costs
         if self.options.temperature > 0 and len(costs) > 1:
             low = min(costs)
@@ -262,24 +256,63 @@ class Router:
                 best = [j for j in best if key(j) == least]
             i = best[0] if len(best) == 1 else self._rng.choice(best)
         overlap = scores.overlap_blocks[i] if scores.overlap_blocks else 0
-        self.stats.decisions[(self.options.policy, scores.reason)] += 1
+        self.stats.decisions[(policy_name or self.options.policy, scores.reason)] += 1
         return candidates[i], scores.reason, overlap
 
     async def dispatch(self, req: RouteRequest, headers: Mapping[str, str]) -> RoutedResponse:
-        """Send ``req`` to the best worker and return once its first body chunk is in.
+        """Send ``req`` to the best worker (or prefill+decode pair) and return once the first body chunk is in.
 
         Raises :class:`RoutingError` when no worker can serve it. Never retries after a
         byte has reached the client; every attempt's load is released on every path.
         """
-        fixed: WorkerRecord | None = None
-        if self.options.mode == "direct" and req.worker_hint:
-            fixed = self.fleet.workers().get(req.worker_hint)
-            if fixed is None:
-                raise RoutingError(503, f"worker {req.worker_hint!r} named by x-worker-instance-id is not in "
-                                        "the fleet (not registered, not ready, or gone)")
-            if fixed.model != req.model:
-                raise RoutingError(400, f"worker {req.worker_hint!r} serves model {fixed.model!r}, not "
-                                        f"{req.model!r}", kind="invalid_request_error")
+        direct = self.options.mode == "direct"
+        fixed = self._named(req.worker_hint, "x-worker-instance-id", req) if direct else None
+        fixed_prefill = self._named(req.prefill_hint, PREFILL_HEADER, req) if direct else None
+        if fixed_prefill is not None and fixed_prefill.role != "prefill":
+            raise RoutingError(400, f"worker {fixed_prefill.instance_id!r} named by {PREFILL_HEADER} is a "
+                                    f"{fixed_prefill.role} worker, not a prefill worker", kind="invalid_request_error")
+        if fixed is not None and fixed.role == "prefill":
+            raise RoutingError(400, f"worker {fixed.instance_id!r} named by x-worker-instance-id is a prefill "
+                                    f"worker; name it in {PREFILL_HEADER} (x-worker-instance-id names the decode "
+                                    "worker of a pair)", kind="invalid_request_error")
+        if fixed is not None and fixed.role == "mixed":
+            if fixed_prefill is not None:
+                raise RoutingError(400, f"worker {fixed.instance_id!r} is a mixed worker and cannot take a "
+                                        f"prefill worker ({PREFILL_HEADER})", kind="invalid_request_error")
+            return await self._dispatch_mixed(req, headers, fixed)
+        if fixed is not None or fixed_prefill is not None:
+            named = fixed or fixed_prefill
+            assert named is not None
+            if fixed is not None and fixed_prefill is not None and connector_of(fixed) != connector_of(fixed_prefill):
+                raise RoutingError(400, f"prefill worker {fixed_prefill.instance_id!r} ({connector_of(fixed_prefill)}) "
+                                        f"and decode worker {fixed.instance_id!r} ({connector_of(fixed)}) use "
+                                        "different connectors", kind="invalid_request_error")
+            return await self._dispatch_pd(req, headers, connector_of(named), fixed_prefill, fixed)
+        topology = choose(self.fleet.workers().values(), req.model, self._healthy)
+        if topology.kind == "pd":
+            assert topology.connector is not None
+            return await self._dispatch_pd(req, headers, topology.connector, None, None)
+        if topology.kind == "mixed":
+            return await self._dispatch_mixed(req, headers, None)
+        if not self.fleet.workers():
+            raise RoutingError(503, "no workers are available")
+        raise RoutingError(503, topology.explain(req.model))
+
+    def _named(self, worker_id: str | None, header: str, req: RouteRequest) -> WorkerRecord | None:
+        """The worker a direct-mode header names (None without the header)."""
+        if not worker_id:
+            return None
+        worker = self.fleet.workers().get(worker_id)
+        if worker is None:
+            raise RoutingError(503, f"worker {worker_id!r} named by {header} is not in the fleet (not registered, "
+                                    "not ready, or gone)")
+        if worker.model != req.model:
+            raise RoutingError(400, f"worker {worker_id!r} serves model {worker.model!r}, not {req.model!r}",
+                               kind="invalid_request_error")
+        return worker
+
+    async def _dispatch_mixed(self, req: RouteRequest, headers: Mapping[str, str],
+                              fixed: WorkerRecord | None) -> RoutedResponse:
         ctx: RoutingContext | None = None
         tried: set[str] = set()
         last_error: UpstreamError | None = None
@@ -299,34 +332,97 @@ class Router:
                 self.stats.retries += 1
             tried.add(worker.instance_id)
             try:
-                return await self._attempt(worker, req, ctx, overlap, headers)
+                leg = await self._open_leg(worker, "mixed", req, req.body, headers, ctx, overlap)
             except UpstreamError as exc:
                 last_error = exc
                 self._mark_failed(worker.instance_id)
                 log.warning("worker %s failed before its first byte (attempt %d/%d): %s",
                             worker.instance_id, attempt + 1, attempts, exc)
+                continue
+            return RoutedResponse(worker.instance_id, leg.upstream, leg.first, leg.release)
         if last_error is not None:
             raise RoutingError(last_error.status, str(last_error), kind="upstream_error") from last_error
-        if not self.fleet.workers():
-            raise RoutingError(503, "no workers are available")
         raise RoutingError(503, f"no healthy worker serves model {req.model!r}")
 
-    async def _attempt(self, worker: WorkerRecord, req: RouteRequest, ctx: RoutingContext | None, overlap: int,
-                       headers: Mapping[str, str]) -> RoutedResponse:
+    async def _dispatch_pd(self, req: RouteRequest, headers: Mapping[str, str], connector_name: str,
+                           fixed_prefill: WorkerRecord | None, fixed_decode: WorkerRecord | None) -> RoutedResponse:
+        """A prefill+decode pair: prefill by the policy (KV cost), decode by load; retry the leg that failed."""
+        connector = CONNECTORS.get(connector_name)
+        if connector is None:
+            raise RoutingError(503, f"no connector {connector_name!r} (known: {', '.join(sorted(CONNECTORS))})")
+        ctx = self._context(req)
+        tried: dict[str, set[str]] = {"prefill": set(), "decode": set()}
+        last_error: UpstreamError | None = None
+        attempts = 1 + self.options.max_retries
+        for attempt in range(attempts):
+            prefill, overlap = fixed_prefill, 0
+            if prefill is None:
+                candidates = self._candidates(req.model, tried["prefill"], "prefill", connector_name)
+                if not candidates:
+                    break
+                prefill, _, overlap = self._pick(ctx, candidates)
+            decode = fixed_decode
+            if decode is None:
+                candidates = self._candidates(req.model, tried["decode"], "decode", connector_name)
+                if not candidates:
+                    break
+                decode, _, _ = self._pick(ctx, candidates, self.decode_policy, DECODE_POLICY)
+            if fixed_prefill is not None or fixed_decode is not None:
+                self.stats.decisions[("direct", "header")] += 1
+            if req.kind == "chat" and (prefill.engine in ATOM_ENGINES or decode.engine in ATOM_ENGINES):
+                raise RoutingError(400, "this model is served by disaggregated ATOM workers, which take KV-transfer "
+                                        "parameters only on the text-completion path: send the request to "
+                                        "/v1/completions with the chat template applied to the prompt",
+                                   kind="invalid_request_error")
+            if attempt:
+                self.stats.retries += 1
+            pair = Pair(prefill, decode, self._rng.getrandbits(63))
+
+            async def open_leg(worker: WorkerRecord, role: str, body: bytes, overlap: int = overlap) -> Leg:
+                return await self._open_leg(worker, role, req, body, headers, ctx,
+                                            overlap if role == "prefill" else 0)
+
+            try:
+                return await self.disagg.run(connector, pair, req.payload, open_leg)
+            except LegFailed as failed:
+                last_error = failed.error
+                wid = failed.worker.instance_id
+                tried[failed.role].add(wid)
+                self._mark_failed(wid)
+                log.warning("%s worker %s failed before the first byte (attempt %d/%d): %s",
+                            failed.role, wid, attempt + 1, attempts, failed.error)
+                if (fixed_prefill if failed.role == "prefill" else fixed_decode) is not None:
+                    break  # the header named it: no other worker may take its place
+        if last_error is not None:
+            raise RoutingError(last_error.status, str(last_error), kind="upstream_error") from last_error
+        raise RoutingError(503, f"no healthy prefill+decode pair ({connector_name}) serves model {req.model!r}")
+
+    async def _open_leg(self, worker: WorkerRecord, role: str, req: RouteRequest, body: bytes,
+                        headers: Mapping[str, str], ctx: RoutingContext | None, overlap: int) -> Leg:
+        """Send one leg to ``worker`` under a load ticket and wait for its first chunk.
+
+        ``role`` shapes the ticket: a mixed worker computes the uncached prompt and decodes;
+        a prefill worker computes the uncached prompt and samples one token; a decode worker
+        receives the prompt's KV (no compute) and decodes. The ticket ends on every failure
+        here and, after success, when the returned leg is released.
+        """
         wid = worker.instance_id
         size = worker.kv_block_size
         hashes = ctx.hashes(size) if ctx is not None and ctx.token_ids else []
         prompt_tokens = ctx.prompt_tokens if ctx is not None else max(1, len(req.body) // 4)
         max_tokens = ctx.max_tokens if ctx is not None else DEFAULT_OUTPUT_TOKENS
+        if role == "prefill":
+            max_tokens = 1
+        prefill_tokens = 0 if role == "decode" else max(0, prompt_tokens - overlap * size)
         tail_blocks = -(-(prompt_tokens - len(hashes) * size + max_tokens) // size)
-        ticket = self.load.begin(wid, max(0, prompt_tokens - overlap * size), hashes, tail_blocks)
+        ticket = self.load.begin(wid, prefill_tokens, hashes, tail_blocks)
         if hashes:
-            fraction = overlap / len(hashes)
-            self.stats.observe_overlap(fraction)
+            if role != "decode":
+                self.stats.observe_overlap(overlap / len(hashes))
             self.index.predict(wid, hashes, ttl=PREDICTION_TTL, now=self._clock())
         upstream: UpstreamResponse | None = None
         try:
-            upstream = await self.transport.send(worker, req.path, req.body, headers)
+            upstream = await self.transport.send(worker, req.path, body, headers)
             first = await self._first_chunk(upstream, wid)
         except BaseException:
             if upstream is not None:
@@ -335,14 +431,22 @@ class Router:
             raise
         self.load.prefill_done(ticket)
         self._cooldown.pop(wid, None)
-        if overlap < len(hashes) and worker.kv_events is not None and wid not in self._expect_events_since:
+        if (role != "decode" and overlap < len(hashes) and worker.kv_events is not None
+                and wid not in self._expect_events_since):
             self._expect_events_since[wid] = self._clock()
-        return RoutedResponse(wid, upstream, first, lambda: self.load.end(ticket))
+        opened = upstream
+
+        def release() -> None:
+            opened.close()
+            self.load.end(ticket)
+
+        return Leg(worker, upstream, first, release)
 
     async def _first_chunk(self, upstream: UpstreamResponse, wid: str) -> bytes:
         timeout = self.options.first_byte_timeout or None
         try:
-            return await asyncio.wait_for(anext(upstream.body), timeout)
+            async with asyncio.timeout(timeout):  # no extra task per request, unlike wait_for
+                return await anext(upstream.body)
         except StopAsyncIteration:
             return b""
         except TimeoutError as exc:

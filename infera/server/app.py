@@ -10,9 +10,14 @@ from fastapi import FastAPI
 from infera import __version__
 from infera.router.router import Router
 from infera.server.admin import AdminHandlers
+from infera.server.anthropic_api import AnthropicHandlers
+from infera.server.auth import AdminTokenMiddleware
 from infera.server.errors import install_error_handlers
 from infera.server.metrics import ServerMetrics
 from infera.server.openai_api import OpenAIHandlers
+from infera.server.prewarm import PrewarmHandlers
+from infera.server.profiling import ProfilingHandlers
+from infera.transport.kvd import KvdClient
 
 Hook = Callable[[], Awaitable[None]]
 
@@ -37,5 +42,17 @@ def build_app(router: Router, *, max_body_bytes: int, strip_patterns: Sequence[s
     app.state.metrics = metrics
     install_error_handlers(app)
     app.include_router(OpenAIHandlers(router, metrics, max_body_bytes, strip_patterns).routes())
+    app.include_router(AnthropicHandlers(router, metrics, max_body_bytes, strip_patterns).routes())
     app.include_router(AdminHandlers(router, metrics).routes())
     return app
+
+
+def install_operations(app: FastAPI, router: Router, *, strip_patterns: Sequence[str], kvd_socket_path: str = "",
+                       enable_profiling: bool = False, profile_timeout: float = 60.0, admin_token: str = "") -> None:
+    """KV prewarm (``/v1/cache/prewarm``), fleet profiling (``/v1/admin/profile/...``) and, when a
+    token is given, the admin token in front of every admin path."""
+    kvd = KvdClient(kvd_socket_path) if kvd_socket_path else None
+    app.include_router(PrewarmHandlers(router, kvd, strip_patterns).routes())
+    app.include_router(ProfilingHandlers(router, enable_profiling, profile_timeout).routes())
+    if admin_token:
+        app.add_middleware(AdminTokenMiddleware, token=admin_token)

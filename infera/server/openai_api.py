@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from infera.protocols.openai import (
     ChatCompletionRequest,
@@ -20,40 +20,19 @@ from infera.protocols.openai import (
     first_error,
     strip_system_nonces,
 )
-from infera.router.router import RoutedResponse, Router, RouteRequest, RoutingError
+from infera.router.router import PREFILL_HEADER, RoutedResponse, Router, RouteRequest, RoutingError
 from infera.server.errors import openai_error
 from infera.server.metrics import ServerMetrics
-from infera.server.responses import JsonResponse
+from infera.server.relay import (
+    WORKER_HEADER,
+    BodyTooLarge,
+    collect_or_disconnect,
+    dispatch_or_disconnect,
+    forward_headers,
+    read_body,
+)
+from infera.server.responses import JsonResponse, SseResponse
 from infera.transport.base import UpstreamError
-
-FORWARD_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate")
-WORKER_HEADER = "x-worker-instance-id"
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing more than ``limit`` bytes without reading them all."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 class OpenAIHandlers:
@@ -66,8 +45,10 @@ class OpenAIHandlers:
 
     def routes(self) -> APIRouter:
         api = APIRouter()
-        api.add_api_route("/v1/chat/completions", self.chat, methods=["POST"], include_in_schema=True)
-        api.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        # Plain Starlette routes on the hot path: the handlers read the raw request themselves,
+        # so FastAPI's dependency solving and response serialisation would be pure overhead.
+        api.add_route("/v1/chat/completions", self.chat, methods=["POST"])
+        api.add_route("/v1/completions", self.completions, methods=["POST"])
         api.add_api_route("/v1/models", self.list_models, methods=["GET"])
         return api
 
@@ -85,7 +66,7 @@ class OpenAIHandlers:
     async def _handle(self, request: Request, kind: Literal["chat", "completion"], path: str) -> Response:
         started = time.perf_counter()
         response = await self._route(request, kind, path, started)
-        if not isinstance(response, StreamingResponse):
+        if not isinstance(response, SseResponse):
             self.metrics.requests.labels(path, str(response.status_code)).inc()
             self.metrics.e2e.labels(path).observe(time.perf_counter() - started)
         return response
@@ -115,24 +96,28 @@ class OpenAIHandlers:
         if kind == "chat" and strip_system_nonces(payload, self.patterns):
             body = orjson.dumps(payload)
         req = RouteRequest(kind=kind, path=path, body=body, payload=payload, model=parsed.model,
-                           max_tokens=parsed.output_limit(), worker_hint=request.headers.get(WORKER_HEADER))
-        headers = {"content-type": "application/json"}
-        for name in FORWARD_HEADERS:
-            value = request.headers.get(name)
-            if value is not None:
-                headers[name] = value
-        routed = await self._dispatch_or_disconnect(request, req, headers)
+                           max_tokens=parsed.output_limit(), worker_hint=request.headers.get(WORKER_HEADER),
+                           prefill_hint=request.headers.get(PREFILL_HEADER))
+        routed = await dispatch_or_disconnect(self.router, request, req, forward_headers(request))
         if routed is None:
             return Response(status_code=499)
-        if isinstance(routed, Response):
-            return routed
+        if isinstance(routed, RoutingError):
+            return openai_error(routed.status, str(routed), routed.kind)
         self.metrics.ttft.labels(path).observe(time.perf_counter() - started)
         out_headers = {"x-infera-worker": routed.worker_id}
+        if routed.prefill_worker_id:
+            out_headers["x-infera-prefill-worker"] = routed.prefill_worker_id
         if routed.content_type.startswith("text/event-stream"):
-            return StreamingResponse(self._relay(routed, path, started), status_code=routed.status,
-                                     media_type="text/event-stream", headers=out_headers)
+            gone: list[bool] = []
+
+            def client_left() -> None:
+                gone.append(True)
+                routed.close()
+
+            return SseResponse(self._relay(routed, path, started, gone), status_code=routed.status,
+                               headers=out_headers, on_disconnect=client_left)
         try:
-            collected = await self._collect_or_disconnect(request, routed)
+            collected = await collect_or_disconnect(request, routed)
         except UpstreamError as exc:
             return openai_error(exc.status, f"the worker failed before the response was complete: {exc}")
         if collected is None:
@@ -140,45 +125,12 @@ class OpenAIHandlers:
         return Response(collected, status_code=routed.status, media_type=routed.content_type,
                         headers=out_headers)
 
-    async def _dispatch_or_disconnect(self, request: Request, req: RouteRequest,
-                                      headers: dict[str, str]) -> RoutedResponse | Response | None:
-        """Dispatch, but give up (and release the worker) if the client goes away meanwhile."""
-        dispatch = asyncio.ensure_future(self.router.dispatch(req, headers))
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
-        try:
-            await asyncio.wait((dispatch, watcher), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-        if not dispatch.done():
-            dispatch.cancel()
-            try:
-                await dispatch
-            except (asyncio.CancelledError, Exception):
-                pass
-            return None
-        try:
-            return dispatch.result()
-        except RoutingError as exc:
-            return openai_error(exc.status, str(exc), exc.kind)
+    async def _relay(self, routed: RoutedResponse, path: str, started: float,
+                     gone: list[bool]) -> AsyncIterator[bytes]:
+        """Relay SSE bytes; a failure mid-stream becomes an error event and a clean close.
 
-    async def _collect_or_disconnect(self, request: Request, routed: RoutedResponse) -> bytes | None:
-        async def collect() -> bytes:
-            return b"".join([chunk async for chunk in routed.chunks()])
-
-        task = asyncio.ensure_future(collect())
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
-        try:
-            await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-        if not task.done():
-            task.cancel()
-            routed.close()
-            return None
-        return task.result()
-
-    async def _relay(self, routed: RoutedResponse, path: str, started: float) -> AsyncIterator[bytes]:
-        """Relay SSE bytes; a failure mid-stream becomes an error event and a clean close."""
+        ``gone`` becomes non-empty when the client disconnected (the upstream is then closed).
+        """
         status = str(routed.status)
         last = time.perf_counter()
         itl = self.metrics.itl.labels(path)
@@ -189,6 +141,9 @@ class OpenAIHandlers:
                 last = now
                 yield chunk
         except UpstreamError as exc:
+            if gone:
+                status = "499"
+                return
             status = "stream_error"
             event: dict[str, Any] = error_body(f"the worker failed mid-stream: {exc}", "upstream_error",
                                                code=exc.status)
@@ -197,5 +152,5 @@ class OpenAIHandlers:
             status = "499"
             raise
         finally:
-            self.metrics.requests.labels(path, status).inc()
+            self.metrics.requests.labels(path, "499" if gone else status).inc()
             self.metrics.e2e.labels(path).observe(time.perf_counter() - started)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import orjson
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 
 class JsonResponse(Response):
@@ -13,3 +16,43 @@ class JsonResponse(Response):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
+
+
+class SseResponse(Response):
+    """Server-sent events relayed from an async iterator of ready-framed bytes.
+
+    Leaner than Starlette's StreamingResponse (which opens a task group per response): one
+    watcher task waits for the client's disconnect and calls ``on_disconnect`` (which closes
+    the upstream, ending the iterator); each chunk is one write.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes], status_code: int = 200,
+                 headers: Mapping[str, str] | None = None, on_disconnect: Callable[[], None] | None = None) -> None:
+        self._chunks = chunks
+        self._on_disconnect = on_disconnect
+        self.status_code = status_code
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", **(headers or {})})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        on_disconnect = self._on_disconnect
+        if on_disconnect is not None:
+            watcher.add_done_callback(lambda w: None if w.cancelled() else on_disconnect())
+        try:
+            async for chunk in self._chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+            aclose = getattr(self._chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -50,9 +50,8 @@ class HttpTransport:
         assert self._session is not None, "transport not started"
         url = worker.http_url.rstrip("/") + path
         try:
-            resp = await asyncio.wait_for(
-                self._session.post(url, data=body, headers=headers), timeout=self._first_byte_timeout or None
-            )
+            async with asyncio.timeout(self._first_byte_timeout or None):  # no extra task, unlike wait_for
+                resp = await self._session.post(url, data=body, headers=headers)
         except TimeoutError as exc:
             raise UpstreamError(f"worker {worker.instance_id} sent no response within "
                                 f"{self._first_byte_timeout:g}s", status=504) from exc

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -69,11 +70,21 @@ def test_help_shows_defaults_and_env_names() -> None:
     assert "--speedup-ratio" in out and "INFERA_SPEEDUP_RATIO" in out
 
 
-def test_unbuilt_backends_fail_fast_naming_the_alternative() -> None:
-    proc = subprocess.run([sys.executable, "-m", "infera.server", "--router-policy", "round-robin"],
-                          capture_output=True, text=True, timeout=60)
+def test_nats_without_a_broker_address_fails_fast_naming_the_alternative() -> None:
+    proc = subprocess.run([sys.executable, "-m", "infera.server", "--router-policy", "round-robin", *STATIC],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "NATS_SERVER": "",
+                                                                          "NATS_URL": ""})
     assert proc.returncode == 2
-    assert "kubernetes" in proc.stderr.lower() and "--discovery-backend static" in proc.stderr
+    assert "--request-transport nats needs" in proc.stderr and "--nats-server" in proc.stderr
+    assert "--request-transport http" in proc.stderr
+
+
+def test_nats_request_controls_flag_env_default() -> None:
+    s = load(ServerSettings, [*STATIC, "--router-policy", "round-robin", "--nats-req-max-pending", "4"],
+             {"INFERA_NATS_REQ_IDLE_TIMEOUT": "30", "NATS_SERVER": "nats://a:4222"})
+    assert (s.nats_req_idle_timeout, s.nats_req_max_duration, s.nats_req_max_pending) == (30.0, 0.0, 4)
+    assert s.nats_server == "nats://a:4222"
+    assert load(ServerSettings, [*STATIC, "--router-policy", "round-robin"], {}).nats_req_idle_timeout == 900.0
 
 
 def test_mock_settings_defaults() -> None:

@@ -19,7 +19,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from infera.engine.mock.kvd_server import KvdServer
 from infera.engine.mock.openai_api import OpenAiEndpoints
+from infera.engine.mock.profiler import ProfileEndpoints
 from infera.engine.mock.responses import error_response, json_body, json_response
 from infera.engine.mock.service import ApiError, MockService
 from infera.engine.mock.sglang_api import SglangEndpoints
@@ -92,7 +94,8 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(ApiError(f"internal error: {exc}", status=500))
 
 
-def build_app(service: MockService) -> Starlette:
+def build_app(service: MockService, kvd: KvdServer | None = None) -> Starlette:
+    """``kvd``: the kvd socket to serve for the app's lifetime (and its ``GET /infera/host_tier`` view)."""
     oai, sgl, info = OpenAiEndpoints(service), SglangEndpoints(service), InfoEndpoints(service)
     routes = [
         Route("/v1/completions", oai.completions, methods=["POST"]),
@@ -108,14 +111,25 @@ def build_app(service: MockService) -> Starlette:
         Route("/generate", sgl.generate, methods=["POST"]),
         Route("/get_model_info", sgl.model_info, methods=["GET"]),
         Route("/get_server_info", sgl.server_info, methods=["GET"]),
+        *service.role.routes(),
     ]
+    if service.engine.profiler is not None:
+        prof = ProfileEndpoints(service.engine.profiler)
+        routes += [Route("/start_profile", prof.start, methods=["POST"]),
+                   Route("/stop_profile", prof.stop, methods=["POST"])]
+    if kvd is not None:
+        routes.append(Route("/infera/host_tier", kvd.view, methods=["GET"]))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await service.engine.start()
+        if kvd is not None:
+            await kvd.start()
         try:
             yield
         finally:
+            if kvd is not None:
+                await kvd.stop()
             await service.engine.stop()
 
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence as SequenceOf
+from typing import TYPE_CHECKING
 
 from infera.engine.mock.cache import BlockPool
 from infera.engine.mock.metrics import EngineMetrics
@@ -22,6 +24,10 @@ from infera.engine.mock.scheduler import Scheduler, StepPlan
 from infera.engine.mock.sequence import Sequence
 from infera.engine.mock.text import PlannedOutput
 from infera.engine.mock.timing import StepTimeModel
+from infera.protocols.kv_events import KvEvent
+
+if TYPE_CHECKING:
+    from infera.engine.mock.profiler import StepProfiler
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +75,7 @@ class Engine:
         self.metrics = metrics
         self.publisher = publisher
         self.steps = 0
+        self.profiler: StepProfiler | None = None  # records a window of steps while active
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -92,9 +99,12 @@ class Engine:
         """Whether a request of this many tokens (prompt + output) can ever fit in the cache alone."""
         return self.blocks_needed(total_tokens) <= self.pool.num_usable
 
-    def submit(self, request_id: str, prompt_ids: list[int], output: PlannedOutput, *, stream: bool) -> RequestHandle:
+    def submit(self, request_id: str, prompt_ids: list[int], output: PlannedOutput, *, stream: bool,
+               transferred: int = 0) -> RequestHandle:
+        """Queue a request; ``transferred`` leading prompt tokens arrive as KV from a prefill worker."""
         loop = asyncio.get_running_loop()
-        seq = Sequence(request_id=request_id, tokens=list(prompt_ids), output_ids=output.ids, arrival=loop.time())
+        seq = Sequence(request_id=request_id, tokens=list(prompt_ids), output_ids=output.ids, arrival=loop.time(),
+                       transferred=transferred)
         handle = RequestHandle(seq, output, stream)
         seq.owner = handle
         self.scheduler.add(seq)
@@ -105,6 +115,13 @@ class Engine:
         if not handle.seq.finished:
             self.scheduler.abort(handle.seq)
             handle.finish()
+
+    def publish_pending(self, extra: SequenceOf[KvEvent] = ()) -> None:
+        """Publish KV events made between steps (a kvd prewarm) now, as one batch: the pool's
+        pending events first, then ``extra``. Same thread as the step loop, so order holds."""
+        events = [*self.pool.take_events(), *extra]
+        if events and self.publisher is not None:
+            self.publisher.publish(events)
 
     def reset_prefix_cache(self) -> bool:
         """vLLM's reset: refused while any request holds blocks; AllBlocksCleared goes out with the next step."""
@@ -135,6 +152,9 @@ class Engine:
             dt = self.timing.step_seconds(plan.prefill_tokens, plan.decode_rows, plan.kv_usage)
             now = loop.time()
             deadline = max(deadline + dt, now - MAX_LAG_S)
+            if self.profiler is not None and self.profiler.active:
+                self.profiler.record(self.steps, deadline - dt, dt, len(plan.rows), plan.prefill_tokens,
+                                     plan.decode_rows, plan.kv_usage, plan.preempted)
             if deadline - now >= QUANTUM_S:
                 await asyncio.sleep(deadline - now)
                 last_yield = loop.time()

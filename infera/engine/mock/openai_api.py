@@ -46,7 +46,8 @@ class OpenAiEndpoints:
         prompt_ids = s.text_prompt(body)
         output = s.plan(body, prompt_ids, s.max_tokens(body, len(prompt_ids), chat=False), chat=False)
         rid = s.request_id("cmpl")
-        handle = s.submit(prompt_ids, output, stream=stream, request_id=rid)
+        transferred = await s.role.receive_kv(body, prompt_ids)
+        handle = s.submit(prompt_ids, output, stream=stream, request_id=rid, body=body, transferred=transferred)
         created = int(time.time())
         if stream:
             chunks = self._stream_completion(handle, rid, created, include_usage)
@@ -59,7 +60,7 @@ class OpenAiEndpoints:
             choice["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = output.ids
         return json_response({"id": rid, "object": "text_completion", "created": created, "model": s.model,
-                              "choices": [choice], "usage": s.usage(handle), **s.role.response_extras(body)})
+                              "choices": [choice], "usage": s.usage(handle), **s.role.response_extras(body, handle)})
 
     async def _stream_completion(self, handle: RequestHandle, rid: str, created: int,
                                  include_usage: bool) -> AsyncIterator[bytes]:
@@ -95,7 +96,8 @@ class OpenAiEndpoints:
         prompt_ids = s.chat_prompt(body)
         output = s.plan(body, prompt_ids, s.max_tokens(body, len(prompt_ids), chat=True), chat=True)
         rid = s.request_id("chatcmpl")
-        handle = s.submit(prompt_ids, output, stream=stream, request_id=rid)
+        transferred = await s.role.receive_kv(body, prompt_ids)
+        handle = s.submit(prompt_ids, output, stream=stream, request_id=rid, body=body, transferred=transferred)
         created = int(time.time())
         if stream:
             return SseResponse(self._stream_chat(handle, rid, created, include_usage), lambda: s.engine.abort(handle))
@@ -110,7 +112,7 @@ class OpenAiEndpoints:
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": output.finish_reason,
                   "stop_reason": output.stop_reason}
         return json_response({"id": rid, "object": "chat.completion", "created": created, "model": s.model,
-                              "choices": [choice], "usage": s.usage(handle), **s.role.response_extras(body)})
+                              "choices": [choice], "usage": s.usage(handle), **s.role.response_extras(body, handle)})
 
     async def _stream_chat(self, handle: RequestHandle, rid: str, created: int,
                            include_usage: bool) -> AsyncIterator[bytes]:

@@ -1,17 +1,20 @@
-"""The seam for prefill/decode roles (``--role``).
+"""The seam for prefill/decode roles (``--role``, ``--connector``).
 
-Every request passes through the role's :meth:`Role.admit` before it reaches the scheduler
-and through :meth:`Role.response_extras` on its way out. ``mixed`` does both prefill and
-decode and adds nothing. The prefill/decode issue fills in the other two: a ``prefill``
-worker will stop after the first token and answer with ``kv_transfer_params`` (vLLM pull)
-or accept SGLang bootstrap fields (push); a ``decode`` worker will take those params and
-skip the prefill cost of the transferred blocks. Until then they behave as ``mixed``.
+Every OpenAI request passes through its worker's role on the way in and out:
+:meth:`Role.admit` shapes the planned output, :meth:`Role.receive_kv` waits for KV that a
+prefill worker computed (and says how many prompt tokens it covers, so the scheduler skips
+their compute), :meth:`Role.submitted` sees the queued request, and
+:meth:`Role.response_extras` adds top-level response fields. ``mixed`` does nothing at any
+of them; the prefill and decode roles live in :mod:`infera.engine.mock.pd`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+from starlette.routing import BaseRoute
+
+from infera.engine.mock.engine import RequestHandle
 from infera.engine.mock.text import PlannedOutput
 
 
@@ -19,27 +22,44 @@ class Role(Protocol):
     name: str
 
     def admit(self, body: dict[str, Any], prompt_ids: list[int], output: PlannedOutput) -> PlannedOutput:
-        """Shape a request before scheduling (e.g. cut the output to one token on a prefill worker)."""
+        """Shape a request before scheduling (a prefill worker cuts the output to one token)."""
         ...
 
-    def response_extras(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Extra top-level response fields (e.g. ``kv_transfer_params``)."""
+    async def receive_kv(self, body: dict[str, Any], prompt_ids: list[int]) -> int:
+        """Wait for the prompt's KV from a prefill worker, if the body asks for it.
+
+        Returns the number of leading prompt tokens whose KV arrived (0: compute them all);
+        raises :class:`~infera.engine.mock.service.ApiError` (502) when the transfer fails.
+        """
+        ...
+
+    def submitted(self, body: dict[str, Any], handle: RequestHandle) -> None:
+        """The request is queued (a push prefill worker opens its bootstrap room here)."""
+        ...
+
+    def response_extras(self, body: dict[str, Any], handle: RequestHandle) -> dict[str, Any]:
+        """Extra top-level fields of a non-streamed response (e.g. ``kv_transfer_params``)."""
+        ...
+
+    def routes(self) -> list[BaseRoute]:
+        """Extra HTTP routes (a push prefill worker serves its bootstrap rooms)."""
         ...
 
 
 class MixedRole:
-    def __init__(self, name: str = "mixed") -> None:
-        self.name = name
+    name = "mixed"
 
     def admit(self, body: dict[str, Any], prompt_ids: list[int], output: PlannedOutput) -> PlannedOutput:
         return output
 
-    def response_extras(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def receive_kv(self, body: dict[str, Any], prompt_ids: list[int]) -> int:
+        return 0
+
+    def submitted(self, body: dict[str, Any], handle: RequestHandle) -> None:
+        return None
+
+    def response_extras(self, body: dict[str, Any], handle: RequestHandle) -> dict[str, Any]:
         return {}
 
-
-ROLES: dict[str, type[MixedRole]] = {"mixed": MixedRole, "prefill": MixedRole, "decode": MixedRole}
-
-
-def make_role(name: str) -> Role:
-    return ROLES[name](name)
+    def routes(self) -> list[BaseRoute]:
+        return []

@@ -104,37 +104,42 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hit: list[Block] = []
+            skip = 0
             if seq.num_computed == 0:
                 extend_digests(seq.digests, seq.tokens, bs)
                 hit = self.pool.lookup(seq.digests[:(len(seq.tokens) - 1) // bs])
-            n = min(len(seq.tokens) - seq.num_computed - len(hit) * bs, budget)
-            if not self._allocate(seq, n, hit):
+                # KV received from a prefill worker lands in blocks without compute (PD decode).
+                skip = max(0, min(seq.transferred, len(seq.tokens) - 1) - len(hit) * bs)
+            n = min(len(seq.tokens) - seq.num_computed - len(hit) * bs - skip, budget)
+            if not self._allocate(seq, n, hit, skip):
                 break
             self.waiting.popleft()
             self.running.append(seq)
             if seq.cached_tokens < 0:
-                seq.cached_tokens = len(hit) * bs
+                # as vLLM's num_cached_tokens: local prefix hits plus KV received from a prefill worker
+                seq.cached_tokens = len(hit) * bs + skip
                 self.prefix_queries += len(seq.tokens)
-                self.prefix_hits += seq.cached_tokens
+                self.prefix_hits += len(hit) * bs
             self._add_row(plan, seq, n)
             budget -= n
 
     def _add_row(self, plan: StepPlan, seq: Sequence, n: int) -> None:
         plan.rows.append((seq, n))
-        if n == 1 and seq.num_emitted > 0 and seq.num_computed == len(seq.tokens) - 1:
+        if n == 1 and (seq.num_emitted > 0 or seq.transferred) and seq.num_computed == len(seq.tokens) - 1:
             plan.decode_rows += 1
         else:
             plan.prefill_tokens += n
 
-    def _allocate(self, seq: Sequence, n: int, hit: list[Block]) -> bool:
-        """Give ``seq`` the blocks for ``n`` more tokens after its prefix ``hit``; False if they are not free."""
+    def _allocate(self, seq: Sequence, n: int, hit: list[Block], skip: int = 0) -> bool:
+        """Give ``seq`` the blocks for ``n`` more tokens after its prefix ``hit`` and ``skip`` transferred
+        tokens; False if they are not free."""
         pool = self.pool
         bs = pool.block_size
-        if not hit:  # the common decode case first: the token fits in the last block
+        if not hit and not skip:  # the common decode case first: the token fits in the last block
             end = seq.num_computed + n
             if end <= len(seq.blocks) * bs and end // bs <= seq.num_cached_blocks:
                 return True
-        computed = seq.num_computed + len(hit) * bs
+        computed = seq.num_computed + len(hit) * bs + skip
         need = -(-(computed + n) // bs) - len(seq.blocks) - len(hit)
         evictable_hits = sum(1 for b in hit if b.ref_cnt == 0) if hit else 0
         if need > pool.num_free - evictable_hits:
@@ -142,8 +147,8 @@ class Scheduler:
         if hit:
             pool.touch(hit)
             seq.blocks.extend(hit)
-            seq.num_computed = computed
             seq.num_cached_blocks = len(hit)
+        seq.num_computed = computed
         if need > 0:
             seq.blocks.extend(pool.allocate(need))
         full = min(computed + n, len(seq.tokens)) // bs
@@ -156,6 +161,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)
         seq.num_computed = 0
+        seq.transferred = 0  # the transferred KV is gone with the blocks: recompute it
         seq.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(seq)

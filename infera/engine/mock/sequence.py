@@ -28,6 +28,7 @@ class Sequence:
     digests: list[bytes] = dataclasses.field(default_factory=list)
     num_cached_blocks: int = 0  # blocks[:num_cached_blocks] are registered in the pool's hash map
     cached_tokens: int = -1  # prefix-cache hit at first schedule, in tokens; -1 = not scheduled yet
+    transferred: int = 0  # leading prompt tokens whose KV came from a prefill worker (no compute)
     preemptions: int = 0
     finished: bool = False
     arrival: float = 0.0

@@ -144,13 +144,17 @@ class MockService:
             output = self.vocab.plan(prompt_ids, max_tokens, stops, seed)
         return self.role.admit(body, prompt_ids, output)
 
-    def submit(self, prompt_ids: list[int], output: PlannedOutput, *, stream: bool, request_id: str
-               ) -> RequestHandle:
+    def submit(self, prompt_ids: list[int], output: PlannedOutput, *, stream: bool, request_id: str,
+               body: dict[str, Any] | None = None, transferred: int = 0) -> RequestHandle:
+        """Queue a request; ``transferred`` prompt tokens came from a prefill worker (see ``Role.receive_kv``)."""
         total = len(prompt_ids) + len(output.ids)
         if not self.engine.fits(total):
             raise ApiError(f"the request needs {self.engine.blocks_needed(total)} KV blocks; the cache has "
                            f"{self.engine.pool.num_usable}")
-        return self.engine.submit(request_id, prompt_ids, output, stream=stream)
+        handle = self.engine.submit(request_id, prompt_ids, output, stream=stream, transferred=transferred)
+        if body is not None:
+            self.role.submitted(body, handle)
+        return handle
 
     def usage(self, handle: RequestHandle) -> dict[str, Any]:
         seq = handle.seq

@@ -1,0 +1,154 @@
+"""Markdown for bench/README.md from one ``bench/run_all.py`` run: the owned sections and the targets.
+
+Owned sections (replaced in place, or appended in this order when missing): ``## Peers``,
+``## Routing quality``, ``## Index and tokenizer``, ``## Scale``, ``## Targets``. Every other section
+of the README is left as it is (the file is re-read just before it is written).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+OWNED = ("Peers", "Routing quality", "Index and tokenizer", "Scale", "Targets")
+CELLS = ("non-stream c=1", "stream c=1", "non-stream c=32", "stream c=32")
+
+
+def _f(x: float, nd: int = 1) -> str:
+    return "–" if x != x else f"{x:.{nd}f}"
+
+
+def _header(run: dict[str, Any]) -> str:
+    m = run["machine"]
+    return (f"Run {m['date']}, `{run['command']}`, nproc={m['nproc']}, {m['cpu']}, Python {m['python']}, "
+            f"load average at start {' '.join(m['loadavg_at_start'])} (a shared box: read ratios, not absolutes). "
+            f"Peers: " + ", ".join(f"{k} {v['version'] or '(missing: ' + v['error'] + ')'}"
+                                   for k, v in run.get("peers", {}).items()) + ".")
+
+
+def peers_section(run: dict[str, Any]) -> str:
+    ov = run.get("overhead")
+    if not ov:
+        return "Not run (skipped).\n"
+    s = ov["summary"]
+    lines = [_header(run), "",
+             f"Overhead (`bench/router_overhead.py`, {ov['args']['rounds']} round(s), medians; 2 mock engines "
+             f"x{float(ov['args']['speedup']):g}, ~1k-token chat, max_tokens {ov['args']['max_tokens']}; added = "
+             f"p50 minus the direct connection's; CPU = the router process's utime+stime per request over all cells):",
+             "", "| router | " + " | ".join(f"added p50 ms {c}" for c in CELLS) + " | req/s c=32 non-stream | "
+             "router CPU µs/req |", "|---|" + "--:|" * (len(CELLS) + 2)]
+    for name, by_cell in s.items():
+        if name in ("direct", "direct-2"):
+            continue
+        added = " | ".join(_f(by_cell[c].get("added_p50_ms", float("nan")), 2) for c in CELLS)
+        lines.append(f"| {name} | {added} | {by_cell['non-stream c=32']['rps']:.0f} | "
+                     f"{by_cell['all']['router_cpu_us_per_req']:.0f} |")
+    if "direct" in s:
+        d = s["direct"]
+        lines.append("| direct (floor: p50 ms) | " + " | ".join(_f(d[c]["p50_ms"], 2) for c in CELLS)
+                     + f" | {d['non-stream c=32']['rps']:.0f} | – |")
+    lines += ["", "Scenario names: rr/kv = infera round-robin/kv-aware (one frontend), kv-x2 = two kv-aware frontends, "
+              "sgl-* = sglang-router, vllm-* = vllm-router, -rr = round_robin, -ca = cache_aware. "
+              + (f"Skipped: {ov['skipped']}." if ov.get("skipped") else ""),
+              "", "![router overhead with peers](plots/router_overhead.png)", ""]
+    return "\n".join(lines)
+
+
+def quality_section(run: dict[str, Any]) -> str:
+    q = run.get("quality")
+    if not q:
+        return "Not run (skipped).\n"
+    a = q["args"]
+    lines = [_header(run), "",
+             f"`bench/routing_quality.py`: {a['engines']} mock engines x{float(a['speedup']):g} (Dynamo's mocker "
+             f"timing), max_tokens {a['max_tokens']}, streaming chat; each engine's KV cache = 70 % of the blocks the "
+             f"workload needs cached at once (all tenants' system prompts; the live conversations; the in-flight "
+             f"prompts). TTFT = first streamed chunk at the client; hit = engines' prefix-cache hits / queries "
+             f"(tokens); limit = an infinite cache's hit ratio for the same prompts; imbalance = busiest engine's "
+             f"time-averaged in-flight / the mean (sampled every 0.25 s), served = the same for requests served.",
+             "", "| workload | router | TTFT p50 ms | TTFT p90 ms | p90 / rr | out tok/s | / rr | hit | limit | "
+             "hit / limit | imbalance | served | router CPU µs/req |", "|---|---|" + "--:|" * 11]
+    for r in q["results"]:
+        base = r["cells"].get("round-robin")
+        for name, c in r["cells"].items():
+            p90 = c["ttft_p90_ms"] / base["ttft_p90_ms"] if base else float("nan")
+            tps = c["out_tok_s"] / base["out_tok_s"] if base else float("nan")
+            err = f" ({c['errors']} errors)" if c["errors"] else ""
+            lines.append(f"| {r['label']} | {name}{err} | {_f(c['ttft_p50_ms'])} | {_f(c['ttft_p90_ms'])} | "
+                         f"{_f(p90, 2)} | {c['out_tok_s']:.0f} | {_f(tps, 3)} | {c['hit_ratio']:.1%} | "
+                         f"{r['limit']['limit']:.1%} | {c['hit_of_limit']:.1%} | {_f(c['imbalance_inflight'], 2)} | "
+                         f"{_f(c['imbalance_served'], 2)} | {c['router_cpu_us_per_req']:.0f} |")
+    lines += ["", "Workload sizes: " + "; ".join(
+        f"{r['workload']}: {r['params']}, mean prompt {r['limit']['mean_prompt_tokens']:.0f} tokens, "
+        f"{r['kv_blocks_per_engine']} KV blocks per engine" for r in q["results"]) + ".",
+              "", "![routing quality](plots/routing_quality.png)", ""]
+    return "\n".join(lines)
+
+
+def index_section(run: dict[str, Any]) -> str:
+    ix = run.get("index")
+    if not ix:
+        return "Not run (skipped).\n"
+    ing = ix["ingest"]
+    lines = [_header(run), "", f"`bench/index_bench.py` (in process). KV-event ingest, {ing['workers']} workers with "
+             f"full caches (each store evicts; one block event per stored or removed block, "
+             f"{ing['stored_blocks_per_batch']:.0f} per batch), CPU time:", "",
+             "| path | M block events/s |", "|---|--:|"]
+    for mode, rate in ing["events_per_s"].items():
+        lines.append(f"| {mode} | {rate / 1e6:.2f} |")
+    lines += ["", "Overlap query (`PrefixIndex.overlaps`, wall µs); few = each prompt's prefix on 1–4 workers (what "
+              "kv-aware routing makes), all = every worker holds a prefix of staggered depth (worst case):", "",
+              "| spread | workers | prompt tokens | p50 µs | p99 µs |", "|---|--:|--:|--:|--:|"]
+    for r in ix["query"]:
+        lines.append(f"| {r['spread']} | {r['workers']} | {r['prompt_tokens']} | {r['p50_us']:.1f} | "
+                     f"{r['p99_us']:.1f} |")
+    lines += ["", "Chat template + tokenize + block hashes per prompt (CPU µs, distinct prompts, cold tokenizer "
+              "segment cache; warm = the same text again):", "",
+              "| prompt tokens | render | tokenize | hash | total | µs per 1k tokens | tokenize warm |",
+              "|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in ix["tokenize"]:
+        lines.append(f"| {r['prompt_tokens']} | {r['render_us']:.0f} | {r['tokenize_us']:.0f} | {r['hash_us']:.0f} | "
+                     f"{r['total_us']:.0f} | {r['total_us'] / r['prompt_tokens'] * 1000:.0f} | "
+                     f"{r['tokenize_warm_us']:.0f} |")
+    lines += ["", "![index and scale](plots/index_scale.png)", ""]
+    return "\n".join(lines)
+
+
+def scale_section(run: dict[str, Any]) -> str:
+    sc = run.get("scale")
+    if not sc:
+        return "Not run (skipped).\n"
+    lines = [_header(run), "", f"`bench/scale.py` (in process): WorkerRecords in a static fleet view, a PrefixIndex "
+             f"fed with each worker's synthetic event stream (~{sc['blocks_per_worker']} blocks per worker, 64 "
+             f"tenants' real chat prefixes on 1–3 workers each), {sc['requests']} distinct ~1k-token chat prompts. "
+             f"CPU µs per routing decision (kv = render + tokenize + hash + query + score + pick; pick only = on a "
+             f"prepared context):", "",
+             "| workers | index blocks | kv decision µs | kv pick only µs | rr decision µs | picked the best overlap "
+             "| ingest M events/s (gc on) | RSS growth MB |", "|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in sc["rows"]:
+        lines.append(f"| {r['workers']} | {r['index_blocks']} | {r['kv-aware_decision_us']:.0f} | "
+                     f"{r['kv-aware_pick_us']:.0f} | {r['round-robin_decision_us']:.0f} | "
+                     f"{r['picked_best_overlap']:.0%} | {r['ingest_events_per_s'] / 1e6:.2f} | "
+                     f"{r['rss_growth_mb']:.0f} |")
+    return "\n".join([*lines, ""])
+
+
+def write_readme(path: Path, sections: dict[str, str]) -> None:
+    """Replace (or append) the owned ``## `` sections of ``path``; leave the others untouched."""
+    text = path.read_text() if path.exists() else ""
+    parts = re.split(r"(?m)^(?=## )", text)
+    head, body = (parts[0], parts[1:]) if parts and not parts[0].startswith("## ") else ("", parts)
+    out = [head] if head else []
+    done = set()
+    for part in body:
+        title = part.splitlines()[0][3:].strip()
+        if title in sections:
+            out.append(f"## {title}\n\n{sections[title].rstrip()}\n\n")
+            done.add(title)
+        else:
+            out.append(part if part.endswith("\n\n") else part.rstrip("\n") + "\n\n")
+    for title in OWNED:
+        if title in sections and title not in done:
+            out.append(f"## {title}\n\n{sections[title].rstrip()}\n\n")
+    path.write_text("".join(out).rstrip("\n") + "\n")

@@ -1,0 +1,52 @@
+"""What a dispatch hands the server: a worker's response with its first body chunk in hand."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from infera.transport.base import UpstreamResponse
+
+
+class RoutedResponse:
+    """A worker's response with its first body chunk already in hand.
+
+    Iterate :meth:`chunks` exactly once; the ticket(s) are released and the upstream closed
+    when iteration ends, fails or is abandoned (client disconnect). For a disaggregated
+    request this is the decode worker's response and ``prefill_worker_id`` names the
+    prefill worker that computed the prompt.
+    """
+
+    def __init__(self, worker_id: str, upstream: UpstreamResponse, first: bytes, finish: Callable[[], None],
+                 prefill_worker_id: str | None = None) -> None:
+        self.worker_id = worker_id
+        self.prefill_worker_id = prefill_worker_id
+        self.status = upstream.status
+        self.content_type = upstream.content_type
+        self._upstream = upstream
+        self._first = first
+        self._finish = finish
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            if self._first:
+                yield self._first
+            async for chunk in self._upstream.body:
+                yield chunk
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._upstream.close()
+        self._finish()
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing
+
+
+def buffered(worker_id: str, status: int, content_type: str, data: bytes,
+             prefill_worker_id: str | None = None) -> RoutedResponse:
+    """A response read to the end already (e.g. a prefill worker's 4xx, relayed as is)."""
+    upstream = UpstreamResponse(status=status, content_type=content_type, body=_nothing(), close=lambda: None)
+    return RoutedResponse(worker_id, upstream, data, lambda: None, prefill_worker_id)
