@@ -213,11 +213,12 @@ async def test_wrapper_on_nats_bridges_requests_and_relays_kv_events(etcd: EtcdS
         procs.append(frontend)
         import httpx
 
-        reply = httpx.post(frontend.url + "/v1/completions", timeout=30,
-                           json={"model": "fake-model", "prompt": "hello over nats", "max_tokens": 4})
-        assert reply.status_code == 200, reply.text
-        assert reply.headers["x-infera-worker"] == "w" and reply.json()["usage"]["completion_tokens"] == 4
-        record = httpx.get(frontend.url + "/v1/workers").json()["data"][0]
+        async with httpx.AsyncClient(timeout=30) as http:
+            reply = await http.post(frontend.url + "/v1/completions",
+                                    json={"model": "fake-model", "prompt": "hello over nats", "max_tokens": 4})
+            assert reply.status_code == 200, reply.text
+            assert reply.headers["x-infera-worker"] == "w" and reply.json()["usage"]["completion_tokens"] == 4
+            record = (await http.get(frontend.url + "/v1/workers")).json()["data"][0]
         assert record["nats_subject"] and record["nats_kv_subject"]
         kv_frontend = start_frontend(tmp_path, [], policy="kv-aware", tokenizer=REPO / ".cache" / "qwen-tokenizer",
                                      expect_workers=1, args=("--discovery-backend", "etcd", "--etcd-endpoint",
