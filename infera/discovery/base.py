@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from typing import Literal, Protocol
 
 from infera.protocols.worker import WorkerRecord
@@ -16,6 +17,8 @@ class FleetChange:
 
 
 FleetListener = Callable[[FleetChange], None]
+
+log = logging.getLogger(__name__)
 
 
 class FleetView(Protocol):
@@ -46,3 +49,57 @@ class Registrar(Protocol):
     async def update(self, record: WorkerRecord) -> None: ...
 
     async def deregister(self) -> None: ...
+
+
+class WorkerTable:
+    """The workers a FleetView currently holds and the listeners told of every change.
+
+    Every backend keeps one; the mapping is replaced, never mutated, so a reader may hold
+    the dict ``workers()`` returned. A listener that raises is logged and the others still run.
+    """
+
+    def __init__(self) -> None:
+        self._workers: dict[str, WorkerRecord] = {}
+        self._listeners: list[FleetListener] = []
+
+    def workers(self) -> dict[str, WorkerRecord]:
+        return self._workers
+
+    def subscribe(self, listener: FleetListener) -> None:
+        self._listeners.append(listener)
+
+    def upsert(self, record: WorkerRecord) -> None:
+        """Add or update ``record`` (a no-op when nothing changed)."""
+        previous = self._workers.get(record.instance_id)
+        if previous == record:
+            return
+        self._workers = {**self._workers, record.instance_id: record}
+        if previous is None:
+            log.info("worker %s joined (%s, %s)", record.instance_id, record.role, record.http_url)
+        self._emit(FleetChange("add" if previous is None else "update", record))
+
+    def drop(self, worker_id: str, why: str) -> None:
+        record = self._workers.get(worker_id)
+        if record is None:
+            return
+        self._workers = {k: v for k, v in self._workers.items() if k != worker_id}
+        log.warning("worker %s left the fleet: %s", worker_id, why)
+        self._emit(FleetChange("remove", record))
+
+    def replace(self, new: Mapping[str, WorkerRecord], why_gone: str) -> None:
+        """Make the table equal ``new``, telling listeners of each removal, addition and update."""
+        old = self._workers
+        if new == old:
+            return
+        for wid in old:
+            if wid not in new:
+                self.drop(wid, why_gone)
+        for record in new.values():
+            self.upsert(record)
+
+    def _emit(self, change: FleetChange) -> None:
+        for listener in self._listeners:
+            try:
+                listener(change)
+            except Exception:
+                log.exception("fleet listener failed on %s %s", change.kind, change.worker.instance_id)

@@ -24,7 +24,7 @@ import logging
 
 from pydantic import ValidationError
 
-from infera.discovery.base import FleetChange, FleetListener
+from infera.discovery.base import FleetListener, WorkerTable
 from infera.discovery.etcd_client import (
     WORKERS_PREFIX,
     EtcdClient,
@@ -64,19 +64,18 @@ class EtcdFleet:
         self._client = EtcdClient(endpoint, timeout=timeout)
         self._prefix = prefix
         self._retry_max = retry_max
-        self._workers: dict[str, WorkerRecord] = {}
+        self._table = WorkerTable()
         self._by_key: dict[str, str] = {}  # etcd key -> instance id
         self._revision = 0  # last revision applied to the view
-        self._listeners: list[FleetListener] = []
         self._task: asyncio.Task[None] | None = None
         self.synced = asyncio.Event()  # set while the watch is live
         self.relists = 0  # full listings done (initial one included); for tests and logs
 
     def workers(self) -> dict[str, WorkerRecord]:
-        return self._workers
+        return self._table.workers()
 
     def subscribe(self, listener: FleetListener) -> None:
-        self._listeners.append(listener)
+        self._table.subscribe(listener)
 
     @property
     def revision(self) -> int:
@@ -114,7 +113,7 @@ class EtcdFleet:
             except EtcdUnavailable as exc:
                 if self.synced.is_set():
                     log.warning("etcd %s unreachable (%s); keeping the last view of %d workers",
-                                self._client.endpoint, exc, len(self._workers))
+                                self._client.endpoint, exc, len(self._table.workers()))
                     delay = 0.1
                 self.synced.clear()
             except Exception:  # a bug here must not silently freeze the view forever
@@ -143,7 +142,8 @@ class EtcdFleet:
         for kv in items:
             self._apply_put(kv)
         self._revision = revision
-        log.info("etcd %s: %d workers listed at revision %d", self._client.endpoint, len(self._workers), revision)
+        log.info("etcd %s: %d workers listed at revision %d", self._client.endpoint, len(self._table.workers()),
+                 revision)
 
     def _apply_put(self, kv: KeyValue) -> None:
         try:
@@ -156,28 +156,10 @@ class EtcdFleet:
         if old_id is not None and old_id != record.instance_id:
             self._apply_delete(kv.key)
         self._by_key[kv.key] = record.instance_id
-        previous = self._workers.get(record.instance_id)
-        if previous == record:
-            return
-        self._workers = {**self._workers, record.instance_id: record}
-        if previous is None:
-            log.info("worker %s joined (%s, %s)", record.instance_id, record.role, record.http_url)
-        self._emit(FleetChange("add" if previous is None else "update", record))
+        self._table.upsert(record)
 
     def _apply_delete(self, key: str) -> None:
         worker_id = self._by_key.pop(key, None)
         if worker_id is None or worker_id in self._by_key.values():
             return
-        record = self._workers.get(worker_id)
-        if record is None:
-            return
-        self._workers = {k: v for k, v in self._workers.items() if k != worker_id}
-        log.warning("worker %s left the fleet (its etcd key %s is gone)", worker_id, key)
-        self._emit(FleetChange("remove", record))
-
-    def _emit(self, change: FleetChange) -> None:
-        for listener in self._listeners:
-            try:
-                listener(change)
-            except Exception:
-                log.exception("fleet listener failed on %s %s", change.kind, change.worker.instance_id)
+        self._table.drop(worker_id, f"its etcd key {key} is gone")

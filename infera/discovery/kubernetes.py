@@ -28,7 +28,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 from pydantic import ValidationError
 
-from infera.discovery.base import FleetChange, FleetListener
+from infera.discovery.base import FleetListener, WorkerTable
 from infera.discovery.kubernetes_client import WORKER_ANNOTATION, api_client, own_namespace
 from infera.protocols.worker import RECORD_VERSION, WorkerRecord
 
@@ -87,17 +87,16 @@ class KubernetesFleet:
         self._api: CoreV1Api | None = None
         self._pods: dict[str, WorkerRecord] = {}  # pod name -> record, routable pods only
         self._warned: dict[str, str] = {}  # pod name -> the invalid annotation value already logged
-        self._workers: dict[str, WorkerRecord] = {}
-        self._listeners: list[FleetListener] = []
+        self._table = WorkerTable()
         self._resource_version: str | None = None
         self._task: asyncio.Task[None] | None = None
         self.relists = 0  # lists done (the first, and one after each 410 or outage)
 
     def workers(self) -> dict[str, WorkerRecord]:
-        return self._workers
+        return self._table.workers()
 
     def subscribe(self, listener: FleetListener) -> None:
-        self._listeners.append(listener)
+        self._table.subscribe(listener)
 
     async def start(self) -> None:
         """Connect and list once (so the first requests see the fleet), then watch in the background.
@@ -136,16 +135,16 @@ class KubernetesFleet:
             except ApiException as exc:
                 if exc.status == 410:
                     log.info("kubernetes discovery: watch expired (410 Gone), relisting; keeping %d workers "
-                             "meanwhile", len(self._workers))
+                             "meanwhile", len(self._table.workers()))
                     self._resource_version = None
                     continue
                 log.warning("kubernetes discovery: API error %s, keeping the last view of %d workers: %s",
-                            exc.status, len(self._workers), exc.reason)
+                            exc.status, len(self._table.workers()), exc.reason)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._max_retry_delay)
             except Exception as exc:
                 log.warning("kubernetes discovery: API server unreachable, keeping the last view of %d workers: %s",
-                            len(self._workers), _brief(exc))
+                            len(self._table.workers()), _brief(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._max_retry_delay)
 
@@ -216,25 +215,7 @@ class KubernetesFleet:
                 continue
             new[record.instance_id] = record
             owner[record.instance_id] = pod_name
-        old = self._workers
-        if new == old:
-            return
-        self._workers = new
-        for wid, record in old.items():
-            if wid not in new:
-                log.info("worker %s left the fleet", wid)
-                self._emit(FleetChange("remove", record))
-        for wid, record in new.items():
-            previous = old.get(wid)
-            if previous is None:
-                log.info("worker %s joined (%s, %s)", wid, record.role, record.http_url)
-                self._emit(FleetChange("add", record))
-            elif previous != record:
-                self._emit(FleetChange("update", record))
-
-    def _emit(self, change: FleetChange) -> None:
-        for listener in self._listeners:
-            listener(change)
+        self._table.replace(new, "its pod is gone, not Ready, or lost its record")
 
 
 def _brief(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from infera.discovery.base import FleetChange, FleetListener
+from infera.discovery.base import FleetListener, WorkerTable
 from infera.protocols.worker import WorkerRecord
 
 log = logging.getLogger(__name__)
@@ -63,17 +63,16 @@ class StaticFleet:
         self._poll = poll_interval
         self._unhealthy_after = unhealthy_after
         self._timeout = timeout
-        self._workers: dict[str, WorkerRecord] = {}
+        self._table = WorkerTable()
         self._by_entry: dict[str, str] = {}  # entry key (url) -> instance id
         self._failures: dict[str, int] = {}
-        self._listeners: list[FleetListener] = []
         self._task: asyncio.Task[None] | None = None
 
     def workers(self) -> dict[str, WorkerRecord]:
-        return self._workers
+        return self._table.workers()
 
     def subscribe(self, listener: FleetListener) -> None:
-        self._listeners.append(listener)
+        self._table.subscribe(listener)
 
     async def start(self) -> None:
         await self.refresh()
@@ -138,13 +137,7 @@ class StaticFleet:
         if old_id is not None and old_id != record.instance_id:
             self._drop(old_id, "restarted with a new instance id")
         self._by_entry[key] = record.instance_id
-        previous = self._workers.get(record.instance_id)
-        if previous == record:
-            return
-        self._workers = {**self._workers, record.instance_id: record}
-        if previous is None:
-            log.info("worker %s joined (%s, %s)", record.instance_id, record.role, record.http_url)
-        self._emit(FleetChange("add" if previous is None else "update", record))
+        self._table.upsert(record)
 
     def _fail(self, key: str) -> None:
         count = self._failures.get(key, 0) + 1
@@ -155,16 +148,7 @@ class StaticFleet:
             self._drop(worker_id, f"failed {count} health checks")
 
     def _drop(self, worker_id: str, why: str) -> None:
-        record = self._workers.get(worker_id)
-        if record is None:
-            return
-        self._workers = {k: v for k, v in self._workers.items() if k != worker_id}
-        log.warning("worker %s left the fleet: %s", worker_id, why)
-        self._emit(FleetChange("remove", record))
-
-    def _emit(self, change: FleetChange) -> None:
-        for listener in self._listeners:
-            listener(change)
+        self._table.drop(worker_id, why)
 
 
 def _entry_key(entry: str | dict[str, Any]) -> str:
