@@ -325,3 +325,12 @@ def test_metrics_count_anthropic_requests(fleet: Fleet) -> None:
     text = scrape(fleet.frontend.url)
     assert metric(text, "infera_requests_total", endpoint="/v1/messages", status="200") >= 1
     assert metric(text, "infera_time_to_first_token_seconds_count", endpoint="/v1/messages") >= 1
+
+
+def test_framework_errors_use_the_shape_of_the_api_called(fleet: Fleet) -> None:
+    anthropic_405 = httpx.get(fleet.frontend.url + "/v1/messages")
+    assert anthropic_405.status_code == 405
+    body = anthropic_405.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    openai_405 = httpx.get(fleet.frontend.url + "/v1/chat/completions")
+    assert openai_405.status_code == 405 and openai_405.json()["error"]["message"]
