@@ -51,7 +51,10 @@ def peers_section(run: dict[str, Any]) -> str:
     lines += ["", "Scenario names: rr/kv = infera round-robin/kv-aware (one frontend), kv-x2 = two kv-aware frontends, "
               "sgl-* = sglang-router, vllm-* = vllm-router, -rr = round_robin, -ca = cache_aware. "
               + (f"Skipped: {ov['skipped']}." if ov.get("skipped") else ""),
-              "", "![router overhead with peers](plots/router_overhead.png)", ""]
+              "Added latency is the difference of two noisy medians taken minutes apart on a shared 2-core box; "
+              "a negative figure means the direct cell's round was slower than the routed one, i.e. the added "
+              "latency was below this run's noise. CPU per request (from /proc) is the robust comparison.",
+              "", "![router overhead with peers](plots/router_overhead_peers.png)", ""]
     return "\n".join(lines)
 
 

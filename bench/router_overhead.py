@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset of " + ",".join(SCENARIOS))
     ap.add_argument("--tokenizer", type=Path, default=None, help="tokenizer dir (default .cache/qwen-tokenizer)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--plot-name", default="router_overhead.png", help="file name under bench/plots/")
     ap.add_argument("--skip-routing-cpu", action="store_true", help="skip the in-process stage breakdown")
     ap.add_argument("--no-install", action="store_true", help="do not pip-install missing peers; skip them")
     ap.add_argument("--replot", type=Path, help="redraw the plot and table from a results JSON, then exit")
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if args.replot:
         saved = json.loads(args.replot.read_text())
         print_table(saved["summary"])
-        plot(saved["summary"], saved.get("routing_cpu"), PLOTS / "router_overhead.png",
+        plot(saved["summary"], saved.get("routing_cpu"), PLOTS / args.plot_name,
              _plot_title(saved["machine"], saved["args"]))
         return None
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -351,7 +352,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     path = write_results("router_overhead", out)
     print(f"\nresults: {path}")
     if not args.no_plot and {"direct", "rr", "kv"} <= set(summary):
-        png = PLOTS / "router_overhead.png"
+        png = PLOTS / args.plot_name
         plot(summary, routing, png, _plot_title(info, out["args"]))
         print(f"plot: {png}")
     for x in runs:

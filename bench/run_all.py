@@ -96,7 +96,8 @@ def main() -> None:
 
         print("== 1. peers and overhead", flush=True)
         extra = [] if args.quick else ["--rounds", "2", "--n1", "300", "--n32", "1500"]
-        run["overhead"] = router_overhead.main([*quick, *extra, *inst, "--skip-routing-cpu"])
+        run["overhead"] = router_overhead.main([*quick, *extra, *inst, "--skip-routing-cpu",
+                                                "--plot-name", "router_overhead_peers.png"])
         run["peers"] = run["overhead"]["peers"] if run["overhead"] else {}
     if "quality" not in skip:
         from bench import routing_quality
