@@ -29,7 +29,10 @@ class FleetView(Protocol):
     async def stop(self) -> None: ...
 
     def workers(self) -> dict[str, WorkerRecord]:
-        """The current workers by instance id. Cheap; called on every request."""
+        """The current workers by instance id. Cheap; called on every request.
+
+        The mapping is replaced on every change, never mutated (see :class:`WorkerTable`).
+        """
         ...
 
     def subscribe(self, listener: FleetListener) -> None:
@@ -55,12 +58,15 @@ class WorkerTable:
     """The workers a FleetView currently holds and the listeners told of every change.
 
     Every backend keeps one; the mapping is replaced, never mutated, so a reader may hold
-    the dict ``workers()`` returned. A listener that raises is logged and the others still run.
+    the dict ``workers()`` returned (and compare identities to see whether anything changed).
+    A listener that raises is logged and the others still run. ``log_changes`` is off for a
+    view layered over another that already logs joins and departures.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, log_changes: bool = True) -> None:
         self._workers: dict[str, WorkerRecord] = {}
         self._listeners: list[FleetListener] = []
+        self._log = log_changes
 
     def workers(self) -> dict[str, WorkerRecord]:
         return self._workers
@@ -74,7 +80,7 @@ class WorkerTable:
         if previous == record:
             return
         self._workers = {**self._workers, record.instance_id: record}
-        if previous is None:
+        if previous is None and self._log:
             log.info("worker %s joined (%s, %s)", record.instance_id, record.role, record.http_url)
         self._emit(FleetChange("add" if previous is None else "update", record))
 
@@ -83,7 +89,8 @@ class WorkerTable:
         if record is None:
             return
         self._workers = {k: v for k, v in self._workers.items() if k != worker_id}
-        log.warning("worker %s left the fleet: %s", worker_id, why)
+        if self._log:
+            log.warning("worker %s left the fleet: %s", worker_id, why)
         self._emit(FleetChange("remove", record))
 
     def replace(self, new: Mapping[str, WorkerRecord], why_gone: str) -> None:

@@ -151,7 +151,8 @@ class PrefixIndex:
                     self._holders[local] = {worker_id}
                 else:
                     holders.add(worker_id)
-            self._drop_prediction(worker_id, worker, local)  # confirmed now
+            if worker.predicted:
+                self._drop_prediction(worker_id, worker, local)  # confirmed now
 
     def _remove(self, worker_id: str, worker: _Worker, engine_hash: int, medium: str | None) -> None:
         block = worker.blocks.get(engine_hash)

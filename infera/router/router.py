@@ -121,6 +121,8 @@ class Router:
         self._clock = clock
         self._rng = random.Random()
         self._cooldown: dict[str, tuple[float, float]] = {}  # worker -> (until, last backoff)
+        self._groups: dict[tuple[str, str], list[WorkerRecord]] = {}
+        self._grouped_from: object = None
         self._expect_events_since: dict[str, float] = {}
         self._last_event: dict[str, float] = {}
         self._blind_logged: set[str] = set()
@@ -180,6 +182,10 @@ class Router:
                         "cache from routing decisions until events return", worker_id, self._clock() - since)
         return True
 
+    def events_stale(self, worker_id: str) -> bool:
+        """For metrics: the router follows KV events, and this worker's are missing or stale."""
+        return self.events is not None and self.is_blind(worker_id)
+
     def blind_workers(self) -> list[str]:
         return [w for w in self.fleet.workers() if self.is_blind(w)]
 
@@ -191,16 +197,30 @@ class Router:
     def _healthy(self, worker_id: str) -> bool:
         return self._cooldown.get(worker_id, (0.0, 0.0))[0] <= self._clock()
 
+    def _group(self, model: str, role: str) -> list[WorkerRecord]:
+        """Workers of ``model`` and ``role`` sorted by id, rebuilt only when the fleet changes.
+
+        Fleet views replace their mapping on every change, so its identity says whether the
+        grouping is still current: the per-request cost does not grow with the fleet.
+        """
+        workers = self.fleet.workers()
+        if workers is not self._grouped_from:
+            groups: dict[tuple[str, str], list[WorkerRecord]] = {}
+            for w in sorted(workers.values(), key=lambda w: w.instance_id):
+                groups.setdefault((w.model, w.role), []).append(w)
+            self._groups = groups
+            self._grouped_from = workers
+        return self._groups.get((model, role), [])
+
     def _candidates(self, model: str, exclude: set[str], role: str = "mixed",
                     connector: str | None = None) -> list[WorkerRecord]:
-        eligible = [
-            w for w in self.fleet.workers().values()
-            if w.model == model and w.role == role and w.instance_id not in exclude
-            and (connector is None or connector_of(w) == connector)
-        ]
+        group = self._group(model, role)
+        if not exclude and connector is None and not self._cooldown:
+            return group
+        eligible = [w for w in group if w.instance_id not in exclude
+                    and (connector is None or connector_of(w) == connector)]
         healthy = [w for w in eligible if self._healthy(w.instance_id)]
-        pool = healthy or eligible  # all cooling down: trying one beats refusing
-        return sorted(pool, key=lambda w: w.instance_id)
+        return healthy or eligible  # all cooling down: trying one beats refusing
 
     def _context(self, req: RouteRequest) -> RoutingContext:
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_OUTPUT_TOKENS

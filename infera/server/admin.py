@@ -42,7 +42,7 @@ class AdminHandlers:
                 **record.model_dump(mode="json"),
                 "in_flight": router.load.in_flight(wid),
                 "kv_blocks_indexed": router.index.block_count(wid),
-                "kv_events_stale": router.is_blind(wid),
+                "kv_events_stale": router.events_stale(wid),
                 "cooldown_seconds": round(max(0.0, cooling.get(wid, 0.0)), 3),
             })
         return JsonResponse({"object": "list", "data": out})
@@ -51,4 +51,4 @@ class AdminHandlers:
         if worker_id not in self.router.fleet.workers():
             return openai_error(404, f"no worker {worker_id!r} in the fleet", "not_found_error", "worker_id")
         view = self.router.index.cache_view(worker_id)
-        return JsonResponse({"worker_id": worker_id, "kv_events_stale": self.router.is_blind(worker_id), **view})
+        return JsonResponse({"worker_id": worker_id, "kv_events_stale": self.router.events_stale(worker_id), **view})

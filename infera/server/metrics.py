@@ -54,7 +54,7 @@ class _RouterCollector(Collector):
         for wid in sorted(workers):
             in_flight.add_metric([wid], router.load.in_flight(wid))
             blocks.add_metric([wid], router.index.block_count(wid))
-            stale.add_metric([wid], 1.0 if router.is_blind(wid) else 0.0)
+            stale.add_metric([wid], 1.0 if router.events_stale(wid) else 0.0)
             cooling.add_metric([wid], max(0.0, cool.get(wid, 0.0)))
         yield in_flight
         yield blocks

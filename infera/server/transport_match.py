@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from infera.discovery.base import FleetChange, FleetListener, FleetView
+from infera.discovery.base import FleetChange, FleetListener, FleetView, WorkerTable
 from infera.protocols.worker import WorkerRecord
 
 log = logging.getLogger(__name__)
@@ -45,50 +45,39 @@ class TransportMatchedFleet:
         self._inner = inner
         self._request_transport = request_transport
         self._kv_event_transport = kv_event_transport
-        self._workers: dict[str, WorkerRecord] = {}
-        self._listeners: list[FleetListener] = []
+        self._table = WorkerTable(log_changes=False)  # the inner view logs joins and departures
         self._warned: dict[str, str] = {}  # worker id -> the reason last logged
         inner.subscribe(self._on_change)
 
     def workers(self) -> dict[str, WorkerRecord]:
-        return self._workers
+        return self._table.workers()
 
     def subscribe(self, listener: FleetListener) -> None:
-        self._listeners.append(listener)
+        self._table.subscribe(listener)
 
     async def start(self) -> None:
         await self._inner.start()
         for worker in list(self._inner.workers().values()):
-            if worker.instance_id not in self._workers:
+            if worker.instance_id not in self._table.workers():
                 self._on_change(FleetChange("add", worker))
 
     async def stop(self) -> None:
         await self._inner.stop()
 
-    def _emit(self, change: FleetChange) -> None:
-        for listener in self._listeners:
-            listener(change)
-
     def _on_change(self, change: FleetChange) -> None:
         worker = change.worker
         wid = worker.instance_id
-        known = wid in self._workers
         if change.kind == "remove":
             self._warned.pop(wid, None)
-            if known:
-                del self._workers[wid]
-                self._emit(change)
+            self._table.drop(wid, "gone from the fleet")
             return
         reason = mismatch(worker, self._request_transport, self._kv_event_transport)
         if reason is None:
             self._warned.pop(wid, None)
-            self._workers[wid] = worker
-            self._emit(FleetChange("update" if known else "add", worker))
+            self._table.upsert(worker)
             return
         if self._warned.get(wid) != reason:
             self._warned[wid] = reason
             log.warning("worker %s is not routed to: %s. Start the worker and the frontend with the same "
                         "--request-transport and --kv-event-transport", wid, reason)
-        if known:
-            del self._workers[wid]
-            self._emit(FleetChange("remove", worker))
+        self._table.drop(wid, reason)
