@@ -13,7 +13,7 @@ Block hashes are opaque unsigned 64-bit ids chosen by the engine.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 
@@ -69,6 +69,29 @@ _STORED_REQUIRED = (
 _STORED_OPTIONAL = ("extra_keys", "group_idx", "kv_cache_spec_kind")
 _REMOVED_REQUIRED = ("block_hashes", "medium")
 _REMOVED_OPTIONAL = ("group_idx",)
+
+
+ReplayStep = Literal["deliver", "skip", "done", "unreachable"]
+
+
+def replay_step(seq: int, next_seq: int, start: int, stop: int | None) -> ReplayStep:
+    """What to do with replayed batch ``seq`` while filling ``start <= seq < stop`` (open-ended
+    when ``stop`` is None), everything before ``next_seq`` being applied already.
+
+    ``deliver`` it; ``skip`` it (applied already, or past ``stop``); ``done``: the end marker,
+    or a hole in the engine's buffer after some progress (the caller resumes at ``next_seq``);
+    ``unreachable``: the buffer no longer reaches back to ``start`` (a start of 0 accepts
+    whatever the buffer still holds).
+    """
+    if seq == REPLAY_END_SEQ:
+        return "done"
+    if seq < next_seq or (stop is not None and seq >= stop):
+        return "skip"
+    if seq > next_seq and next_seq != start:
+        return "done"
+    if seq > next_seq and start != 0:
+        return "unreachable"
+    return "deliver"
 
 
 def seq_to_bytes(seq: int) -> bytes:

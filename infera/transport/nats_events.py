@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from infera.protocols import nats_wire as wire
-from infera.protocols.kv_events import REPLAY_END_SEQ, KvEventDecodeError, decode_batch, seq_from_bytes, seq_to_bytes
+from infera.protocols.kv_events import KvEventDecodeError, decode_batch, replay_step, seq_from_bytes, seq_to_bytes
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import EventSink, GapSink
 
@@ -153,14 +153,13 @@ class NatsEventSource:
                 if len(frame) < 8:
                     continue
                 seq = seq_from_bytes(frame[:8])
-                if seq == REPLAY_END_SEQ:
-                    return next_seq
-                if seq < next_seq or (stop is not None and seq >= stop):
+                step = replay_step(seq, next_seq, start, stop)
+                if step == "skip":
                     continue
-                if seq > next_seq and next_seq != start:
-                    return next_seq  # the replay buffer itself has a hole
-                if seq > next_seq and start != 0:
-                    return None  # the buffer no longer reaches back to ``start``
+                if step == "done":
+                    return next_seq
+                if step == "unreachable":
+                    return None
                 self._deliver(worker_id, frame[8:])
                 next_seq = seq + 1
         finally:

@@ -15,7 +15,7 @@ import logging
 import zmq
 import zmq.asyncio
 
-from infera.protocols.kv_events import REPLAY_END_SEQ, KvEventDecodeError, decode_batch, seq_from_bytes, seq_to_bytes
+from infera.protocols.kv_events import KvEventDecodeError, decode_batch, replay_step, seq_from_bytes, seq_to_bytes
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import EventSink, GapSink
 
@@ -120,14 +120,13 @@ class ZmqEventSource:
                 if len(frames) != 4:
                     continue
                 seq = seq_from_bytes(frames[2])
-                if seq == REPLAY_END_SEQ:
-                    return next_seq
-                if seq < next_seq or (stop is not None and seq >= stop):
+                step = replay_step(seq, next_seq, start, stop)
+                if step == "skip":
                     continue
-                if seq > next_seq and next_seq != start:
-                    return next_seq  # the replay buffer itself has a hole
-                if seq > next_seq and start != 0:
-                    return None  # the buffer no longer reaches back to ``start``
+                if step == "done":
+                    return next_seq
+                if step == "unreachable":
+                    return None
                 self._deliver(worker_id, frames[3])
                 next_seq = seq + 1
         finally:

@@ -153,3 +153,15 @@ def test_map_form_with_missing_optional_keys() -> None:
 def test_garbage_raises_decode_error(payload: bytes) -> None:
     with pytest.raises(KvEventDecodeError):
         decode_batch(payload)
+
+
+def test_replay_step_rules() -> None:
+    from infera.protocols.kv_events import REPLAY_END_SEQ, replay_step
+
+    assert replay_step(REPLAY_END_SEQ, 5, 2, None) == "done"
+    assert replay_step(1, 2, 2, None) == "skip"  # applied already
+    assert replay_step(9, 5, 5, 9) == "skip"  # past the gap being filled
+    assert replay_step(5, 5, 5, 9) == "deliver"
+    assert replay_step(7, 6, 5, 9) == "done"  # a hole in the engine's buffer after progress
+    assert replay_step(7, 5, 5, 9) == "unreachable"  # the buffer starts after what we need
+    assert replay_step(7, 0, 0, None) == "deliver"  # a fresh subscriber takes what the buffer holds
