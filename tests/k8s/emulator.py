@@ -7,8 +7,10 @@ metadata (uid, resourceVersion from one global counter, creationTimestamp, gener
 changes), label selectors (``=``, ``==``, ``!=``, ``in``, ``notin``, exists, ``!``), ``metadata.name``
 /``metadata.namespace`` field selectors, optimistic concurrency on PUT, JSON merge patch (strategic
 merge patch is treated as merge patch, which is exact for the maps this project patches), JSON
-patch, the status subresource (writes to the main resource keep status, writes to ``/status`` keep
-everything else), finalizers with deletionTimestamp, owner-reference garbage collection on delete,
+patch, server-side apply with managed fields per field manager (:mod:`tests.k8s.ssa`: conflicts,
+``force``, removal of fields a manager stopped applying), the scale subresource of Deployments
+(``kubectl scale``), the status subresource (writes to the main resource keep status, writes to
+``/status`` keep everything else), finalizers with deletionTimestamp, owner-reference garbage collection on delete,
 and watches: from a resourceVersion (history replay), from nothing/"0" (synthetic ADDED for every
 object), objects entering or leaving a selector as ADDED/DELETED, ``timeoutSeconds``, bookmarks,
 and 410 Gone as an ERROR event for a resourceVersion older than the compacted history.
@@ -32,7 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import jsonpatch
+import yaml
 from aiohttp import web
+
+from tests.k8s import ssa
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +48,7 @@ class Res:
     kind: str
     namespaced: bool = True
     status: bool = False  # has the status subresource
+    scale: bool = False  # has the scale subresource (spec.replicas as an autoscaling/v1 Scale)
 
     @property
     def api_version(self) -> str:
@@ -57,7 +63,7 @@ RESOURCES = [
     Res("", "v1", "events", "Event"),
     Res("", "v1", "namespaces", "Namespace", namespaced=False),
     Res("events.k8s.io", "v1", "events", "Event"),
-    Res("apps", "v1", "deployments", "Deployment", status=True),
+    Res("apps", "v1", "deployments", "Deployment", status=True, scale=True),
     Res("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     Res("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
     Res("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", namespaced=False),
@@ -138,6 +144,18 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
+
+
+TEST_MANAGER = "emulator-test"  # the field manager of writes a test makes through the emulator's helpers
+
+
+def _manager(request: web.Request) -> str:
+    """The field manager of a write: ``?fieldManager=``, else the user agent's product, as the API server does."""
+    explicit = request.query.get("fieldManager")
+    if explicit:
+        return explicit
+    agent = request.headers.get("User-Agent", "")
+    return agent.split("/", 1)[0] or "unknown"
 
 
 def _now() -> str:
@@ -281,9 +299,9 @@ class Emulator:
     def end_watches(self) -> None:
         self._sync(self._close_watches)
 
-    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(self, obj: dict[str, Any], manager: str = TEST_MANAGER) -> dict[str, Any]:
         return self._sync(lambda: self._create(self._res_of(obj), obj.get("metadata", {}).get("namespace", ""),
-                                               copy.deepcopy(obj)))
+                                               copy.deepcopy(obj), manager))
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "default") -> dict[str, Any] | None:
         res = self._res_kind(api_version, kind)
@@ -295,11 +313,12 @@ class Emulator:
         return self._sync(lambda: [copy.deepcopy(o) for o in self._select(res, namespace, labels, "")])
 
     def patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any], namespace: str = "default",
-              *, status: bool = False) -> dict[str, Any]:
+              *, status: bool = False, manager: str = TEST_MANAGER) -> dict[str, Any]:
+        """A merge patch by ``manager`` (an update: it takes the fields it changes, as ``kubectl edit`` would)."""
         res = self._res_kind(api_version, kind)
         ns = namespace if res.namespaced else ""
         return self._sync(lambda: self._patch(res, ns, name, patch, "application/merge-patch+json",
-                                              status or not res.status))
+                                              status or not res.status, manager))
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str = "default") -> None:
         res = self._res_kind(api_version, kind)
@@ -362,7 +381,8 @@ class Emulator:
             return {"type": "DELETED", "object": copy.deepcopy(obj)}
         return {"type": kind, "object": copy.deepcopy(obj)} if now else None
 
-    def _create(self, res: Res, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+    def _create(self, res: Res, namespace: str, obj: dict[str, Any], manager: str = TEST_MANAGER,
+                applied: bool = False) -> dict[str, Any]:
         meta = obj.setdefault("metadata", {})
         ns = namespace if res.namespaced else ""
         if not meta.get("name") and meta.get("generateName"):
@@ -378,6 +398,8 @@ class Emulator:
         if res.namespaced:
             meta["namespace"] = ns
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion=self._bump(), generation=1)
+        if not applied:
+            ssa.record_update(None, obj, manager)
         if res.kind == "Pod" and "status" not in obj:
             obj["status"] = {"phase": "Pending"}
         self.objects[(res, ns, name)] = obj
@@ -390,7 +412,8 @@ class Emulator:
             raise ApiError(404, "NotFound", f'{res.plural}.{res.group} "{name}" not found')
         return obj
 
-    def _store(self, res: Res, ns: str, old: dict[str, Any], new: dict[str, Any], status: bool) -> dict[str, Any]:
+    def _store(self, res: Res, ns: str, old: dict[str, Any], new: dict[str, Any], status: bool,
+               manager: str = TEST_MANAGER, applied: bool = False) -> dict[str, Any]:
         if res.status:  # the subresource split: each endpoint writes only its half
             if status:
                 new = {**copy.deepcopy(old), "status": new.get("status")}
@@ -408,6 +431,9 @@ class Emulator:
         if "deletionTimestamp" in old["metadata"]:
             meta["deletionTimestamp"] = old["metadata"]["deletionTimestamp"]
         new["apiVersion"], new["kind"] = res.api_version, res.kind
+        if not applied:  # an apply has set managedFields itself
+            meta["managedFields"] = copy.deepcopy(old["metadata"].get("managedFields") or [])
+            ssa.record_update(old, new, manager, "status" if status and res.status else "")
         spec_keys = [k for k in new if k not in ("metadata", "status", "apiVersion", "kind")]
         if any(new.get(k) != old.get(k) for k in {*spec_keys, *(k for k in old if k not in (
                 "metadata", "status", "apiVersion", "kind"))}):
@@ -426,15 +452,36 @@ class Emulator:
         self._record(res, "MODIFIED", new, old)
         return new
 
-    def _replace(self, res: Res, ns: str, name: str, body: dict[str, Any], status: bool) -> dict[str, Any]:
+    def _replace(self, res: Res, ns: str, name: str, body: dict[str, Any], status: bool,
+                 manager: str = TEST_MANAGER) -> dict[str, Any]:
         old = self._get(res, ns, name)
         want = body.get("metadata", {}).get("resourceVersion")
         if want and want != old["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": the object '
                                             "has been modified; please apply your changes to the latest version")
-        return self._store(res, ns, old, copy.deepcopy(body), status)
+        return self._store(res, ns, old, copy.deepcopy(body), status, manager)
 
-    def _patch(self, res: Res, ns: str, name: str, patch: Any, ctype: str, status: bool) -> dict[str, Any]:
+    def _apply(self, res: Res, ns: str, name: str, body: Any, status: bool, manager: str,
+               force: bool) -> dict[str, Any]:
+        """Server-side apply: create the object, or merge what ``manager`` owns into it."""
+        if not isinstance(body, dict) or not manager:
+            raise ApiError(400, "BadRequest", "an apply needs an object body and a fieldManager")
+        body_name = (body.get("metadata") or {}).get("name")
+        if body_name and body_name != name:
+            raise ApiError(400, "BadRequest", "the name of the object does not match the request")
+        old = self.objects.get((res, ns, name))
+        try:
+            new = ssa.apply(old, body, manager, force=force, subresource="status" if status and res.status else "")
+        except ssa.ApplyConflict as exc:
+            n = len(exc.conflicts)
+            raise ApiError(409, "Conflict", f"Apply failed with {n} conflict{'s' if n > 1 else ''}: {exc}") from exc
+        if old is None:
+            new.setdefault("metadata", {})["name"] = name
+            return self._create(res, ns, new, manager, applied=True)
+        return self._store(res, ns, old, new, status, manager, applied=True)
+
+    def _patch(self, res: Res, ns: str, name: str, patch: Any, ctype: str, status: bool,
+               manager: str = TEST_MANAGER) -> dict[str, Any]:
         old = self._get(res, ns, name)
         if "json-patch" in ctype:
             new = jsonpatch.apply_patch(copy.deepcopy(old), patch)
@@ -443,7 +490,7 @@ class Emulator:
             if want and want != old["metadata"]["resourceVersion"]:
                 raise ApiError(409, "Conflict", f'{res.plural} "{name}": the object has been modified')
             new = merge_patch(old, patch)
-        return self._store(res, ns, old, new, status)
+        return self._store(res, ns, old, new, status, manager)
 
     def _delete(self, res: Res, ns: str, name: str) -> dict[str, Any]:
         obj = self._get(res, ns, name)
@@ -512,8 +559,11 @@ class Emulator:
         ns = (namespace or "") if res.namespaced else ""
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
-        if sub not in (None, "status") or (sub == "status" and not res.status):
+        if sub not in (None, "status", "scale") or (sub == "status" and not res.status) or (
+                sub == "scale" and not res.scale):
             raise ApiError(404, "NotFound", f"no subresource {sub}")
+        if sub == "scale" and name is not None:
+            return await self._scale(request, res, ns, name)
         q = request.query
         method = request.method
         if name is None:
@@ -529,19 +579,50 @@ class Emulator:
                 body_ns = body.get("metadata", {}).get("namespace")
                 if res.namespaced and body_ns and body_ns != ns:
                     raise ApiError(400, "BadRequest", "the namespace of the object does not match the request")
-                return web.json_response(self._create(res, ns, body), status=201)
+                return web.json_response(self._create(res, ns, body, _manager(request)), status=201)
             raise ApiError(405, "MethodNotAllowed", method)
         if method == "GET":
             return web.json_response(self._get(res, ns, name))
         if method == "PUT":
-            return web.json_response(self._replace(res, ns, name, await request.json(), sub == "status"))
+            return web.json_response(self._replace(res, ns, name, await request.json(), sub == "status",
+                                                   _manager(request)))
         if method == "PATCH":
             ctype = request.headers.get("Content-Type", "application/merge-patch+json")
+            status = sub == "status" or not res.status
+            if ctype.startswith("application/apply-patch"):
+                body = yaml.safe_load(await request.read())
+                force = q.get("force", "").lower() in ("true", "1")
+                return web.json_response(self._apply(res, ns, name, body, status, q.get("fieldManager", ""), force))
             body = json.loads(await request.read())
-            return web.json_response(self._patch(res, ns, name, body, ctype, sub == "status" or not res.status))
+            return web.json_response(self._patch(res, ns, name, body, ctype, status, _manager(request)))
         if method == "DELETE":
             return web.json_response(self._delete(res, ns, name))
         raise ApiError(405, "MethodNotAllowed", method)
+
+    async def _scale(self, request: web.Request, res: Res, ns: str, name: str) -> web.StreamResponse:
+        """The scale subresource (``kubectl scale``): spec.replicas read and written as a Scale."""
+        if request.method in ("PATCH", "PUT"):
+            body = json.loads(await request.read())
+            if "json-patch" in request.headers.get("Content-Type", ""):
+                body = jsonpatch.apply_patch(self._scale_of(self._get(res, ns, name)), body)
+            replicas = (body.get("spec") or {}).get("replicas")
+            if not isinstance(replicas, int) or replicas < 0:
+                raise ApiError(422, "Invalid", "spec.replicas: must be a non-negative integer")
+            self._patch(res, ns, name, {"spec": {"replicas": replicas}}, "application/merge-patch+json", False,
+                        _manager(request))
+        elif request.method != "GET":
+            raise ApiError(405, "MethodNotAllowed", request.method)
+        return web.json_response(self._scale_of(self._get(res, ns, name)))
+
+    @staticmethod
+    def _scale_of(obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        match = ((obj.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        return {"kind": "Scale", "apiVersion": "autoscaling/v1",
+                "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta},
+                "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 1)},
+                "status": {"replicas": (obj.get("status") or {}).get("replicas", 0),
+                           "selector": ",".join(f"{k}={v}" for k, v in sorted(match.items()))}}
 
     async def _watch(self, request: web.Request, res: Res, namespace: str | None) -> web.StreamResponse:
         q = request.query
