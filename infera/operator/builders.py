@@ -1,9 +1,10 @@
 """Pure builders: an InferaFleet (owner + spec) -> the Kubernetes objects that should exist for it.
 
-No I/O here. Every child carries the fleet's labels, a controller owner reference (so deleting the
-fleet deletes it) and ``infera.ai/spec-hash``, the digest of what was built, which ``reconcile``
-compares to decide whether a child needs a patch. Frontend and worker settings are rendered through
-:func:`infera.config.operator.render_env` from the processes' own settings schemas.
+No I/O here. Every child carries the fleet's labels and a controller owner reference (so deleting
+the fleet deletes it); ``reconcile`` server-side applies each one as a whole, so what a builder
+leaves out is removed from the live object and a hand edit of what it sets is undone. Frontend and
+worker settings are rendered through :func:`infera.config.operator.render_env` from the processes'
+own settings schemas.
 
 Topology:
 - per pool (mixed/prefill/decode): a worker Deployment; its pods run ``python -m infera.engine.<engine>``
@@ -17,8 +18,6 @@ Topology:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import shlex
 from typing import Any
 
@@ -28,7 +27,6 @@ from infera.config.server import ServerSettings
 from infera.config.worker import WorkerSettings
 from infera.operator.spec import API_VERSION, KIND, FleetSpec, Pool
 
-SPEC_HASH = "infera.ai/spec-hash"
 FLEET_LABEL = "infera.ai/fleet"
 ROLE_LABEL = "infera.ai/role"
 GATEWAY_TARGET_LABEL = "infera.ai/gateway-target"
@@ -92,12 +90,6 @@ def meta(owner: Owner, name: str, component: str, **extra_labels: str) -> dict[s
     return {"name": name, "namespace": owner.namespace, "labels": labels(owner, component, **extra_labels),
             "ownerReferences": [{"apiVersion": API_VERSION, "kind": KIND, "name": owner.name, "uid": owner.uid,
                                  "controller": True, "blockOwnerDeletion": True}]}
-
-
-def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
-    digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-    obj["metadata"].setdefault("annotations", {})[SPEC_HASH] = digest
-    return obj
 
 
 # ----------------------------------------------------------------------------- settings -> env

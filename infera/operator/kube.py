@@ -1,6 +1,6 @@
-"""A small generic client over kubernetes-asyncio: get/list/create/merge-patch/delete of any kind as dicts.
+"""A small generic client over kubernetes-asyncio: get/list/apply/merge-patch/delete of any kind as dicts.
 
-The typed API classes would need one code path per kind; the operator only needs these five verbs
+The typed API classes would need one code path per kind; the operator only needs these verbs
 on a known set of kinds, so it speaks the REST paths directly through the same ApiClient (auth,
 TLS and kubeconfig handling stay kubernetes-asyncio's).
 """
@@ -23,7 +23,7 @@ class Kind:
 
     def path(self, namespace: str, name: str = "", sub: str = "") -> str:
         base = f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
-        if self.namespaced:
+        if self.namespaced and namespace:  # no namespace: the collection across all namespaces
             base += f"/namespaces/{namespace}"
         base += f"/{self.plural}"
         if name:
@@ -46,6 +46,7 @@ KINDS = {k.kind: k for k in (
 )}
 
 _JSON = {200: "object", 201: "object", 202: "object"}
+FIELD_MANAGER = "infera-operator"
 
 
 def kind_of(obj: dict[str, Any]) -> Kind:
@@ -77,9 +78,18 @@ class Kube:
         body = await self._call("GET", kind.path(namespace), query=query)
         return list(body.get("items") or [])
 
-    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+    async def apply(self, obj: dict[str, Any], manager: str = FIELD_MANAGER) -> dict[str, Any]:
+        """Server-side apply of the whole object as ``manager``, forcing ownership of every field it sets.
+
+        The API server creates the object if needed, removes fields this manager applied before
+        and no longer sends, and takes back fields another writer changed (a ``kubectl scale``,
+        a hand edit): a controller's desired state wins, as with every built-in controller.
+        """
         kind = kind_of(obj)
-        return await self._call("POST", kind.path(obj["metadata"].get("namespace", "")), body=obj)
+        meta = obj["metadata"]
+        return await self._call("PATCH", kind.path(meta.get("namespace", ""), meta["name"]), body=obj,
+                                query=[("fieldManager", manager), ("force", "true")],
+                                content_type="application/apply-patch+yaml")
 
     async def patch(self, kind: Kind, namespace: str, name: str, patch: dict[str, Any], *,
                     status: bool = False) -> dict[str, Any]:

@@ -6,9 +6,11 @@ changes nothing the second time. Steps:
 1. read the InferaFleet (gone or terminating: nothing to do, owner references let the garbage
    collector remove the children);
 2. build the desired children (pure); a spec the processes would refuse is ``Degraded/InvalidSpec``;
-3. for each child: create it if missing; adopt it if it exists without a controller; leave it and
-   report ``Degraded/OwnedElsewhere`` if another controller owns it; patch it when its
-   ``infera.ai/spec-hash`` differs from the desired one;
+3. for each child: leave it and report ``Degraded/OwnedElsewhere`` if another controller owns it;
+   otherwise server-side apply it whole (field manager ``infera-operator``, forced): that creates
+   it, adopts an orphan (owner references merge by uid), removes fields an earlier spec set and
+   this one does not, and undoes drift (a ``kubectl scale``, an edited selector); an apply that
+   changes nothing writes nothing;
 4. delete children labelled for this fleet, owned by it, that are no longer desired (a pool
    removed, GAIE turned off);
 5. write status (observedGeneration, conditions Ready/Progressing/Degraded, ready workers per pool,
@@ -29,7 +31,6 @@ from infera.config.base import ConfigError
 from infera.operator.builders import (
     FLEET_LABEL,
     FRONTEND_PORT,
-    SPEC_HASH,
     Owner,
     frontend_service,
     pool_deployment,
@@ -75,39 +76,20 @@ def controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:
 
 
 async def apply(kube: Kube, desired: dict[str, Any], owner: Owner, out: Outcome) -> dict[str, Any] | None:
-    kind = kind_of(desired)
-    name = desired["metadata"]["name"]
-    current = await kube.get(kind, owner.namespace, name)
-    if current is None:
-        try:
-            created = await kube.create(desired)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            current = await kube.get(kind, owner.namespace, name)  # created meanwhile: treat as existing
-            if current is None:
-                raise
-        else:
-            out.created.append(_ref(desired))
-            return created
-    ctrl = controller_of(current)
+    current = await kube.get(kind_of(desired), owner.namespace, desired["metadata"]["name"])
+    ctrl = controller_of(current) if current is not None else None
     if ctrl is not None and ctrl.get("uid") != owner.uid:
         out.problems.append(("OwnedElsewhere", f"{_ref(desired)} is controlled by {ctrl.get('kind')}/"
                                                f"{ctrl.get('name')}; not touching it"))
         return None
-    want = desired["metadata"]["annotations"][SPEC_HASH]
-    have = (current["metadata"].get("annotations") or {}).get(SPEC_HASH)
-    if ctrl is not None and have == want:
-        return current
-    patch = dict(desired)
-    if ctrl is None:
-        others = [r for r in current["metadata"].get("ownerReferences") or [] if not r.get("controller")]
-        patch["metadata"] = {**desired["metadata"],
-                             "ownerReferences": [*others, *desired["metadata"]["ownerReferences"]]}
+    live = await kube.apply(desired)
+    if current is None:
+        out.created.append(_ref(desired))
+    elif ctrl is None:
         out.adopted.append(_ref(desired))
-    else:
+    elif live["metadata"].get("resourceVersion") != current["metadata"].get("resourceVersion"):
         out.patched.append(_ref(desired))
-    return await kube.patch(kind, owner.namespace, name, patch)
+    return live
 
 
 def _condition(previous: list[dict[str, Any]], kind: str, ok: bool, reason: str, message: str,

@@ -9,7 +9,6 @@ from infera.operator.builders import (
     frontend_deployment,
     frontend_service_object,
     rbac,
-    with_hash,
     worker_deployment,
 )
 from infera.operator.gaie import gaie_objects
@@ -29,4 +28,4 @@ def build_children(owner: Owner, spec: FleetSpec) -> list[dict[str, Any]]:
         objects += gaie_objects(owner, spec)
     else:
         objects += [frontend_deployment(owner, spec), frontend_service_object(owner)]
-    return [with_hash(o) for o in objects]
+    return objects

@@ -188,9 +188,44 @@ async def test_drift_is_repaired(emu: Emulator, kube: Kube) -> None:
     emu.create(FLEET)
     await reconcile(kube, NS, "demo")
     emu.delete("v1", "Service", "demo-frontend", NS)
-    emu.patch("apps/v1", "Deployment", "demo-mixed", {"metadata": {"annotations": {"infera.ai/spec-hash": "stale"}},
-                                                       "spec": {"replicas": 9}}, NS)
+    emu.patch("apps/v1", "Deployment", "demo-mixed", {"spec": {"replicas": 9}}, NS, manager="kubectl-scale")
     out = await reconcile(kube, NS, "demo")
     assert out.created == ["Service/demo-frontend"] and out.patched == ["Deployment/demo-mixed"]
     dep = emu.get("apps/v1", "Deployment", "demo-mixed", NS)
     assert dep is not None and dep["spec"]["replicas"] == 2
+    # a hand-edited selector (an update by another field manager) is taken back too
+    svc = emu.get("v1", "Service", "demo-frontend", NS)
+    assert svc is not None
+    selector = dict(svc["spec"]["selector"])
+    emu.patch("v1", "Service", "demo-frontend", {"spec": {"selector": {k: "elsewhere" for k in selector}}}, NS,
+              manager="kubectl-edit")
+    out = await reconcile(kube, NS, "demo")
+    assert out.patched == ["Service/demo-frontend"]
+    svc = emu.get("v1", "Service", "demo-frontend", NS)
+    assert svc is not None and svc["spec"]["selector"] == selector
+
+
+async def test_keys_an_earlier_spec_set_are_removed(emu: Emulator, kube: Kube) -> None:
+    emu.create(FLEET)
+    await reconcile(kube, NS, "demo")
+    set_spec(emu, {"gaie": {"enabled": True, "gatewayName": "gw"}})
+    await reconcile(kube, NS, "demo")
+    dep = emu.get("apps/v1", "Deployment", "demo-mixed", NS)
+    assert dep is not None and "infera.ai/gateway-target" in dep["spec"]["template"]["metadata"]["labels"]
+    set_spec(emu, {"gaie": {"enabled": False}})
+    await reconcile(kube, NS, "demo")
+    dep = emu.get("apps/v1", "Deployment", "demo-mixed", NS)
+    assert dep is not None and "infera.ai/gateway-target" not in dep["spec"]["template"]["metadata"]["labels"], \
+        "merge patch left the GAIE label on the worker pods; an apply removes what it no longer sends"
+
+
+async def test_other_owner_references_survive(emu: Emulator, kube: Kube) -> None:
+    emu.create(FLEET)
+    await reconcile(kube, NS, "demo")
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "keeper", "uid": "u-1"}
+    emu.patch("v1", "ServiceAccount", "demo-infera", {"metadata": {"ownerReferences": [
+        *(emu.get("v1", "ServiceAccount", "demo-infera", NS) or {})["metadata"]["ownerReferences"], other]}}, NS)
+    set_spec(emu, {"pools": {"mixed": {"replicas": 3}}})
+    await reconcile(kube, NS, "demo")
+    sa = emu.get("v1", "ServiceAccount", "demo-infera", NS)
+    assert sa is not None and {r["uid"] for r in sa["metadata"]["ownerReferences"]} >= {"u-1"}
