@@ -82,7 +82,7 @@ def _default_pools() -> Pools:
 class FleetSpec(_Model):
     model: str = Field(min_length=1, description="served model name")
     engine: Engine = "vllm"
-    image: str = "infera:latest"
+    image: str = "infera:dev"  # what deploy/Dockerfile builds and scripts/kind-up loads
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     model_path: str = ""
     tokenizer_path: str = Field(default="", description="the router's tokenizer dir; empty = modelPath")

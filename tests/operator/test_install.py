@@ -106,3 +106,29 @@ def test_operator_rbac_is_the_same_in_chart_and_kustomize() -> None:
 def test_kind_config_parses() -> None:
     cfg = yaml.safe_load((REPO / "kind-config.yaml").read_text(encoding="utf-8"))
     assert cfg["kind"] == "Cluster" and cfg["apiVersion"] == "kind.x-k8s.io/v1alpha4"
+
+
+def test_the_image_story_holds_together() -> None:
+    """kind-up builds and loads one image; the CRD's default, the operator's and the samples name it."""
+    script = (REPO / "scripts" / "kind-up").read_text(encoding="utf-8")
+    built = next(line.split("=", 1)[1] for line in script.splitlines() if line.startswith("IMAGE="))
+    crd = yaml.safe_load((REPO / "crds" / "inferafleets.infera.ai.yaml").read_text(encoding="utf-8"))
+    spec_props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec_props["image"]["default"] == built
+    from infera.operator.spec import FleetSpec
+
+    assert FleetSpec.parse({"model": "m"}).image == built
+    for sample in (REPO / "deploy" / "samples").glob("*.yaml"):
+        for doc in load_all(sample):
+            assert doc["spec"].get("image", built) == built, f"{sample.name} names an image nothing builds"
+    ignored = (REPO / ".dockerignore").read_text(encoding="utf-8").split()
+    assert {".venv", ".cache", ".git"} <= set(ignored), "the build context would upload the venv and caches"
+
+
+def test_kind_up_port_forward_does_not_collide_with_a_host_port_mapping() -> None:
+    cfg = yaml.safe_load((REPO / "kind-config.yaml").read_text(encoding="utf-8"))
+    mapped = {m["hostPort"] for node in cfg["nodes"] for m in node.get("extraPortMappings") or []}
+    script = (REPO / "scripts" / "kind-up").read_text(encoding="utf-8")
+    forwarded = {int(p.split(":")[0]) for p in script.split() if p.count(":") == 1 and p.split(":")[0].isdigit()}
+    assert forwarded, "kind-up port-forwards the frontend"
+    assert not mapped & forwarded, f"host port(s) {mapped & forwarded} are both mapped by kind and port-forwarded"
