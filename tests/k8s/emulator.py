@@ -8,7 +8,8 @@ changes), label selectors (``=``, ``==``, ``!=``, ``in``, ``notin``, exists, ``!
 /``metadata.namespace`` field selectors, optimistic concurrency on PUT, JSON merge patch (strategic
 merge patch is treated as merge patch, which is exact for the maps this project patches), JSON
 patch, server-side apply with managed fields per field manager (:mod:`tests.k8s.ssa`: conflicts,
-``force``, removal of fields a manager stopped applying), the scale subresource of Deployments
+``force``, removal of fields a manager stopped applying), custom resources admitted through their stored
+CRD's schema (:mod:`tests.k8s.crd`: pruning, defaulting, validation, CEL rules), the scale subresource of Deployments
 (``kubectl scale``), the status subresource (writes to the main resource keep status, writes to
 ``/status`` keep everything else), finalizers with deletionTimestamp, owner-reference garbage collection on delete,
 and watches: from a resourceVersion (history replay), from nothing/"0" (synthetic ADDED for every
@@ -37,7 +38,7 @@ import jsonpatch
 import yaml
 from aiohttp import web
 
-from tests.k8s import ssa
+from tests.k8s import crd, ssa
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,7 @@ RESOURCES = [
 ]
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 NAMESPACE = BY_PATH[("", "v1", "namespaces")]
+CRD = BY_PATH[("apiextensions.k8s.io", "v1", "customresourcedefinitions")]
 HISTORY = 1000  # events kept for watch replay; older resourceVersions get 410 Gone
 
 
@@ -397,6 +399,8 @@ class Emulator:
         obj["apiVersion"], obj["kind"] = res.api_version, res.kind
         if res.namespaced:
             meta["namespace"] = ns
+        obj = self._admit(res, obj, None)
+        meta = obj["metadata"]
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion=self._bump(), generation=1)
         if not applied:
             ssa.record_update(None, obj, manager)
@@ -405,6 +409,21 @@ class Emulator:
         self.objects[(res, ns, name)] = obj
         self._record(res, "ADDED", obj)
         return obj
+
+    def _admit(self, res: Res, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+        """A custom resource whose CRD is stored here is pruned, defaulted and validated by its schema."""
+        definition = self.objects.get((CRD, "", f"{res.plural}.{res.group}"))
+        if definition is None:
+            return obj
+        version = next((v for v in definition["spec"]["versions"] if v["name"] == res.version), None)
+        schema = ((version or {}).get("schema") or {}).get("openAPIV3Schema")
+        if schema is None:
+            return obj
+        stored, errors = crd.admit(schema, obj, old)
+        if errors:
+            raise ApiError(422, "Invalid", f'{res.kind}.{res.group} "{obj["metadata"].get("name")}" is invalid: '
+                                           + "; ".join(errors))
+        return stored
 
     def _get(self, res: Res, ns: str, name: str) -> dict[str, Any]:
         obj = self.objects.get((res, ns, name))
@@ -431,6 +450,8 @@ class Emulator:
         if "deletionTimestamp" in old["metadata"]:
             meta["deletionTimestamp"] = old["metadata"]["deletionTimestamp"]
         new["apiVersion"], new["kind"] = res.api_version, res.kind
+        new = self._admit(res, new, old)
+        meta = new["metadata"]
         if not applied:  # an apply has set managedFields itself
             meta["managedFields"] = copy.deepcopy(old["metadata"].get("managedFields") or [])
             ssa.record_update(old, new, manager, "status" if status and res.status else "")
