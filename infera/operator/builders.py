@@ -160,6 +160,8 @@ def frontend_container(owner: Owner, spec: FleetSpec, *, sidecar: bool) -> dict[
         "env": frontend_env(owner, spec, sidecar=sidecar),
         "ports": [port],
         "readinessProbe": {**ready, "periodSeconds": 2},
+        # Loading the tokenizer takes seconds (tens on a busy node): liveness starts once it listens.
+        "startupProbe": {"tcpSocket": {"port": "frontend"}, "periodSeconds": 2, "failureThreshold": 150},
         "livenessProbe": {"tcpSocket": {"port": "frontend"}, "periodSeconds": 10, "failureThreshold": 3},
     }
 
