@@ -17,6 +17,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
+from tests.k8s import rbac
 from tests.k8s.controllers import DeploymentController, ServiceProxy
 from tests.k8s.emulator import BY_PATH, Emulator, Res
 from tests.k8s.kubelet import Kubelet
@@ -48,7 +49,7 @@ class LocalCluster(Emulator):
     def start(self) -> None:
         super().start()
         self.kubeconfig(self.kubeconfig_path)
-        self.kubelet = Kubelet(self.kubeconfig_path, self.workdir / "logs", self.images, self._lookup,
+        self.kubelet = Kubelet(self._service_account_config, self.workdir / "logs", self.images, self._lookup,
                                self._pod_status, self._env)
 
         async def begin() -> None:
@@ -115,6 +116,13 @@ class LocalCluster(Emulator):
     def _pod_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         if (PODS, namespace, name) in self.objects:
             self._patch(PODS, namespace, name, {"status": status}, "application/merge-patch+json", True, "kubelet")
+
+    def _service_account_config(self, namespace: str, account: str) -> Path:
+        path = self.workdir / "kubeconfigs" / f"{namespace}_{account}.yaml"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.kubeconfig(path, namespace, rbac.sa_token(namespace, account))
+        return path
 
     def _lookup(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         res = next(r for r in BY_PATH.values() if r.kind == kind and r.group == "")

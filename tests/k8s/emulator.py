@@ -38,7 +38,7 @@ import jsonpatch
 import yaml
 from aiohttp import web
 
-from tests.k8s import crd, ssa, tables
+from tests.k8s import crd, rbac, ssa, tables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,11 +273,12 @@ class Emulator:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+    def kubeconfig(self, path: Path, namespace: str = "default", token: str = rbac.ADMIN_TOKEN) -> Path:
+        """A kubeconfig for this server: the cluster admin, or who ``token`` names (:func:`rbac.sa_token`)."""
         cfg = {
             "apiVersion": "v1", "kind": "Config", "current-context": "emu",
             "clusters": [{"name": "emu", "cluster": {"server": self.url}}],
-            "users": [{"name": "emu", "user": {"token": "emulator"}}],
+            "users": [{"name": "emu", "user": {"token": token}}],
             "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu", "namespace": namespace}}],
         }
         path.write_text(json.dumps(cfg), encoding="utf-8")  # JSON is YAML
@@ -415,6 +416,41 @@ class Emulator:
         self.objects[(res, ns, name)] = obj
         self._record(res, "ADDED", obj)
         return obj
+
+    def _authenticate(self, request: web.Request) -> rbac.User:
+        """The bearer token's user; none is the admin (kubectl sends no token over plain HTTP, like the
+        insecure port API servers once had). Pods present their service account's token."""
+        header = request.headers.get("Authorization", "")
+        user = rbac.user_of(header[7:] if header.startswith("Bearer ") else rbac.ADMIN_TOKEN)
+        if user is None:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        return user
+
+    async def _authorize(self, user: rbac.User, request: web.Request, res: Res, ns: str, name: str,
+                         sub: str) -> None:
+        """RBAC: the verb on the resource (an apply that creates needs create too), and no escalation."""
+        if user.admin:
+            return
+        listing = "watch" if request.query.get("watch") in ("true", "1") else "list"
+        verb = {"GET": "get" if name else listing, "POST": "create", "PUT": "update", "PATCH": "patch",
+                "DELETE": "delete"}.get(request.method, request.method.lower())
+        authz = rbac.Authorizer(lambda kind: [o for (r, _, _), o in self.objects.items() if r.kind == kind])
+        wants = [rbac.Request(verb, res.group, res.plural + (f"/{sub}" if sub else ""), ns, name)]
+        if verb == "patch" and (res, ns, name) not in self.objects:
+            wants.append(dataclasses.replace(wants[0], verb="create"))
+        for want in wants:
+            if not authz.allowed(user, want):
+                where = f' in the namespace "{ns}"' if ns else " at the cluster scope"
+                group = f".{res.group}" if res.group else ""
+                raise ApiError(403, "Forbidden", f'{res.plural}{group} "{name}" is forbidden: User "{user.name}" '
+                                                 f'cannot {want.verb} resource "{want.resource}" in API group '
+                                                 f'"{res.group}"{where}')
+        if res.group == "rbac.authorization.k8s.io" and verb in ("create", "update", "patch"):
+            body = yaml.safe_load(await request.read()) or {}
+            obj = {**body, "kind": res.kind, "metadata": {**(body.get("metadata") or {}), "namespace": ns}}
+            why = authz.escalation(user, obj, verb)
+            if why:
+                raise ApiError(403, "Forbidden", why)
 
     def pod_log(self, namespace: str, pod: str, container: str | None) -> str:
         """``kubectl logs``: nothing runs pods here (:class:`tests.k8s.cluster.LocalCluster` does)."""
@@ -576,6 +612,7 @@ class Emulator:
             group, rest = parts[1], parts[2:]
         else:
             raise ApiError(404, "NotFound", f"no route {request.path}")
+        user = self._authenticate(request)
         if not rest:
             return web.json_response(self._group(group))
         version, rest = rest[0], rest[1:]
@@ -600,6 +637,7 @@ class Emulator:
             return await self._scale(request, res, ns, name)
         q = request.query
         method = request.method
+        await self._authorize(user, request, res, ns, name or "", sub or "")
         if name is None:
             if method == "GET":
                 if q.get("watch", "").lower() in ("true", "1"):

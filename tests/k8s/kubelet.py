@@ -5,15 +5,20 @@ Every pod gets its own loopback address (127.0.0.x) as its pod IP; a container t
 container's ``command``/``args`` run with ``python`` meaning this interpreter; its env is built as
 the kubelet builds it (``value`` with ``$(VAR)`` expansion, ``valueFrom.fieldRef`` for the downward
 API fields ``metadata.name``/``metadata.namespace``/``status.podIP``/``spec.serviceAccountName``,
-``secretKeyRef``/``configMapKeyRef``), plus ``KUBECONFIG`` pointing at the emulator (the pod's
-service account, in effect). An image is what the image would hold: ``files``, path substitutions
-(e.g. ``/opt/infera/tokenizer`` -> a tokenizer on this machine), and ``env``, defaults under the
+``secretKeyRef``/``configMapKeyRef``), plus ``KUBECONFIG`` pointing at the emulator with the token
+of the pod's service account, so the pod has exactly the rights RBAC gives that account.
+
+An image is what the image would hold: ``files``, path substitutions (e.g.
+``/opt/infera/tokenizer`` -> a tokenizer on this machine), and ``env``, defaults under the
 container's own env (e.g. ``INFERA_HOST=$(POD_IP)``: a process that binds all interfaces inside a
-pod's network namespace binds the pod's address; here it must be told). Readiness and liveness probes
-(``httpGet``, ``tcpSocket``, named or numbered ports) run on their period; readiness sets the
-container's ``ready`` and the pod's ``Ready`` condition, a failed liveness (``failureThreshold`` in
-a row) or an exit restarts the container (``restartCount``). A deleted pod's processes get SIGTERM,
-then SIGKILL after its grace period. Logs go to one file per container (``kubectl logs`` reads it).
+pod's network namespace binds the pod's address; here it must be told).
+
+Startup, readiness and liveness probes (``httpGet``, ``tcpSocket``, named or numbered ports) run on
+their period (readiness polls every 0.5 s until first ready); readiness sets the container's
+``ready`` and the pod's ``Ready`` condition, a failed liveness (``failureThreshold`` in a row) or an
+exit restarts the container (``restartCount``, with backoff). A deleted pod's processes get
+SIGTERM, then SIGKILL after its grace period (at most 5 s here). Logs go to one file per container
+(``kubectl logs`` reads it).
 """
 
 from __future__ import annotations
@@ -68,7 +73,8 @@ class PodRun:
 class Kubelet:
     """Runs on the emulator's event loop; ``sync(pods)`` is called with the live pods on every tick."""
 
-    def __init__(self, kubeconfig: Path, log_dir: Path, images: dict[str, dict[str, dict[str, str]]],
+    def __init__(self, kubeconfig: Callable[[str, str], Path], log_dir: Path,
+                 images: dict[str, dict[str, dict[str, str]]],
                  lookup: Callable[[str, str, str], dict[str, Any] | None],
                  set_status: Callable[[str, str, dict[str, Any]], None], env: dict[str, str] | None = None) -> None:
         self.kubeconfig, self.log_dir, self.images = kubeconfig, log_dir, images
@@ -161,7 +167,8 @@ class Kubelet:
 
     def _env(self, pod: dict[str, Any], spec: dict[str, Any], ip: str) -> dict[str, str]:
         env = dict(self._base_env)
-        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["KUBECONFIG"] = str(self.kubeconfig(pod["metadata"]["namespace"],
+                                                pod["spec"].get("serviceAccountName") or "default"))
         env["HOSTNAME"] = pod["metadata"]["name"]
         ns = pod["metadata"]["namespace"]
         image = spec.get("image", "")
