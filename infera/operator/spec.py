@@ -33,8 +33,8 @@ class EnvVar(_Model):
 
 class Pool(_Model):
     replicas: int = Field(default=1, ge=0)
-    resources: dict[str, dict[str, str]] = Field(default_factory=dict,
-                                                 description="a container's resources: requests/limits")
+    resources: dict[str, dict[str, int | str]] = Field(
+        default_factory=dict, description="a container's resources: requests/limits, quantities as 2 or \"500m\"")
     engine_args: list[str] = Field(default_factory=list, description="extra engine flags")
     env: list[EnvVar] = Field(default_factory=list)
 

@@ -130,6 +130,6 @@ def admit(schema: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] | Non
               for e in sorted(jsonschema.Draft7Validator(_json_schema(schema)).iter_errors(body),
                               key=lambda e: list(map(str, e.absolute_path)))]
     if not errors:
-        old_body = {k: v for k, v in (old or {}).items() if k not in META_FIELDS} if old is not None else None
-        _cel(schema, body, old_body, "", errors)
+        old_body = {k: v for k, v in old.items() if k != "apiVersion"} if old is not None else None
+        _cel(schema, {**body, "metadata": obj.get("metadata") or {}}, old_body, "", errors)  # root rules see it
     return stored, errors

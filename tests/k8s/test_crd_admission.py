@@ -65,3 +65,19 @@ async def test_the_operator_writes_status_the_schema_accepts(emu: Emulator, tmp_
     assert not out.problems
     stored = emu.get("infera.ai/v1alpha1", "InferaFleet", "demo", NS)
     assert stored is not None and stored["status"]["conditions"], "the status write was admitted"
+
+
+def test_names_that_make_invalid_service_names_are_refused(emu: Emulator) -> None:
+    too_long = fleet()
+    too_long["metadata"]["name"] = "f" * 55
+    assert "at most 54 characters" in refused(emu, too_long)
+    digit = fleet()
+    digit["metadata"]["name"] = "7up"
+    assert "must start with a letter" in refused(emu, digit)
+
+
+def test_quantities_may_be_numbers_or_strings(emu: Emulator) -> None:
+    stored = emu.create(fleet(pools={"mixed": {"resources": {"limits": {"cpu": 2, "memory": "4Gi"}}}}))
+    assert stored["spec"]["pools"]["mixed"]["resources"]["limits"] == {"cpu": 2, "memory": "4Gi"}
+    assert "Invalid value" in refused(emu, {**fleet(pools={"mixed": {"resources": {"limits": {"cpu": [1]}}}}),
+                                            "metadata": {"name": "other", "namespace": NS}})
