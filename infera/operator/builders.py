@@ -25,6 +25,7 @@ from infera.config.engine import MockEngineSettings
 from infera.config.operator import render_env
 from infera.config.server import ServerSettings
 from infera.config.worker import WorkerSettings
+from infera.operator.overrides import merge
 from infera.operator.spec import API_VERSION, KIND, FleetSpec, Pool
 
 FLEET_LABEL = "infera.ai/fleet"
@@ -173,7 +174,7 @@ def worker_container(owner: Owner, spec: FleetSpec, role: str, pool: Pool) -> di
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", f"infera.engine.{spec.engine}"],
-        "env": _merge_env(worker_env(owner, spec, role, pool), [e.model_dump() for e in pool.env]),
+        "env": _merge_env(worker_env(owner, spec, role, pool), [e.manifest() for e in pool.env]),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"},
                   {"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
                   {"name": "kv-replay", "containerPort": KV_REPLAY_PORT, "protocol": "TCP"}],
@@ -214,6 +215,14 @@ def worker_deployment(owner: Owner, spec: FleetSpec, role: str, pool: Pool) -> d
     containers = [worker_container(owner, spec, role, pool)]
     if spec.gaie.enabled:
         containers.append(frontend_container(owner, spec, sidecar=True))
+    pod: dict[str, Any] = {"serviceAccountName": service_account(owner), "containers": containers,
+                           "terminationGracePeriodSeconds": 60}
+    if pool.node_selector:
+        pod["nodeSelector"] = dict(pool.node_selector)
+    if pool.tolerations:
+        pod["tolerations"] = list(pool.tolerations)
+    template = merge({"metadata": {"labels": pod_labels}, "spec": pod}, pool.pod_template)
+    template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **pod_labels}  # the selector's own
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": meta(owner, pool_deployment(owner, role), WORKER_COMPONENT, **extra),
@@ -221,11 +230,7 @@ def worker_deployment(owner: Owner, spec: FleetSpec, role: str, pool: Pool) -> d
             "replicas": pool.replicas,
             "selector": {"matchLabels": {FLEET_LABEL: owner.name, COMPONENT: WORKER_COMPONENT, ROLE_LABEL: role}},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": {"serviceAccountName": service_account(owner), "containers": containers,
-                         "terminationGracePeriodSeconds": 60},
-            },
+            "template": template,
         },
     }
 

@@ -26,9 +26,26 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
 
+class KeyRef(_Model):
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+    optional: bool | None = None
+
+
+class EnvSource(_Model):
+    secret_key_ref: KeyRef | None = None
+    config_map_key_ref: KeyRef | None = None
+
+
 class EnvVar(_Model):
     name: str = Field(min_length=1)
     value: str = ""
+    value_from: EnvSource | None = Field(default=None, description="a Secret's or ConfigMap's key, e.g. an API token")
+
+    def manifest(self) -> dict[str, Any]:
+        if self.value_from is not None:
+            return {"name": self.name, "valueFrom": self.value_from.model_dump(by_alias=True, exclude_none=True)}
+        return {"name": self.name, "value": self.value}
 
 
 class Pool(_Model):
@@ -37,6 +54,11 @@ class Pool(_Model):
         default_factory=dict, description="a container's resources: requests/limits, quantities as 2 or \"500m\"")
     engine_args: list[str] = Field(default_factory=list, description="extra engine flags")
     env: list[EnvVar] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    pod_template: dict[str, Any] = Field(
+        default_factory=dict, description="a PodTemplateSpec merged over what the operator builds (containers, "
+                                          "env, volumes and mounts by name): volumes with the model, affinity, ...")
 
 
 class Pools(_Model):

@@ -158,3 +158,22 @@ def test_a_spec_the_process_would_refuse_is_refused_here() -> None:
         build_children(OWNER, FleetSpec.parse({"model": "m", "engine": "mock"}))  # kv-aware needs a tokenizer
     with pytest.raises(ConfigError, match="no setting"):
         render_env(ServerSettings, {"not_a_field": 1})
+
+
+def test_pool_pod_settings_reach_the_worker_pods() -> None:
+    spec = FleetSpec.parse({"model": "m", "modelPath": "/models/m", "pools": {"mixed": {
+        "nodeSelector": {"gpu": "yes"}, "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+        "podTemplate": {"metadata": {"labels": {"team": "a"}}, "spec": {
+            "volumes": [{"name": "models", "hostPath": {"path": "/data"}}],
+            "containers": [{"name": "worker", "volumeMounts": [{"name": "models", "mountPath": "/models"}]}]}}}}})
+    dep = next(o for o in build_children(OWNER, spec) if o["kind"] == "Deployment" and "mixed" in o["metadata"]["name"])
+    validate(dep)
+    pod = dep["spec"]["template"]
+    assert pod["metadata"]["labels"]["team"] == "a" and pod["metadata"]["labels"]["infera.ai/fleet"] == "demo"
+    assert pod["spec"]["nodeSelector"] == {"gpu": "yes"} and pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert pod["spec"]["volumes"] == [{"name": "models", "hostPath": {"path": "/data"}}]
+    worker = pod["spec"]["containers"][0]
+    assert worker["name"] == "worker" and worker["command"], "the override merged into the container, kept it whole"
+    assert worker["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in worker["env"]
