@@ -152,7 +152,11 @@ class Flow:
                body_phase: bool) -> ProcessingResponse:
         s = self.s
         endpoints = ",".join(s.targets.of(w) for w in [worker, *fallbacks])
-        headers = {s.header: endpoints, WORKER_HEADER: worker.instance_id}
+        headers = {s.header: endpoints}
+        if not fallbacks:
+            # With fallbacks the proxy may retry on another pod, whose sidecar must then serve its own
+            # worker (--direct-default-worker): a fixed worker header would send it back to the dead one.
+            headers[WORKER_HEADER] = worker.instance_id
         if prefill is not None:
             headers[PREFILL_HEADER] = prefill.instance_id
         log.debug("%s -> %s (%s)", self.path, endpoints, worker.instance_id)

