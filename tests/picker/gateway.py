@@ -82,7 +82,7 @@ def start_picker(tmp: Path, workers_file: Path, *, tokenizer: str | Path, args: 
 
         return metric(scrape(proc.url), "infera_picker_workers") == want
 
-    proc.wait_until(ready, what="serving its fleet")
+    proc.wait_until(ready, timeout=180, what="serving its fleet")
     return proc
 
 
@@ -107,5 +107,5 @@ def start_envoy(tmp: Path, picker_port: int, fallback: str = "", *, fail_open: b
     argv = [binary, "-c", str(path), "--base-id", str(port), "--concurrency", "1", "-l", "warning"]
     proc = Proc(argv, f"http://127.0.0.1:{port}", tmp / f"envoy-{port}.log")
     proc.admin = f"http://127.0.0.1:{admin}"  # type: ignore[attr-defined]
-    proc.wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), what="ready")
+    proc.wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), timeout=120, what="ready")
     return proc
