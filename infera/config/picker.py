@@ -20,8 +20,9 @@ class PickerSettings(ServerSettings):
                                  "workers whose record has no gateway_target; 0 = the engine's own port")
     fallback_endpoints: int = option(0, "endpoints after the picked one in x-gateway-destination-endpoint, for "
                                         "the proxy to retry on when the first fails before responding; needs a "
-                                        "proxy that reads a list (Envoy's override_host policy, not ORIGINAL_DST); with fallbacks "
-                                        "no x-worker-instance-id is sent: each pod's sidecar serves its own worker")
+                                        "proxy that reads a list (Envoy's override_host policy, not ORIGINAL_DST); "
+                                        "with fallbacks no x-worker-instance-id is sent: each pod's sidecar serves "
+                                        "its own worker")
     destination_header: str = option("x-gateway-destination-endpoint", "header (and envoy.lb metadata key) "
                                      "that names the picked endpoint(s)")
     metadata_namespace: str = option("envoy.lb", "dynamic-metadata namespace of the picked endpoint(s)")
