@@ -2,18 +2,19 @@
 
 ``liveness`` answers SERVING while the process runs; ``readiness`` and the ext_proc service name
 answer SERVING once the picker has its fleet view (started, and at least one worker seen once).
-The two messages are declared here: envoy-data-plane carries Envoy's APIs, not gRPC's own.
+The two one-field messages are encoded here (see :mod:`infera.picker.wire`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import betterproto2
 import grpclib
 import grpclib.const
 import grpclib.server
+
+from infera.picker.wire import fields
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 LIVENESS = "liveness"
@@ -22,14 +23,29 @@ READINESS = "readiness"
 SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3
 
 
-@dataclass(eq=False, repr=False)
-class HealthCheckRequest(betterproto2.Message):
-    service: str = betterproto2.field(1, betterproto2.TYPE_STRING)
+@dataclasses.dataclass(slots=True)
+class HealthCheckRequest:
+    service: str = ""
+
+    @classmethod
+    def FromString(cls, data: bytes) -> HealthCheckRequest:  # grpclib's codec calls this name
+        return cls(next((v.decode() for n, _, v in fields(data) if n == 1), ""))
+
+    def SerializeToString(self) -> bytes:
+        raw = self.service.encode()
+        return bytes([0x0A, len(raw)]) + raw if raw else b""  # names are < 128 bytes
 
 
-@dataclass(eq=False, repr=False)
-class HealthCheckResponse(betterproto2.Message):
-    status: int = betterproto2.field(1, betterproto2.TYPE_INT32)  # ServingStatus (an enum on the wire: varint)
+@dataclasses.dataclass(slots=True)
+class HealthCheckResponse:
+    status: int = 0  # ServingStatus, a varint on the wire
+
+    @classmethod
+    def FromString(cls, data: bytes) -> HealthCheckResponse:
+        return cls(next((v for n, _, v in fields(data) if n == 1), 0))
+
+    def SerializeToString(self) -> bytes:
+        return bytes([0x08, self.status]) if self.status else b""
 
 
 class Health:

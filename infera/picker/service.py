@@ -14,9 +14,10 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable
 
-from envoy_data_plane.envoy.service.ext_proc.v3 import ExternalProcessorBase, ProcessingRequest, ProcessingResponse
+import grpclib.const
+import grpclib.server
 
-from infera.picker import messages
+from infera.picker import wire
 from infera.picker.metrics import PickerMetrics
 from infera.picker.placement import Placement, Placer, RoutingError
 from infera.picker.requests import BadRequest, error_json, route_request
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 
 WORKER_HEADER = "x-worker-instance-id"
 PREFILL_HEADER = "x-prefill-instance-id"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
 
 class Targets:
@@ -44,7 +48,9 @@ class Targets:
         return f"{host}:{self.target_port or port}"
 
 
-class ExtProc(ExternalProcessorBase):
+class ExtProc:
+    """The ``envoy.service.ext_proc.v3.ExternalProcessor`` service (a grpclib mapping)."""
+
     def __init__(self, placer: Placer, targets: Targets, metrics: PickerMetrics, *, header: str, namespace: str,
                  subset_namespace: str, fallbacks: int, strip: tuple[str, ...] = ()) -> None:
         self.placer = placer
@@ -56,7 +62,8 @@ class ExtProc(ExternalProcessorBase):
         self.fallbacks = fallbacks
         self.patterns = [re.compile(p) for p in strip if p]
 
-    async def process(self, messages: AsyncIterator[ProcessingRequest]) -> AsyncIterator[ProcessingResponse]:
+    async def process(self, messages: AsyncIterator[wire.Request]) -> AsyncIterator[wire.Reply]:
+        """One stream: a reply per message that needs one; the load is released however it ends."""
         flow = Flow(self)
         self.metrics.streams.inc()
         try:
@@ -67,6 +74,14 @@ class ExtProc(ExternalProcessorBase):
         finally:
             self.metrics.streams.dec()
             flow.close()
+
+    async def _serve(self, stream: grpclib.server.Stream[wire.Request, wire.Reply]) -> None:
+        async for reply in self.process(stream.__aiter__()):
+            await stream.send_message(reply)
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {PROCESS: grpclib.const.Handler(self._serve, grpclib.const.Cardinality.STREAM_STREAM,
+                                               wire.Request, wire.Reply)}
 
 
 class Flow:
@@ -79,49 +94,46 @@ class Flow:
         self.body = bytearray()
         self.placement: Placement | None = None
 
-    def handle(self, msg: ProcessingRequest) -> ProcessingResponse | None:
-        if msg.request_headers is not None:
-            headers = messages.header_dict(msg.request_headers.headers)
-            self.path = headers.get(":path", "")
-            self.subset = messages.subset(msg.metadata_context, self.s.subset_namespace)
-            if msg.request_headers.end_of_stream:
-                return self.pick(body_phase=False)
-            return messages.continue_request_headers()
-        if msg.request_body is not None:
-            self.body += msg.request_body.body
-            if not msg.request_body.end_of_stream:
+    def handle(self, msg: wire.Request) -> wire.Reply | None:
+        phase = msg.phase
+        if phase == "request_headers":
+            self.path = msg.headers.get(":path", "")
+            self.subset = _subset(msg.metadata.get(self.s.subset_namespace, {}).get(SUBSET_KEY))
+            if msg.end_of_stream:
+                return self.pick(phase)
+            return wire.proceed(phase)
+        if phase == "request_body":
+            self.body += msg.body
+            if not msg.end_of_stream:
                 return None  # streamed body mode: answer once the whole body is in
-            return self.pick(body_phase=True)
-        if msg.request_trailers is not None:
-            return messages.continue_trailers(response=False)
-        if msg.response_headers is not None:
+            return self.pick(phase)
+        if phase == "response_headers":
             self.on_response_headers(msg)
-            if msg.response_headers.end_of_stream:
+            if msg.end_of_stream:
                 self.close()
-            return messages.continue_response_headers()
-        if msg.response_body is not None:
+        elif phase == "response_body":
             if self.placement is not None:
                 self.placement.first_byte()
-            if msg.response_body.end_of_stream:
+            if msg.end_of_stream:
                 self.close()
-            return messages.continue_response_body()
-        if msg.response_trailers is not None:
+        elif phase == "response_trailers":
             self.close()
-            return messages.continue_trailers(response=True)
-        return None
+        elif phase != "request_trailers":
+            return None
+        return wire.proceed(phase)
 
-    def pick(self, *, body_phase: bool) -> ProcessingResponse:
+    def pick(self, phase: str) -> wire.Reply:
         started = time.perf_counter()
         try:
-            reply = self._pick(body_phase)
+            reply = self._pick(phase)
         except RoutingError as exc:
             self.s.metrics.picks.labels("unavailable" if exc.status == 503 else "refused").inc()
             status, body = error_json(self.path, exc.status, str(exc))
-            return messages.immediate(status, body, str(exc))
+            return wire.immediate(status, body, str(exc))
         except BadRequest as exc:
             self.s.metrics.picks.labels("bad_request").inc()
             status, body = error_json(self.path, 400, str(exc))
-            return messages.immediate(status, body, str(exc))
+            return wire.immediate(status, body, str(exc))
         self.s.metrics.pick_seconds.observe(time.perf_counter() - started)
         return reply
 
@@ -132,7 +144,7 @@ class Flow:
         targets = self.s.targets
         return lambda w: targets.of(w) in allowed
 
-    def _pick(self, body_phase: bool) -> ProcessingResponse:
+    def _pick(self, phase: str) -> wire.Reply:
         s = self.s
         allowed = self._allowed()
         req = route_request(self.path, bytes(self.body), s.patterns)
@@ -142,36 +154,36 @@ class Flow:
             if not workers:
                 raise RoutingError(503, "no workers are available")
             s.metrics.picks.labels("passthrough").inc()
-            return self._route(workers[0], None, workers[1:1 + s.fallbacks], body_phase)
+            return self._route(workers[0], None, workers[1:1 + s.fallbacks], phase)
         placement = s.placer.place(req, allowed, s.fallbacks)
         self.placement = placement
         s.metrics.picks.labels("placed").inc()
-        return self._route(placement.worker, placement.prefill, placement.fallbacks, body_phase)
+        return self._route(placement.worker, placement.prefill, placement.fallbacks, phase)
 
     def _route(self, worker: WorkerRecord, prefill: WorkerRecord | None, fallbacks: list[WorkerRecord],
-               body_phase: bool) -> ProcessingResponse:
+               phase: str) -> wire.Reply:
         s = self.s
         endpoints = ",".join(s.targets.of(w) for w in [worker, *fallbacks])
-        headers = {s.header: endpoints}
+        headers = [(s.header, endpoints)]
         if not fallbacks:
             # With fallbacks the proxy may retry on another pod, whose sidecar must then serve its own
             # worker (--direct-default-worker): a fixed worker header would send it back to the dead one.
-            headers[WORKER_HEADER] = worker.instance_id
+            headers.append((WORKER_HEADER, worker.instance_id))
         if prefill is not None:
-            headers[PREFILL_HEADER] = prefill.instance_id
+            headers.append((PREFILL_HEADER, prefill.instance_id))
         log.debug("%s -> %s (%s)", self.path, endpoints, worker.instance_id)
-        return messages.route_to(headers, {s.namespace: {s.header: endpoints}}, body_phase=body_phase)
+        return wire.route_to(phase, headers, {s.namespace: {s.header: endpoints}})
 
-    def on_response_headers(self, msg: ProcessingRequest) -> None:
+    def on_response_headers(self, msg: wire.Request) -> None:
         placement = self.placement
-        if placement is None or msg.response_headers is None:
+        if placement is None:
             return
-        served = messages.metadata_value(msg.metadata_context, self.s.namespace, messages.SERVED_KEY)
+        served = msg.metadata.get(self.s.namespace, {}).get(SERVED_KEY)
         if isinstance(served, str) and served != self.s.targets.of(placement.worker):
             worker = next((w for w in placement.fallbacks if self.s.targets.of(w) == served), None)
             if worker is not None:
                 placement.served_by(worker)
-        status = messages.header_dict(msg.response_headers.headers).get(":status", "200")
+        status = msg.headers.get(":status", "200")
         if status.isdigit() and int(status) >= 500:
             placement.failed()
         else:
@@ -180,3 +192,14 @@ class Flow:
     def close(self) -> None:
         if self.placement is not None:
             self.placement.release()
+
+
+def _subset(value: object) -> list[str] | None:
+    """The endpoints the proxy allows (None when it passes no subset)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return []

@@ -20,6 +20,7 @@ from grpclib.const import Cardinality
 from grpclib.server import Server
 
 from infera.discovery.base import FleetListener
+from infera.picker import wire
 from infera.picker.health import Health, HealthCheckRequest, HealthCheckResponse
 from infera.picker.metrics import PickerMetrics
 from infera.picker.placement import Placer
@@ -80,9 +81,15 @@ def response(status: int = 200) -> list[ProcessingRequest]:
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
-async def feed(items: Sequence[ProcessingRequest]) -> AsyncIterator[ProcessingRequest]:
+async def feed(items: Sequence[ProcessingRequest]) -> AsyncIterator[wire.Request]:
+    """Envoy's messages as the picker reads them off the wire (encoded by envoy-data-plane)."""
     for item in items:
-        yield item
+        yield wire.Request.FromString(bytes(item))
+
+
+async def exchange(service: ExtProc, items: Sequence[ProcessingRequest]) -> list[ProcessingResponse]:
+    """The picker's replies, decoded by envoy-data-plane as Envoy would read them."""
+    return [ProcessingResponse.FromString(r.data) async for r in service.process(feed(items))]
 
 
 def set_headers(reply: ProcessingResponse) -> dict[str, str]:
@@ -94,7 +101,7 @@ def set_headers(reply: ProcessingResponse) -> dict[str, str]:
 async def test_a_request_is_routed_to_the_picked_pod_and_its_load_is_held_until_the_response_ends() -> None:
     service = picker([worker("a", 1), worker("b", 2)])
     gen = service.process(feed([headers("/v1/chat/completions"), body(CHAT), *response()]))
-    replies = [await anext(gen), await anext(gen)]
+    replies = [ProcessingResponse.FromString((await anext(gen)).data) for _ in range(2)]
     picked = set_headers(replies[1])
     assert picked["x-gateway-destination-endpoint"] in {"10.0.0.1:8080", "10.0.0.2:8080"}
     assert picked["x-worker-instance-id"] == {"10.0.0.1:8080": "a", "10.0.0.2:8080": "b"}[
@@ -110,8 +117,7 @@ async def test_a_request_is_routed_to_the_picked_pod_and_its_load_is_held_until_
 
 async def test_a_stream_that_ends_early_releases_the_load() -> None:
     service = picker([worker("a", 1)])
-    gen = service.process(feed([headers("/v1/chat/completions"), body(CHAT)]))
-    _ = [r async for r in gen]  # the proxy hangs up before any response (client abort)
+    await exchange(service, [headers("/v1/chat/completions"), body(CHAT)])  # the proxy hangs up: client abort
     assert service.placer.in_flight() == 0
     assert service.metrics.streams._value.get() == 0
 
@@ -119,10 +125,10 @@ async def test_a_stream_that_ends_early_releases_the_load() -> None:
 async def test_the_proxys_endpoint_subset_bounds_the_pick() -> None:
     service = picker([worker("a", 1), worker("b", 2)])
     for _ in range(3):
-        replies = [r async for r in service.process(feed([headers("/v1/chat/completions", subset=["10.0.0.2:8080"]),
-                                                          body(CHAT)]))]
+        replies = await exchange(service, [headers("/v1/chat/completions", subset=["10.0.0.2:8080"]),
+                                           body(CHAT)])
         assert set_headers(replies[1])["x-worker-instance-id"] == "b"
-    replies = [r async for r in service.process(feed([headers("/v1/chat/completions", subset=[]), body(CHAT)]))]
+    replies = await exchange(service, [headers("/v1/chat/completions", subset=[]), body(CHAT)])
     assert replies[1].immediate_response is not None
     assert replies[1].immediate_response.status is not None
     assert replies[1].immediate_response.status.code.value == 503
@@ -130,12 +136,12 @@ async def test_the_proxys_endpoint_subset_bounds_the_pick() -> None:
 
 async def test_no_capacity_is_an_immediate_503_in_the_shape_of_the_api() -> None:
     service = picker([])
-    replies = [r async for r in service.process(feed([headers("/v1/chat/completions"), body(CHAT)]))]
+    replies = await exchange(service, [headers("/v1/chat/completions"), body(CHAT)])
     imm = replies[1].immediate_response
     assert imm is not None and imm.status is not None and imm.status.code.value == 503
     assert json.loads(imm.body)["error"]["type"] == "service_unavailable"
     anthropic = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-    replies = [r async for r in service.process(feed([headers("/v1/messages"), body(anthropic)]))]
+    replies = await exchange(service, [headers("/v1/messages"), body(anthropic)])
     imm = replies[1].immediate_response
     assert imm is not None and imm.status is not None and imm.status.code.value == 503
     assert json.loads(imm.body) == {"type": "error", "error": {"type": "overloaded_error",
@@ -144,7 +150,7 @@ async def test_no_capacity_is_an_immediate_503_in_the_shape_of_the_api() -> None
 
 async def test_a_pd_pair_names_both_workers() -> None:
     service = picker([worker("p", 1, "prefill"), worker("d", 2, "decode")])
-    replies = [r async for r in service.process(feed([headers("/v1/chat/completions"), body(CHAT)]))]
+    replies = await exchange(service, [headers("/v1/chat/completions"), body(CHAT)])
     picked = set_headers(replies[1])
     assert picked == {"x-gateway-destination-endpoint": "10.0.0.2:8080", "x-worker-instance-id": "d",
                       "x-prefill-instance-id": "p"}
@@ -152,7 +158,7 @@ async def test_a_pd_pair_names_both_workers() -> None:
 
 async def test_fallback_endpoints_follow_the_pick_and_name_no_worker() -> None:
     service = picker([worker("a", 1), worker("b", 2), worker("c", 3)], fallbacks=1)
-    replies = [r async for r in service.process(feed([headers("/v1/chat/completions"), body(CHAT)]))]
+    replies = await exchange(service, [headers("/v1/chat/completions"), body(CHAT)])
     picked = set_headers(replies[1])
     endpoints = picked["x-gateway-destination-endpoint"].split(",")
     assert len(endpoints) == 2 and len(set(endpoints)) == 2
@@ -161,7 +167,7 @@ async def test_fallback_endpoints_follow_the_pick_and_name_no_worker() -> None:
 
 async def test_a_request_without_a_body_goes_to_any_pod() -> None:
     service = picker([worker("a", 1)])
-    replies = [r async for r in service.process(feed([headers("/v1/models", end=True)]))]
+    replies = await exchange(service, [headers("/v1/models", end=True)])
     assert set_headers(replies[0])["x-gateway-destination-endpoint"] == "10.0.0.1:8080"
 
 
