@@ -143,13 +143,19 @@ def measure(url: str, routing: list[Proc], args: argparse.Namespace) -> dict[str
     asyncio.run(run(url, warm, 1))
     serial = asyncio.run(run(url, [chat_body(i, MODEL, False, 16) for i in range(args.requests)], 1))
     bodies = [chat_body(args.requests + i, MODEL, False, 16) for i in range(args.requests)]
-    cpu0 = sum(p.cpu() for p in routing)
+    cpu0 = {p.name: p.cpu() for p in routing}
     t0 = time.perf_counter()
     loaded = asyncio.run(run(url, bodies, args.concurrency))
     wall = time.perf_counter() - t0
-    cpu = sum(p.cpu() for p in routing) - cpu0
+    ok = max(loaded["ok"], 1)
+    by_process = {p.name: (p.cpu() - cpu0[p.name]) / ok * 1000 for p in routing}
+    # the sidecars, summed: one of them serves each request
+    kinds: dict[str, float] = {}
+    for name, ms in by_process.items():
+        kind = name.split("-", 1)[0]
+        kinds[kind] = kinds.get(kind, 0.0) + ms
     return {"serial": serial, "concurrent": loaded, "rps": loaded["ok"] / wall,
-            "cpu_ms_per_request": cpu / max(loaded["ok"], 1) * 1000}
+            "cpu_ms_per_request": sum(by_process.values()), "cpu_ms_per_request_by_process": kinds}
 
 
 def main() -> None:
@@ -182,6 +188,8 @@ def main() -> None:
               f"c={args.concurrency}: {r['rps']:.0f} req/s, routing CPU {r['cpu_ms_per_request']:.2f} ms/req | "
               f"cached share {r['serial']['cached_share']:.1%} / {r['concurrent']['cached_share']:.1%} "
               f"| errors {r['serial']['errors'] + r['concurrent']['errors']}")
+        print("      routing CPU ms/req by process: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_ms_per_request_by_process"].items()))
     print(f"logs in {logs}; results in {write_results('picker', results)}")
 
 
