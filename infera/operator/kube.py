@@ -36,6 +36,7 @@ class Kind:
 KINDS = {k.kind: k for k in (
     Kind("v1", "ServiceAccount", "serviceaccounts"),
     Kind("v1", "Service", "services"),
+    Kind("v1", "ConfigMap", "configmaps"),
     Kind("v1", "Pod", "pods"),
     Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),

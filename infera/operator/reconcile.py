@@ -35,6 +35,7 @@ from infera.operator.builders import (
     frontend_service,
     pool_deployment,
 )
+from infera.operator.gaie import epp_name
 from infera.operator.kube import KINDS, Kind, Kube, kind_of
 from infera.operator.render import build_children
 from infera.operator.spec import KIND, FleetSpec
@@ -42,8 +43,8 @@ from infera.operator.spec import KIND, FleetSpec
 log = logging.getLogger(__name__)
 
 FLEET = KINDS[KIND]
-MANAGED = [KINDS[k] for k in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "InferencePool",
-                              "HTTPRoute")]
+MANAGED = [KINDS[k] for k in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "ConfigMap",
+                              "InferencePool", "HTTPRoute")]
 OPTIONAL = {"InferencePool": "the GAIE CRDs (InferencePool) are not installed",
             "HTTPRoute": "the Gateway API CRDs (HTTPRoute) are not installed"}
 
@@ -134,6 +135,9 @@ def build_status(fleet: dict[str, Any], spec: FleetSpec | None, deployments: dic
         if spec.gaie.enabled:
             frontend = f"InferencePool {ns}/{name}" + (f" via Gateway {spec.gaie.gateway_name}"
                                                         if spec.gaie.gateway_name else "")
+            wanted, ready, rolled = _deployment_state(deployments.get(epp_name(Owner(name, ns, ""))))
+            if not rolled:  # the gateway fails closed without its picker
+                waiting.append(f"endpoint picker {ready}/{wanted} ready")
         else:
             frontend = f"http://{frontend_service(Owner(name, ns, ''))}.{ns}.svc:{FRONTEND_PORT}"
             if spec.router.frontend_replicas:

@@ -86,13 +86,17 @@ class Transport(_Model):
 
 
 class EndpointPicker(_Model):
-    image: str = "registry.k8s.io/gateway-api-inference-extension/epp:v1.0.1"
+    image: str = Field(default="registry.k8s.io/gateway-api-inference-extension/epp:v1.0.1",
+                       description="the stock picker's image (picker: stock); infera's picker runs the fleet's image")
     args: list[str] = Field(default_factory=list)
     replicas: int = Field(default=1, ge=1)
+    failure_mode: Literal["FailClose", "FailOpen"] = "FailClose"
 
 
 class Gaie(_Model):
     enabled: bool = False
+    picker: Literal["infera", "stock"] = Field(default="infera", description="infera: infera's KV-aware router "
+                                               "as the endpoint picker; stock: GAIE's reference EPP")
     endpoint_picker: EndpointPicker = Field(default_factory=EndpointPicker)
     gateway_name: str = ""
 

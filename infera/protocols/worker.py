@@ -55,3 +55,6 @@ class WorkerRecord(BaseModel):
     dp_size: int = 1
     connector: str | None = Field(default=None, description="PD connector: push (SGLang bootstrap) or pull (NIXL)")
     bootstrap_addr: str | None = None
+    gateway_target: str | None = Field(default=None, description="ip:port a GAIE gateway sends this worker's "
+                                       "requests to (its pod's frontend sidecar); None = the engine's host with "
+                                       "the picker's --target-port")

@@ -12,6 +12,7 @@ from infera.config import load
 from infera.config.base import ConfigError, env_names
 from infera.config.engine import MockEngineSettings
 from infera.config.operator import render_env
+from infera.config.picker import PickerSettings
 from infera.config.server import ServerSettings
 from infera.config.worker import WorkerSettings
 from infera.operator.builders import Owner, worker_selector
@@ -26,7 +27,9 @@ SPECS: dict[str, dict[str, Any]] = {
     "minimal": {"model": "m"},
     "mock-auto": {"model": "m", "engine": "mock", "modelPath": "/tok", "pools": {"mixed": {"replicas": 3}}},
     "gaie-gateway": {"model": "m", "engine": "vllm", "modelPath": "/models/m", "gaie": {
-        "enabled": True, "gatewayName": "gw", "endpointPicker": {"replicas": 2, "args": ["--v", "4"]}}},
+        "enabled": True, "gatewayName": "gw", "picker": "stock",
+        "endpointPicker": {"replicas": 2, "args": ["--v", "4"]}}},
+    "gaie-infera": {"model": "m", "engine": "sglang", "modelPath": "/models/m", "gaie": {"enabled": True}},
     "pd": {"model": "m", "engine": "sglang", "modelPath": "/models/m", "pools": {
         "prefill": {"replicas": 1, "resources": {"limits": {"nvidia.com/gpu": "1"}}},
         "decode": {"replicas": 2, "env": [{"name": "X", "value": "1"}], "engineArgs": ["--tp", "2"]}},
@@ -108,10 +111,47 @@ def test_gaie_renders_sidecars_pool_picker_and_route() -> None:
     args = epp["template"]["spec"]["containers"][0]["args"]
     assert args[:4] == ["--pool-name", "demo", "--pool-namespace", "infer"]
     assert "--ha-enable-leader-election" in args and args[-3:-1] == ["--v", "4"]
+    # The stock EPP, rendered so that it starts and sees the engines: a scheduler profile, the engine's
+    # metrics port and names (not the sidecar's), its health service names, and a lease for HA.
+    flags = dict(zip(args[::2], args[1::2], strict=False))
+    assert flags["--config-file"] == "/config/default-plugins.yaml"
+    assert flags["--model-server-metrics-port"] == "30000"
+    assert flags["--kv-cache-usage-percentage-metric"] == "vllm:kv_cache_usage_perc"
+    config = objs[("ConfigMap", "demo-epp-config")]["data"]["default-plugins.yaml"]
+    assert "schedulingProfiles" in config and "prefix-cache-scorer" in config
+    container = epp["template"]["spec"]["containers"][0]
+    assert container["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+    assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
+    assert epp["template"]["spec"]["volumes"][0]["configMap"]["name"] == "demo-epp-config"
+    rules = objs[("Role", "demo-epp")]["rules"]
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]} in rules
     route = objs[("HTTPRoute", "demo")]["spec"]
     assert route["parentRefs"][0]["name"] == "gw"
     assert route["rules"][0]["backendRefs"][0] == {"group": "inference.networking.k8s.io", "kind": "InferencePool",
                                                    "name": "demo"}
+
+
+def test_gaie_deploys_inferas_own_picker_by_default() -> None:
+    objs = by_kind(build_children(OWNER, FleetSpec.parse(SPECS["gaie-infera"])))
+    assert ("ConfigMap", "demo-epp-config") not in objs and ("Role", "demo-epp") not in objs
+    pool = objs[("InferencePool", "demo")]["spec"]
+    assert pool["endpointPickerRef"] == {"kind": "Service", "name": "demo-epp", "port": {"number": 9002},
+                                         "failureMode": "FailClose"}
+    pod = objs[("Deployment", "demo-epp")]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["command"] == ["python", "-m", "infera.picker"]
+    assert pod["serviceAccountName"] == "demo-infera"  # the fleet's: it watches the worker pods
+    assert container["readinessProbe"]["grpc"] == {"port": 9002, "service": "readiness"}
+    env = env_of(container)
+    assert env["INFERA_TARGET_PORT"] == "8000" and "INFERA_PORT" not in env  # 9002 is the default
+    assert env["INFERA_K8S_LABEL_SELECTOR"] == worker_selector(OWNER)
+    assert env["INFERA_ROUTER_TOKENIZER_PATH"] == "/models/m"
+    assert "INFERA_ROUTER_MODE" not in env
+    settings = load(PickerSettings, [], {k: v for k, v in env.items() if "$(" not in v})
+    assert settings.port == 9002 and settings.router_mode == "auto" and settings.discovery_backend == "kubernetes"
+    service = objs[("Service", "demo-epp")]["spec"]
+    assert service["ports"][0]["port"] == 9002
 
 
 def test_prefill_pods_are_never_gateway_targets() -> None:
@@ -142,7 +182,7 @@ def test_rendered_env_is_read_back_by_the_processes_own_loader() -> None:
 
 
 def test_every_rendered_env_name_comes_from_a_schema() -> None:
-    names = {n for cls in (ServerSettings, WorkerSettings, MockEngineSettings)
+    names = {n for cls in (ServerSettings, PickerSettings, WorkerSettings, MockEngineSettings)
              for f in dataclasses.fields(cls) for n in env_names(f)}
     names |= {"POD_NAME", "POD_NAMESPACE", "POD_IP", "NAMESPACE", "X"}
     for spec in SPECS.values():

@@ -35,7 +35,7 @@ async def kube(emu: Emulator, tmp_path: Path) -> AsyncIterator[Kube]:
 
 def children(emu: Emulator) -> set[tuple[str, str]]:
     found = set()
-    for api, kind in (("v1", "ServiceAccount"), ("v1", "Service"), ("apps/v1", "Deployment"),
+    for api, kind in (("v1", "ServiceAccount"), ("v1", "Service"), ("v1", "ConfigMap"), ("apps/v1", "Deployment"),
                       ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding"),
                       ("inference.networking.k8s.io/v1", "InferencePool"),
                       ("gateway.networking.k8s.io/v1", "HTTPRoute")):
@@ -139,6 +139,27 @@ async def test_scale_flip_gaie_and_remove_a_pool(emu: Emulator, kube: Kube) -> N
     await reconcile(kube, NS, "demo")
     deps = {n for k, n in children(emu) if k == "Deployment"}
     assert deps == {"demo-prefill", "demo-decode", "demo-frontend"}
+
+
+async def test_the_picker_is_part_of_ready_and_stock_or_infera_swap_cleanly(emu: Emulator, kube: Kube) -> None:
+    emu.create(FLEET)
+    set_spec(emu, {"gaie": {"enabled": True}})
+    await reconcile(kube, NS, "demo")
+    roll_out(emu, "demo-mixed")
+    await reconcile(kube, NS, "demo")
+    ready = condition(emu, "Ready")
+    assert ready["status"] == "False" and "endpoint picker 0/1 ready" in ready["message"]
+    roll_out(emu, "demo-epp")
+    await reconcile(kube, NS, "demo")
+    assert condition(emu, "Ready")["status"] == "True"
+    assert ("ConfigMap", "demo-epp-config") not in children(emu)
+
+    set_spec(emu, {"gaie": {"enabled": True, "picker": "stock"}})
+    await reconcile(kube, NS, "demo")
+    assert {("ConfigMap", "demo-epp-config"), ("Role", "demo-epp"), ("ServiceAccount", "demo-epp")} <= children(emu)
+    set_spec(emu, {"gaie": {"enabled": True, "picker": "infera"}})
+    await reconcile(kube, NS, "demo")
+    assert not {("ConfigMap", "demo-epp-config"), ("Role", "demo-epp")} & children(emu)
 
 
 async def test_deleting_the_fleet_collects_its_children(emu: Emulator, kube: Kube) -> None:

