@@ -1,6 +1,7 @@
 """Renders the subset of Helm's template language that charts/infera uses, for tests on machines
 without the helm binary: ``.Values``/``.Release`` lookups, ``quote``, ``toYaml | nindent N``,
-``if``/``range $k, $v :=``/``end``, and ``{{-`` whitespace trimming. Anything else raises, so the chart
+``.Files.Get "path" | nindent N`` (read from the chart folder), ``if``/``range $k, $v :=``/``end``, and
+``{{-`` whitespace trimming. Anything else raises, so the chart
 cannot drift into constructs this check would silently mis-render.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -27,9 +29,15 @@ def _lookup(path: str, scope: dict[str, Any]) -> Any:
 def _eval(expr: str, scope: dict[str, Any]) -> str:
     parts = [p.strip() for p in expr.split("|")]
     head = parts[0].split()
-    if head[0] == "toYaml":
-        value: Any = _lookup(head[1], scope)
-        text = yaml.safe_dump(value, default_flow_style=False, sort_keys=False).rstrip("\n")
+    if head[0] in ("toYaml", ".Files.Get"):
+        if head[0] == "toYaml":
+            value: Any = _lookup(head[1], scope)
+            text = yaml.safe_dump(value, default_flow_style=False, sort_keys=False).rstrip("\n")
+        else:
+            chart: Path | None = scope["."]["Chart"]
+            if chart is None:
+                raise ValueError(".Files.Get needs the chart folder: render(..., chart=CHART)")
+            text = (chart / json.loads(head[1])).read_text(encoding="utf-8").rstrip("\n")
         for p in parts[1:]:
             m = re.fullmatch(r"nindent (\d+)", p)
             if not m:
@@ -48,7 +56,8 @@ def _eval(expr: str, scope: dict[str, Any]) -> str:
     return str(value)
 
 
-def render(template: str, values: dict[str, Any], release: str = "infera", namespace: str = "infera-system") -> str:
+def render(template: str, values: dict[str, Any], release: str = "infera", namespace: str = "infera-system",
+           chart: Path | None = None) -> str:
     tokens: list[tuple[str, str]] = []
     pos = 0
     for m in _TAG.finditer(template):
@@ -59,7 +68,7 @@ def render(template: str, values: dict[str, Any], release: str = "infera", names
         tokens.append(("tag", m.group(2)))
         pos = m.end()
     tokens.append(("text", template[pos:]))
-    root = {".": {"Values": values, "Release": {"Name": release, "Namespace": namespace}}}
+    root = {".": {"Values": values, "Release": {"Name": release, "Namespace": namespace}, "Chart": chart}}
 
     def run(i: int, scope: dict[str, Any], emit: bool) -> tuple[str, int]:
         out = []

@@ -23,7 +23,7 @@ SCHEMA_ENV = {n for cls in (ServerSettings, OperatorSettings) for f in dataclass
 def chart_docs(values: dict[str, Any]) -> list[dict[str, Any]]:
     docs = []
     for path in sorted((CHART / "templates").glob("*.yaml")):
-        docs += [d for d in yaml.safe_load_all(render(path.read_text(encoding="utf-8"), values)) if d]
+        docs += [d for d in yaml.safe_load_all(render(path.read_text(encoding="utf-8"), values, chart=CHART)) if d]
     return docs
 
 
