@@ -2,7 +2,8 @@
 
 Every panel's PromQL is parsed (promql-parser, the Rust parser's Python binding) and each
 metric it selects must appear in a live scrape of a frontend and a mock engine that served
-a request, so the dashboard cannot rot silently when a metric is renamed.
+a request, or in the endpoint picker's registry, so the dashboard cannot rot silently when a
+metric is renamed.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any
 import promql_parser
 import pytest
 from openai import OpenAI
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from infera.picker.metrics import PickerMetrics
 from tests.fleet import scrape, start_frontend, start_mock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,6 +79,12 @@ def exported_names(exposition: str) -> set[str]:
     return names
 
 
+def picker_names() -> set[str]:
+    """The endpoint picker's metrics, from its own registry (the gateway tests run it behind Envoy)."""
+    metrics = PickerMetrics(in_flight=lambda: 0.0, workers=lambda: 0.0)
+    return exported_names(generate_latest(metrics.registry).decode())
+
+
 def load_dashboard() -> dict[str, Any]:
     data: dict[str, Any] = json.loads(DASHBOARD.read_text())
     return data
@@ -113,7 +122,7 @@ def test_every_panel_names_exported_metrics(tmp_path: Path, qwen_tokenizer_dir: 
             for _ in client.chat.completions.create(model=MODEL, max_tokens=4, stream=True,
                                                     messages=[{"role": "user", "content": "hello"}]):
                 pass
-            exported = exported_names(scrape(frontend.url)) | exported_names(scrape(mock.url))
+            exported = exported_names(scrape(frontend.url)) | exported_names(scrape(mock.url)) | picker_names()
         finally:
             frontend.stop()
     finally:
