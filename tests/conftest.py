@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-GOLDEN = REPO / ".." / "shared" / "data" / "vllm-kv-events"
+GOLDEN = REPO / "tests" / "data" / "vllm-kv-events"  # the one place every test finds the golden trace
 QWEN_CACHE = REPO / ".cache" / "qwen-tokenizer"
 
 TINY_CHATML = (
@@ -38,11 +38,10 @@ TINY_CORPUS = [
 
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
-    """The golden vLLM 0.32 KV-event trace (``<repo>/../shared/data/vllm-kv-events``)."""
-    path = GOLDEN.resolve()
-    if not (path / "frames.jsonl").is_file():
-        pytest.fail(f"golden trace not found at {path}; shared/ must sit beside the repo")
-    return path
+    """The golden vLLM 0.32 KV-event trace, kept in the repo (``tests/data/vllm-kv-events``)."""
+    if not (GOLDEN / "frames.jsonl").is_file():
+        pytest.fail(f"golden trace not found at {GOLDEN}: tests/data/vllm-kv-events is missing or incomplete")
+    return GOLDEN
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[3]
-GOLDEN = Path(os.environ.get("INFERA_GOLDEN_DIR", REPO.parent / "shared" / "data" / "vllm-kv-events"))
 
 
 def free_port() -> int:
