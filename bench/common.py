@@ -166,7 +166,8 @@ def mock_engine(name: str, tokenizer: Path, model: str, log_dir: Path, speedup: 
     port = free_port()
     argv = [PYTHON, "-m", "infera.engine.mock", "--host", "127.0.0.1", "--port", str(port),
             "--model-path", str(tokenizer), "--served-model-name", model, "--speedup-ratio", str(speedup),
-            "--instance-id", name, "--log-level", "warning", *extra]
+            "--instance-id", name, "--log-level", "warning",
+            "--discovery-backend", "static", "--request-transport", "http", "--kv-event-transport", "zmq", *extra]
     return Proc(name, argv, port, log_dir / f"{name}.log")
 
 

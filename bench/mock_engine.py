@@ -95,7 +95,8 @@ def main() -> None:
     port = free_port()
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     proc = subprocess.Popen([sys.executable, "-m", "infera.engine.mock", "--port", str(port),
-                             "--speedup-ratio", str(args.speedup_ratio)], cwd=REPO, env=env)
+                             "--speedup-ratio", str(args.speedup_ratio), "--discovery-backend", "static",
+                             "--request-transport", "http", "--kv-event-transport", "zmq"], cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"
     rows = []
     try:

@@ -85,7 +85,9 @@ def start_mock(tmp: Path, *, model_path: str | Path = "", model: str = "mock-mod
                port: int | None = None) -> Proc:
     port = port or free_port()
     argv = [sys.executable, "-m", "infera.engine.mock", "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", model, *(["--model-path", str(model_path)] if model_path else []), *args]
+            "--served-model-name", model,
+            "--discovery-backend", "static", "--request-transport", "http", "--kv-event-transport", "zmq",
+            *(["--model-path", str(model_path)] if model_path else []), *args]
     proc = Proc(argv, f"http://127.0.0.1:{port}", tmp / f"mock-{port}.log")
     proc.wait_until(lambda: http_ok(proc.url + "/health"))
     return proc

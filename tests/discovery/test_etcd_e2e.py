@@ -58,7 +58,8 @@ def test_frontends_route_to_workers_registered_in_etcd(etcd: EtcdServer, tmp_pat
         port = free_port()
         argv = [sys.executable, "-m", "infera.engine.vllm", "--model-path", "fake-model", "--port", str(port),
                 "--engine-command", FAKE, "--instance-id", name,
-                "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--drain-seconds", "3"]
+                "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--drain-seconds", "3",
+                "--request-transport", "http", "--kv-event-transport", "zmq"]
         workers.append(Proc(argv, f"http://127.0.0.1:{port}", tmp_path / f"{name}.log"))
         procs.append(workers[-1])
     for f in frontends:

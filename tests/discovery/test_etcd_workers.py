@@ -23,7 +23,8 @@ from tests.fleet import Proc, free_port, http_ok
 def start_registered_mock(tmp: Path, etcd: EtcdServer, *args: str) -> Proc:
     port = free_port()
     argv = [sys.executable, "-m", "infera.engine.mock", "--host", "127.0.0.1", "--port", str(port),
-            "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--log-level", "info", *args]
+            "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--log-level", "info",
+            "--request-transport", "http", "--kv-event-transport", "zmq", *args]
     proc = Proc(argv, f"http://127.0.0.1:{port}", tmp / f"mock-{port}.log")
     proc.wait_until(lambda: http_ok(proc.url + "/health"))
     return proc

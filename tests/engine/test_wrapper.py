@@ -118,7 +118,8 @@ def start_wrapper(tmp: Path, engine: str, etcd_endpoint: str, *args: str, env: d
     prefix = "env " + " ".join(f"{k}={v}" for k, v in (env or {}).items()) + " " if env else ""
     argv = [sys.executable, "-m", f"infera.engine.{engine}", "--model-path", "fake-model", "--port", str(port),
             "--engine-command", f"{prefix}{FAKE} {engine}", "--discovery-backend", "etcd",
-            "--etcd-endpoint", etcd_endpoint, "--lease-ttl", "3", *args]
+            "--etcd-endpoint", etcd_endpoint, "--lease-ttl", "3",
+            "--request-transport", "http", "--kv-event-transport", "zmq", *args]
     return Proc(argv, f"http://127.0.0.1:{port}", tmp / f"{engine}-{port}.log")
 
 
@@ -182,7 +183,8 @@ async def test_wrapper_attaches_to_a_running_engine(etcd: EtcdServer, tmp_path: 
     await fleet.start()
     try:
         argv = [sys.executable, "-m", "infera.engine.vllm", "--engine-url", engine.url, "--instance-id", "att",
-                "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint]
+                "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint,
+                "--request-transport", "http", "--kv-event-transport", "zmq"]
         wrapper = Proc(argv, engine.url, tmp_path / "attach.log")
         procs.append(wrapper)
         await eventually(lambda: "att" in fleet.workers(), limit=20.0, what="attached engine registered")

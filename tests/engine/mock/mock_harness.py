@@ -33,7 +33,8 @@ class MockProcess:
             del env[key]
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "infera.engine.mock", "--host", "127.0.0.1", "--port", str(self.port), *args],
+            [sys.executable, "-m", "infera.engine.mock", "--host", "127.0.0.1", "--port", str(self.port),
+             "--discovery-backend", "static", "--request-transport", "http", "--kv-event-transport", "zmq", *args],
             cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
         self.url = f"http://127.0.0.1:{self.port}"
