@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import pytest
 
+from harness import EtcdServer
 from infera.discovery.base import FleetChange
 from infera.discovery.etcd import EtcdFleet
 from infera.discovery.etcd_client import WORKERS_PREFIX, EtcdClient
 from infera.discovery.etcd_registrar import EtcdRegistrar
 from infera.protocols.worker import KvEventEndpoint, WorkerRecord
-from tests.discovery.etcd_server import EtcdServer
 
 
 def record(worker_id: str, port: int = 30001, **extra: object) -> WorkerRecord:

@@ -14,25 +14,24 @@ from typing import Any
 
 import pytest
 
+from harness import EtcdServer, Process, free_port, http_ok, spawn
 from infera.discovery.etcd import EtcdFleet
-from tests.discovery.etcd_server import EtcdServer
 from tests.discovery.test_etcd import eventually
-from tests.fleet import Proc, free_port, http_ok
 
 
-def start_registered_mock(tmp: Path, etcd: EtcdServer, *args: str) -> Proc:
+def start_registered_mock(tmp: Path, etcd: EtcdServer, *args: str) -> Process:
     port = free_port()
     argv = [sys.executable, "-m", "infera.engine.mock", "--host", "127.0.0.1", "--port", str(port),
             "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--log-level", "info",
             "--request-transport", "http", "--kv-event-transport", "zmq", *args]
-    proc = Proc(argv, f"http://127.0.0.1:{port}", tmp / f"mock-{port}.log")
+    proc = spawn(argv, f"http://127.0.0.1:{port}", tmp / f"mock-{port}.log")
     proc.wait_until(lambda: http_ok(proc.url + "/health"))
     return proc
 
 
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
+def procs() -> Iterator[list[Process]]:
+    started: list[Process] = []
     yield started
     for p in started:
         p.stop()
@@ -46,7 +45,7 @@ def completion(url: str, max_tokens: int) -> dict[str, Any]:
         return dict(json.load(resp))
 
 
-async def test_sigkilled_worker_leaves_within_its_ttl(etcd: EtcdServer, tmp_path: Path, procs: list[Proc]) -> None:
+async def test_sigkilled_worker_leaves_within_its_ttl(etcd: EtcdServer, tmp_path: Path, procs: list[Process]) -> None:
     fleet = EtcdFleet(etcd.endpoint)
     await fleet.start()
     try:
@@ -63,7 +62,7 @@ async def test_sigkilled_worker_leaves_within_its_ttl(etcd: EtcdServer, tmp_path
         await fleet.stop()
 
 
-async def test_sigterm_deregisters_first_then_drains(etcd: EtcdServer, tmp_path: Path, procs: list[Proc]) -> None:
+async def test_sigterm_deregisters_first_then_drains(etcd: EtcdServer, tmp_path: Path, procs: list[Process]) -> None:
     fleet = EtcdFleet(etcd.endpoint)
     await fleet.start()
     try:

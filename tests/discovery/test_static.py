@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness import Process, start_frontend, start_mock
 from infera.discovery.static import WorkersFileError, parse_workers_file
-from tests.fleet import Proc, start_frontend, start_mock
 
 
-def ids(frontend: Proc) -> set[str]:
+def ids(frontend: Process) -> set[str]:
     return {w["instance_id"] for w in httpx.get(frontend.url + "/v1/workers").json()["data"]}
 
 

@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.fleet import free_port, metric, scrape, start_frontend
+from harness import free_port, metric, scrape, start_frontend
 from tests.server.conftest import MODEL, Fleet, make_fleet
 from tests.server.test_anthropic_api import assert_same_message
 from tests.server.test_failures import in_flight_total, wait_for

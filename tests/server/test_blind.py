@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fleet import free_port, metric, scrape, start_frontend, start_mock
+from harness import free_port, metric, scrape, start_frontend, start_mock
 from tests.server.conftest import MODEL
 from tests.server.test_routing import ask, system_prompt
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fleet import free_port, metric, scrape, start_frontend
+from harness import free_port, metric, scrape, start_frontend
 from tests.server.conftest import MODEL, make_fleet
 from tests.server.test_routing import ask, system_prompt
 

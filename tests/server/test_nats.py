@@ -15,8 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fleet import Proc, get_json, metric, scrape, start_frontend, start_mock
-from tests.transport.nats_server import NatsServer
+from harness import NatsServer, Process, get_json, metric, scrape, start_frontend, start_mock
 
 MODEL = "mock-model"
 FAST = ("--speedup-ratio", "50")
@@ -28,11 +27,11 @@ def nats_args(server: NatsServer) -> tuple[str, ...]:
     return ("--request-transport", "nats", "--kv-event-transport", "nats", "--nats-server", server.url)
 
 
-def client(frontend: Proc) -> openai.OpenAI:
+def client(frontend: Process) -> openai.OpenAI:
     return openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0, timeout=30)
 
 
-def running(worker: Proc) -> float:
+def running(worker: Process) -> float:
     return metric(scrape(worker.url), "vllm:num_requests_running")
 
 
@@ -59,7 +58,7 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def slow_workers(tmp: Path, broker: NatsServer) -> Iterator[list[Proc]]:
+def slow_workers(tmp: Path, broker: NatsServer) -> Iterator[list[Process]]:
     workers = [start_mock(tmp, model=MODEL, args=(*SLOW, *nats_args(broker))) for _ in range(2)]
     yield workers
     for w in workers:
@@ -67,11 +66,11 @@ def slow_workers(tmp: Path, broker: NatsServer) -> Iterator[list[Proc]]:
 
 
 @pytest.fixture
-def frontends(tmp: Path) -> Iterator[Callable[..., Proc]]:
-    started: list[Proc] = []
+def frontends(tmp: Path) -> Iterator[Callable[..., Process]]:
+    started: list[Process] = []
 
-    def start(workers: list[Proc | str], *args: str, expect: int | None = None, policy: str = "round-robin",
-              tokenizer: Path | str = "") -> Proc:
+    def start(workers: list[Process | str], *args: str, expect: int | None = None, policy: str = "round-robin",
+              tokenizer: Path | str = "") -> Process:
         fe = start_frontend(tmp, workers, policy=policy, tokenizer=tokenizer, args=args, expect_workers=expect)
         started.append(fe)
         return fe
@@ -82,7 +81,7 @@ def frontends(tmp: Path) -> Iterator[Callable[..., Proc]]:
 
 
 def test_streaming_and_not_over_nats_through_the_openai_sdk(tmp: Path, broker: NatsServer,
-                                                            frontends: Callable[..., Proc]) -> None:
+                                                            frontends: Callable[..., Process]) -> None:
     worker = start_mock(tmp, model=MODEL, args=(*FAST, *nats_args(broker)))
     try:
         assert get_json(worker.url + "/infera/worker")["nats_subject"].startswith("infera.req.")
@@ -103,7 +102,7 @@ def test_streaming_and_not_over_nats_through_the_openai_sdk(tmp: Path, broker: N
         worker.stop()
 
 
-def test_429_at_max_pending(slow_workers: list[Proc], broker: NatsServer, frontends: Callable[..., Proc]) -> None:
+def test_429_at_max_pending(slow_workers: list[Process], broker: NatsServer, frontends: Callable[..., Process]) -> None:
     fe = frontends(slow_workers, *nats_args(broker), "--nats-req-max-pending", "1")
     c = client(fe)
     results: list[object] = []
@@ -128,8 +127,8 @@ def test_429_at_max_pending(slow_workers: list[Proc], broker: NatsServer, fronte
 
 
 @pytest.mark.parametrize("flag", ["--nats-req-idle-timeout", "--nats-req-max-duration"])
-def test_504_on_timeout_then_the_engine_is_told_to_cancel(flag: str, slow_workers: list[Proc], broker: NatsServer,
-                                                          frontends: Callable[..., Proc]) -> None:
+def test_504_on_timeout_then_the_engine_is_told_to_cancel(flag: str, slow_workers: list[Process], broker: NatsServer,
+                                                          frontends: Callable[..., Process]) -> None:
     worker = slow_workers[0]
     fe = frontends([worker], *nats_args(broker), flag, "0.8", "--request-max-retries", "0")
     c = client(fe)
@@ -141,8 +140,8 @@ def test_504_on_timeout_then_the_engine_is_told_to_cancel(flag: str, slow_worker
     wait_for(lambda: running(worker) == 0, 2.0, "cancelled in the engine")
 
 
-def test_idle_timeout_mid_stream_ends_the_stream_and_cancels(slow_workers: list[Proc], broker: NatsServer,
-                                                            frontends: Callable[..., Proc]) -> None:
+def test_idle_timeout_mid_stream_ends_the_stream_and_cancels(slow_workers: list[Process], broker: NatsServer,
+                                                            frontends: Callable[..., Process]) -> None:
     worker = slow_workers[0]
     fe = frontends([worker], *nats_args(broker), "--nats-req-max-duration", "1.5", "--request-max-retries", "0")
     start = time.monotonic()
@@ -155,8 +154,8 @@ def test_idle_timeout_mid_stream_ends_the_stream_and_cancels(slow_workers: list[
     wait_for(lambda: running(worker) == 0, 2.0, "cancelled in the engine")
 
 
-def test_client_disconnect_cancels_in_the_engine(slow_workers: list[Proc], broker: NatsServer,
-                                                 frontends: Callable[..., Proc]) -> None:
+def test_client_disconnect_cancels_in_the_engine(slow_workers: list[Process], broker: NatsServer,
+                                                 frontends: Callable[..., Process]) -> None:
     worker = slow_workers[1]
     fe = frontends([worker], *nats_args(broker))
     with httpx.stream("POST", fe.url + "/v1/chat/completions", timeout=30,
@@ -169,7 +168,7 @@ def test_client_disconnect_cancels_in_the_engine(slow_workers: list[Proc], broke
 
 
 def test_failover_when_nobody_listens_on_the_subject(tmp: Path, broker: NatsServer,
-                                                     frontends: Callable[..., Proc]) -> None:
+                                                     frontends: Callable[..., Process]) -> None:
     # The ghost's bridge listens on another broker: on ours nobody answers its subject.
     elsewhere = NatsServer(tmp / "nats-elsewhere.log")
     elsewhere.start()
@@ -190,8 +189,8 @@ def test_failover_when_nobody_listens_on_the_subject(tmp: Path, broker: NatsServ
         elsewhere.stop()
 
 
-def test_mixed_fleet_fails_loudly(tmp: Path, broker: NatsServer, slow_workers: list[Proc],
-                                  frontends: Callable[..., Proc]) -> None:
+def test_mixed_fleet_fails_loudly(tmp: Path, broker: NatsServer, slow_workers: list[Process],
+                                  frontends: Callable[..., Process]) -> None:
     http_worker = start_mock(tmp, model=MODEL, args=FAST)
     try:
         fe = frontends([slow_workers[0], http_worker], *nats_args(broker), expect=1)
@@ -207,7 +206,7 @@ def test_mixed_fleet_fails_loudly(tmp: Path, broker: NatsServer, slow_workers: l
         http_worker.stop()
 
 
-def test_broker_restart_mid_load_hangs_nothing(tmp_path: Path, frontends: Callable[..., Proc]) -> None:
+def test_broker_restart_mid_load_hangs_nothing(tmp_path: Path, frontends: Callable[..., Process]) -> None:
     broker = NatsServer(tmp_path / "nats-restart.log")
     broker.start()
     workers = [start_mock(tmp_path, model=MODEL, args=(*SLOW, *nats_args(broker))) for _ in range(2)]

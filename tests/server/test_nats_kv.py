@@ -8,15 +8,14 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.fleet import Proc, metric, scrape, start_frontend, start_mock
+from harness import NatsServer, Process, metric, scrape, start_frontend, start_mock
 from tests.server.conftest import MOCK_ARGS, MODEL
-from tests.transport.nats_server import NatsServer
 
 FAMILIES = [f"You are assistant number {i}. " + " ".join(f"rule {i}.{j}: be precise about topic {j}." for j in
                                                          range(40)) for i in range(4)]
 
 
-def routing_pattern(frontend: Proc) -> list[bool]:
+def routing_pattern(frontend: Process) -> list[bool]:
     """For each prompt family: does a follow-up sharing its long prefix go where the first request went?"""
     c = openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0)
     firsts: list[str] = []

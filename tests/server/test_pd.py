@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fleet import Proc, metric, scrape, start_frontend, start_mock
+from harness import Process, metric, scrape, start_frontend, start_mock
 from tests.server.conftest import MODEL
 from tests.server.test_failures import in_flight_total, wait_for
 from tests.server.test_routing import system_prompt
@@ -23,10 +23,10 @@ PD_ARGS = ("--block-size", "16", "--num-kv-blocks", "2048", "--speedup-ratio", "
 
 @dataclass
 class PdFleet:
-    prefill: list[Proc]
-    decode: list[Proc]
-    mixed: list[Proc]
-    frontend: Proc
+    prefill: list[Process]
+    decode: list[Process]
+    mixed: list[Process]
+    frontend: Process
     tmp: Path
 
     @property
@@ -36,7 +36,7 @@ class PdFleet:
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=60)
 
-    def ids(self, procs: list[Proc]) -> list[str]:
+    def ids(self, procs: list[Process]) -> list[str]:
         return [str(httpx.get(p.url + "/infera/worker").json()["instance_id"]) for p in procs]
 
     def stop(self) -> None:
@@ -47,9 +47,9 @@ class PdFleet:
 
 def make_pd_fleet(tmp: Path, tokenizer: Path, connector: str, *, prefill: int = 2, decode: int = 2, mixed: int = 0,
                   frontend_args: tuple[str, ...] = (), engine: str = "mock") -> PdFleet:
-    procs: list[Proc] = []
+    procs: list[Process] = []
     try:
-        def start(role: str) -> Proc:
+        def start(role: str) -> Process:
             args = (*PD_ARGS, "--role", role, "--connector", connector, "--engine-name", engine)
             proc = start_mock(tmp, model_path=tokenizer, model=MODEL, args=args if role != "mixed" else PD_ARGS)
             procs.append(proc)

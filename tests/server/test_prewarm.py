@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fleet import get_json
+from harness import get_json
 from tests.server.conftest import MOCK_ARGS, MODEL, Fleet, make_fleet
 from tests.server.test_routing import ask, system_prompt
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fleet import start_frontend
+from harness import start_frontend
 from tests.server.conftest import MODEL, Fleet, make_fleet
 
 pytestmark = pytest.mark.slow  # spawns fleets of real processes
