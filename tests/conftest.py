@@ -1,4 +1,5 @@
-"""Shared fixtures: the golden vLLM trace, a real Qwen tokenizer, a tiny trained tokenizer."""
+"""Shared fixtures: the golden vLLM trace, a real Qwen tokenizer, a tiny trained tokenizer.
+The tiers (fast, e2e) are the plugin tests/tiers.py."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ["tests.tiers"]  # the fast and e2e tiers
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "data" / "vllm-kv-events"  # the one place every test finds the golden trace

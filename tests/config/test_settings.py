@@ -63,6 +63,7 @@ def test_bad_settings_exit_with_a_clear_message(argv: list[str], env: dict[str, 
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.e2e  # runs the CLIs
 def test_help_shows_defaults_and_env_names() -> None:
     out = subprocess.run([sys.executable, "-m", "infera.server", "--help"], capture_output=True, text=True,
                          check=True).stdout
@@ -73,6 +74,7 @@ def test_help_shows_defaults_and_env_names() -> None:
     assert "--speedup-ratio" in out and "INFERA_SPEEDUP_RATIO" in out
 
 
+@pytest.mark.e2e  # runs the server
 def test_nats_without_a_broker_address_fails_fast_naming_the_alternative() -> None:
     proc = subprocess.run([sys.executable, "-m", "infera.server", "--router-policy", "round-robin", *STATIC],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "NATS_SERVER": "",
