@@ -12,12 +12,21 @@ so that ``tests/`` and ``bench/`` both import it and ``bench/`` never imports ``
 
 from harness.brokers import EtcdServer, NatsServer
 from harness.http import get_json, http_get, http_ok, metric, scrape
-from harness.infera import ONE_BOX, frontend_argv, mock_argv, start_frontend, start_mock
+from harness.infera import (
+    ONE_BOX,
+    frontend_argv,
+    in_flight,
+    index_caught_up,
+    mock_argv,
+    start_frontend,
+    start_mock,
+    wait_indexed,
+)
 from harness.process import REPO, Process, free_port, spawn
-from harness.wait import await_until, wait_until
+from harness.wait import Abort, await_until, wait_until
 
 __all__ = [
-    "ONE_BOX", "REPO", "EtcdServer", "NatsServer", "Process", "await_until", "free_port", "frontend_argv",
-    "get_json", "http_get", "http_ok", "metric", "mock_argv", "scrape", "spawn", "start_frontend", "start_mock",
-    "wait_until",
+    "ONE_BOX", "REPO", "Abort", "EtcdServer", "NatsServer", "Process", "await_until", "free_port", "frontend_argv",
+    "get_json", "http_get", "http_ok", "in_flight", "index_caught_up", "metric", "mock_argv", "scrape", "spawn",
+    "start_frontend", "start_mock", "wait_indexed", "wait_until",
 ]

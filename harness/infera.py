@@ -7,8 +7,9 @@ import urllib.error
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.http import get_json, http_ok
+from harness.http import get_json, http_ok, scrape
 from harness.process import Process, free_port, spawn
+from harness.wait import wait_until
 
 # The one-box plane, passed explicitly: every process defaults to kubernetes/nats/nats.
 ONE_BOX = ("--request-transport", "http", "--kv-event-transport", "zmq")
@@ -62,3 +63,26 @@ def start_frontend(tmp: Path, workers: Sequence[Process | str], *, tokenizer: st
 
     proc.wait_until(serving, what="serving its fleet")
     return proc
+
+
+def in_flight(frontend_url: str) -> float:
+    """Requests the frontend holds on any worker (``infera_worker_in_flight`` summed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(scrape(frontend_url))
+               if f.name == "infera_worker_in_flight" for s in f.samples)
+
+
+def index_caught_up(frontend_url: str, worker_urls: Sequence[str] = ()) -> bool:
+    """True when the router indexes as many KV blocks per worker as the engine (a mock) caches,
+    i.e. every KV event the engines published so far has reached it. No ``worker_urls``: all."""
+    indexed = {w["http_url"]: int(w["kv_blocks_indexed"]) for w in get_json(frontend_url + "/v1/workers")["data"]}
+    return all(indexed.get(url) == len(get_json(url + "/infera/kv_cache")["cached"])
+               for url in (worker_urls or indexed))
+
+
+def wait_indexed(frontend: Process, workers: Sequence[Process] = (), timeout: float = 10.0) -> float:
+    """Wait until the frontend's index holds what the engines cache (see :func:`index_caught_up`)."""
+    urls = [w.url for w in workers]
+    return wait_until(lambda: index_caught_up(frontend.url, urls), timeout,
+                      "the router's KV index caught up with the engines' caches", detail=frontend.output)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harness import EtcdServer, Process, free_port, http_ok, spawn
+from harness import EtcdServer, Process, free_port, http_ok, metric, scrape, spawn
 from infera.discovery.etcd import EtcdFleet
 from tests.discovery.test_etcd import eventually
 
@@ -72,7 +72,7 @@ async def test_sigterm_deregisters_first_then_drains(etcd: EtcdServer, tmp_path:
         removed_at: list[float] = []
         fleet.subscribe(lambda c: removed_at.append(time.monotonic()) if c.kind == "remove" else None)
         request = asyncio.ensure_future(asyncio.to_thread(completion, worker.url, 400))  # ~2-3 s of decode
-        await asyncio.sleep(0.5)
+        await eventually(lambda: metric(scrape(worker.url), "vllm:num_requests_running") == 1, what="decoding")
         assert not request.done()
         sent = time.monotonic()
         worker.popen.send_signal(signal.SIGTERM)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from harness import Process, free_port, get_json, spawn, start_mock
+from harness import Process, free_port, get_json, spawn, start_mock, wait_until
 from infera.protocols.worker import WorkerRecord
 from tests.k8s.emulator import Emulator
 from tests.k8s.pods import SELECTOR, pod
@@ -48,11 +47,7 @@ def workers(proc: Process) -> int:
 
 
 def wait(cond: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out: {what}")
-        time.sleep(0.1)
+    wait_until(cond, timeout, what)
 
 
 @pytest.fixture(scope="module")

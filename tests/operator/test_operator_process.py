@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,11 +20,7 @@ FLEET = {"apiVersion": "infera.ai/v1alpha1", "kind": "InferaFleet",
 
 
 def wait(cond: Callable[[], object], what: str, proc: Process, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline or not proc.alive():
-            raise AssertionError(f"timed out: {what}\n{proc.output()}")
-        time.sleep(0.1)
+    proc.wait_until(cond, timeout, what)
 
 
 @pytest.fixture

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import openai
 import pytest
 
-from harness import NatsServer, Process, metric, scrape, start_frontend, start_mock
+from harness import NatsServer, Process, index_caught_up, metric, scrape, start_frontend, start_mock, wait_until
 from tests.server.conftest import MOCK_ARGS, MODEL
 
 FAMILIES = [f"You are assistant number {i}. " + " ".join(f"rule {i}.{j}: be precise about topic {j}." for j in
@@ -24,7 +23,7 @@ def routing_pattern(frontend: Process) -> list[bool]:
             model=MODEL, max_tokens=2, messages=[{"role": "system", "content": system},
                                                  {"role": "user", "content": "first"}])
         firsts.append(raw.headers["x-infera-worker"])
-    time.sleep(0.5)  # let the KV events arrive
+    wait_until(lambda: index_caught_up(frontend.url), 10, "the KV events arrived", detail=frontend.output)
     same = []
     for system, first in zip(FAMILIES, firsts, strict=True):
         raw = c.chat.completions.with_raw_response.create(

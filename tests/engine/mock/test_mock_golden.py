@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import httpx
 import zmq
 from mock_harness import MockProcess, read_jsonl
 
+from harness.zmq_sub import subscribe
 from infera.protocols.kv_events import REPLAY_END_SEQ, decode_batch, seq_to_bytes
 
 TS_END = 10  # payload = fixarray(3) marker + float64 ts (0xcb + 8 bytes)
@@ -41,11 +41,8 @@ def test_golden_event_stream_and_replay(start_mock: Callable[..., MockProcess], 
     mock = _start_golden(start_mock, golden_dir)
     kv = mock.record["kv_events"]
     ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(kv["endpoint"])
+    sub = subscribe(ctx, kv["endpoint"])
     try:
-        time.sleep(0.5)  # let the subscription reach the PUB socket before the first event
         with httpx.Client(base_url=mock.url, timeout=30) as client:
             for step in read_jsonl(golden_dir / "requests.jsonl"):
                 req = step["request"]
