@@ -39,16 +39,21 @@ class _Broker(Process):
 
 
 class EtcdServer(_Broker):
+    """etcd on free ports; set ``data_dir`` before a (re)start to bring up a fresh, empty store."""
+
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.client_port, self.peer_port = free_port(), free_port()
         self.endpoint = f"127.0.0.1:{self.client_port}"
-        client, peer = f"http://{self.endpoint}", f"http://127.0.0.1:{self.peer_port}"
-        argv = [ETCD, "--name", "infera-test", "--data-dir", str(data_dir),
-                "--listen-client-urls", client, "--advertise-client-urls", client,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"infera-test={peer}", "--log-level", "warn", "--logger", "zap"]
-        super().__init__(argv, data_dir.with_suffix(".log"), url=client, name="etcd")
+        super().__init__([ETCD], data_dir.with_suffix(".log"), url=f"http://{self.endpoint}", name="etcd")
+
+    def start(self) -> Self:
+        client, peer = self.url, f"http://127.0.0.1:{self.peer_port}"
+        self.argv = [ETCD, "--name", "infera-test", "--data-dir", str(self.data_dir),
+                     "--listen-client-urls", client, "--advertise-client-urls", client,
+                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                     "--initial-cluster", f"infera-test={peer}", "--log-level", "warn", "--logger", "zap"]
+        return super().start()
 
     def ready(self) -> bool:
         status, body = http_get(self.url + "/health", 1.0)
