@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmarks: processes, CPU accounting, prompts, a load generator.
+"""Shared helpers for the benchmarks: processes (on the harness), prompts, a load generator.
 
 Everything here is bounded (request counts and deadlines) and binds to 127.0.0.1 only.
 Processes started here are stopped by their own PID, never by name.
@@ -14,21 +14,18 @@ import json
 import os
 import platform
 import random
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from harness import Process, free_port, frontend_argv, http_get, mock_argv
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 RESULTS = REPO / "bench" / "results"
 PLOTS = REPO / "bench" / "plots"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 TOKENIZER_CANDIDATES = (REPO / ".cache" / "qwen-tokenizer",)  # needs a chat template
 
 
@@ -69,115 +66,44 @@ def write_results(name: str, data: dict[str, Any]) -> Path:
 
 
 # ---------------------------------------------------------------------------------------
-# Processes
+# Processes: the harness's (harness/, shared with the tests), named and started explicitly
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class Proc(Process):
+    """One server subprocess on 127.0.0.1:``port``, not started until :meth:`start`."""
 
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads, live and exited), from /proc/<pid>/stat."""
-    raw = Path(f"/proc/{pid}/stat").read_text()
-    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "; fields[0] is the state
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14 and 15 of stat)
-
-
-def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except (OSError, ValueError):
-        return 0, b""
-
-
-@dataclasses.dataclass
-class Proc:
-    """One server subprocess, its log and its PID."""
-
-    name: str
-    argv: list[str]
-    port: int
-    log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.popen is not None
-        return self.popen.pid
-
-    def start(self) -> Proc:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      cwd=REPO, start_new_session=True)
-        log.close()
-        return self
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
+    def __init__(self, name: str, argv: list[str], port: int, log_path: Path) -> None:
+        super().__init__(argv, log_path, url=f"http://127.0.0.1:{port}", name=name)
+        self.port = port
 
     def wait_ready(self, path: str, timeout: float, check: Any = None) -> None:
         """Poll ``path`` until it answers 200 (and ``check(body)`` is true), bounded by ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited early; log {self.log_path}:\n{self.tail()}")
+
+        def ready() -> bool:
             status, body = http_get(self.url + path)
-            if status == 200 and (check is None or check(body)):
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s; log {self.log_path}:\n{self.tail()}")
+            return status == 200 and (check is None or bool(check(body)))
 
-    def cpu(self) -> float:
-        return cpu_seconds(self.pid)
-
-    def tail(self, n: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        return ""
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM this PID, then SIGKILL it after ``timeout``."""
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(5)
+        self.wait_until(ready, timeout, f"ready at {path}")
 
 
-def stop_all(procs: Sequence[Proc]) -> None:
+def stop_all(procs: Sequence[Process]) -> None:
     for p in procs:
         with contextlib.suppress(Exception):
-            p.stop()
+            p.stop(5.0)
 
 
 def mock_engine(name: str, tokenizer: Path, model: str, log_dir: Path, speedup: float = 100000.0,
                 extra: Sequence[str] = ()) -> Proc:
     port = free_port()
-    argv = [PYTHON, "-m", "infera.engine.mock", "--host", "127.0.0.1", "--port", str(port),
-            "--model-path", str(tokenizer), "--served-model-name", model, "--speedup-ratio", str(speedup),
-            "--instance-id", name, "--log-level", "warning", *extra]
+    argv = mock_argv(port, model_path=tokenizer, model=model, python=PYTHON,
+                     args=("--speedup-ratio", str(speedup), "--instance-id", name, "--log-level", "warning", *extra))
     return Proc(name, argv, port, log_dir / f"{name}.log")
 
 
 def frontend(name: str, tokenizer: Path, policy: str, workers: Sequence[Proc], log_dir: Path) -> Proc:
     port = free_port()
-    argv = [PYTHON, "-m", "infera.server", "--host", "127.0.0.1", "--port", str(port),
-            "--router-policy", policy, "--router-tokenizer-path", str(tokenizer),
-            "--discovery-backend", "static", "--request-transport", "http", "--kv-event-transport", "zmq",
-            "--log-level", "warning"]
-    for w in workers:
-        argv += ["--worker-url", w.url]
+    argv = frontend_argv(port, [w.url for w in workers], tokenizer=tokenizer, policy=policy, python=PYTHON,
+                         args=("--log-level", "warning"))
     return Proc(name, argv, port, log_dir / f"{name}.log")
 
 

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -213,15 +212,11 @@ def main() -> None:
 def _wait_port(proc: Proc, timeout: float = 30.0) -> None:
     import socket
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
+    def listening() -> bool:
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", proc.port)) == 0:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{proc.name} did not listen within {timeout:.0f}s:\n{proc.tail()}")
+            return s.connect_ex(("127.0.0.1", proc.port)) == 0
+
+    proc.wait_until(listening, timeout, "listening")
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,40 +14,16 @@ import argparse
 import asyncio
 import os
 import platform
-import socket
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parents[1]
-TICK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14 and 15 of stat)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def wait_healthy(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            try:
-                async with session.get(url + "/health") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise RuntimeError("mock did not start")
+from harness import free_port, http_ok, mock_argv, spawn
 
 
 async def drive(url: str, n: int, concurrency: int, stream: bool, chat: bool, prompt_chars: int,
@@ -93,25 +69,23 @@ def main() -> None:
     args = ap.parse_args()
 
     port = free_port()
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.Popen([sys.executable, "-m", "infera.engine.mock", "--port", str(port),
-                             "--speedup-ratio", str(args.speedup_ratio)], cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"
+    log = Path(tempfile.mkdtemp(prefix="bench-mock-")) / "mock.log"
+    proc = spawn(mock_argv(port, args=("--speedup-ratio", str(args.speedup_ratio))), url, log)
     rows = []
     try:
-        asyncio.run(wait_healthy(url))
+        proc.wait_until(lambda: http_ok(url + "/health"), 30, "healthy")
         asyncio.run(drive(url, 200, 16, False, False, args.prompt_chars, args.max_tokens))  # warm-up
         for chat in (False, True):
             for stream in (False, True):
-                cpu0 = cpu_seconds(proc.pid)
+                cpu0 = proc.cpu()
                 wall = asyncio.run(drive(url, args.requests, args.concurrency, stream, chat, args.prompt_chars,
                                          args.max_tokens))
-                cpu = cpu_seconds(proc.pid) - cpu0
+                cpu = proc.cpu() - cpu0
                 rows.append(("chat" if chat else "completions", "yes" if stream else "no",
                              args.requests / wall, cpu / args.requests * 1e6, cpu / wall * 100))
     finally:
-        proc.terminate()
-        proc.wait(10)
+        proc.stop()
 
     cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                       if line.startswith("model name")), platform.processor())

@@ -42,7 +42,7 @@ from bench.common import (
     stop_all,
     write_results,
 )
-from tests.transport.nats_server import NatsServer
+from harness import NatsServer
 
 MODEL = "bench-model"
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -101,19 +100,10 @@ def router(peer: Peer, policy: str, workers: Sequence[str], log_dir: Path, token
 
 def wait_ready(proc: Proc, n_workers: int, timeout: float = 90.0) -> None:
     """Until the router lists ``n_workers`` healthy workers at ``/workers`` (bounded by ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    seen = ""
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited early; log {proc.log_path}:\n{proc.tail()}")
+
+    def ready() -> bool:
         status, body = http_get(proc.url + "/workers")
-        if status == 200:
-            try:
-                workers = json.loads(body).get("workers", [])
-            except (ValueError, AttributeError):
-                workers = []
-            seen = f"{sum(1 for w in workers if w.get('is_healthy'))}/{len(workers)} healthy"
-            if len(workers) == n_workers and all(w.get("is_healthy") for w in workers):
-                return
-        time.sleep(0.25)
-    raise RuntimeError(f"{proc.name} not ready after {timeout:.0f}s ({seen}); log {proc.log_path}:\n{proc.tail()}")
+        workers = json.loads(body).get("workers", []) if status == 200 else []
+        return len(workers) == n_workers and all(w.get("is_healthy") for w in workers)
+
+    proc.wait_until(ready, timeout, f"listing {n_workers} healthy workers")

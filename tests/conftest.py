@@ -1,4 +1,5 @@
-"""Shared fixtures: the golden vLLM trace, a real Qwen tokenizer, a tiny trained tokenizer."""
+"""Shared fixtures: the golden vLLM trace, a real Qwen tokenizer, a tiny trained tokenizer.
+The tiers (fast, e2e) are the plugin tests/tiers.py."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.tiers"]  # the fast and e2e tiers
+
 REPO = Path(__file__).resolve().parents[1]
-GOLDEN = REPO / ".." / "shared" / "data" / "vllm-kv-events"
+GOLDEN = REPO / "tests" / "data" / "vllm-kv-events"  # the one place every test finds the golden trace
 QWEN_CACHE = REPO / ".cache" / "qwen-tokenizer"
 
 TINY_CHATML = (
@@ -38,11 +41,10 @@ TINY_CORPUS = [
 
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
-    """The golden vLLM 0.32 KV-event trace (``<repo>/../shared/data/vllm-kv-events``)."""
-    path = GOLDEN.resolve()
-    if not (path / "frames.jsonl").is_file():
-        pytest.fail(f"golden trace not found at {path}; shared/ must sit beside the repo")
-    return path
+    """The golden vLLM 0.32 KV-event trace, kept in the repo (``tests/data/vllm-kv-events``)."""
+    if not (GOLDEN / "frames.jsonl").is_file():
+        pytest.fail(f"golden trace not found at {GOLDEN}: tests/data/vllm-kv-events is missing or incomplete")
+    return GOLDEN
 
 
 @pytest.fixture(scope="session")

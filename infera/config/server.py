@@ -32,7 +32,10 @@ class ServerSettings:
                                             "-cost/temperature, spreading near-ties")
     request_max_retries: int = option(1, "retries on an alternate worker when a request fails before its "
                                          "first response byte; 0 fails fast")
-    discovery_backend: str = option("kubernetes", "where the worker list comes from", choices=DISCOVERY_BACKENDS)
+    discovery_backend: str = option("kubernetes", "where the worker list comes from: kubernetes watches pods, etcd "
+                                                  "leased keys; static is for one box without a cluster (the "
+                                                  "workers given by --worker-url/--workers-file)",
+                                    choices=DISCOVERY_BACKENDS)
     request_transport: str = option("nats", "how requests reach a worker", choices=REQUEST_TRANSPORTS)
     kv_event_transport: str = option("nats", "how KV-cache events reach the router", choices=KV_EVENT_TRANSPORTS)
     worker_url: tuple[str, ...] = option((), "static discovery: a worker's base URL (repeatable); its record "

@@ -1,11 +1,14 @@
 """Settings of a worker process: the engine wrappers (``python -m infera.engine.sglang|vllm|atom``)
 and, by inheritance of :class:`WorkerFleetSettings`, the mock engine.
 
-The discovery and transport flags carry the same names, env vars and choices as the
-server's, so one environment (``INFERA_DISCOVERY_BACKEND=etcd INFERA_ETCD_ENDPOINT=...``)
-configures a whole box. Their defaults are the one-box path (static, http, zmq): a worker
-self-registers when told ``--discovery-backend etcd`` (a leased key) or ``kubernetes`` (an
-annotation on its own pod); with ``static`` the frontend reads ``GET <url>/infera/worker``.
+The discovery and transport flags carry the same names, env vars, choices and defaults as the
+server's (the reference's production plane: kubernetes, nats, nats), so a worker and a server
+started with defaults meet, and one environment (``INFERA_DISCOVERY_BACKEND=etcd
+INFERA_ETCD_ENDPOINT=...``) configures a whole box. A worker self-registers under ``etcd`` (a
+leased key) or ``kubernetes`` (an annotation on its own pod); ``static`` publishes nothing, for
+the one-box path where the frontend is given ``--worker-url`` and reads ``GET <url>/infera/worker``
+(the demo, the tests and the benchmarks pass ``--discovery-backend static --request-transport http
+--kv-event-transport zmq`` explicitly).
 """
 
 from __future__ import annotations
@@ -22,16 +25,17 @@ ROLES = ("mixed", "prefill", "decode")
 class WorkerFleetSettings:
     """How a worker joins the fleet; shared by every worker kind."""
 
-    discovery_backend: str = option("static", "how routers find this worker: etcd registers it under a lease; "
-                                              "static/kubernetes publish nothing (routers read GET /infera/worker "
-                                              "or the pod annotation)", choices=DISCOVERY_BACKENDS)
+    discovery_backend: str = option("kubernetes", "how routers find this worker: kubernetes annotates its own pod; "
+                                                  "etcd registers it under a lease; static publishes nothing, for "
+                                                  "one box where the frontend is given --worker-url and reads GET "
+                                                  "/infera/worker", choices=DISCOVERY_BACKENDS)
     etcd_endpoint: str = option("", "host:port of etcd (--discovery-backend etcd)")
     kubeconfig: str = option("", "kubeconfig file for the Kubernetes API (--discovery-backend kubernetes: the worker "
                                  "annotates its own pod, named by POD_NAME/POD_NAMESPACE); empty = in-cluster "
                                  "config inside a pod, else $KUBECONFIG or ~/.kube/config",
                              env=("INFERA_KUBECONFIG", "KUBECONFIG"))
-    request_transport: str = option("http", "how requests reach this worker", choices=REQUEST_TRANSPORTS)
-    kv_event_transport: str = option("zmq", "how KV-cache events leave this worker (none: no events)",
+    request_transport: str = option("nats", "how requests reach this worker", choices=REQUEST_TRANSPORTS)
+    kv_event_transport: str = option("nats", "how KV-cache events leave this worker (none: no events)",
                                      choices=KV_EVENT_TRANSPORTS)
     nats_server: str = option("", "NATS URL (--request-transport/--kv-event-transport nats)",
                               env=("NATS_SERVER", "NATS_URL"))

@@ -3,12 +3,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
 from infera.config import load
+from infera.config.base import build_parser
 from infera.config.engine import MockEngineSettings
 from infera.config.server import ServerSettings
+from infera.config.worker import WorkerSettings
 
 STATIC = ["--discovery-backend", "static", "--worker-url", "http://127.0.0.1:1"]
 
@@ -60,6 +63,7 @@ def test_bad_settings_exit_with_a_clear_message(argv: list[str], env: dict[str, 
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.e2e  # runs the CLIs
 def test_help_shows_defaults_and_env_names() -> None:
     out = subprocess.run([sys.executable, "-m", "infera.server", "--help"], capture_output=True, text=True,
                          check=True).stdout
@@ -70,6 +74,7 @@ def test_help_shows_defaults_and_env_names() -> None:
     assert "--speedup-ratio" in out and "INFERA_SPEEDUP_RATIO" in out
 
 
+@pytest.mark.e2e  # runs the server
 def test_nats_without_a_broker_address_fails_fast_naming_the_alternative() -> None:
     proc = subprocess.run([sys.executable, "-m", "infera.server", "--router-policy", "round-robin", *STATIC],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "NATS_SERVER": "",
@@ -90,3 +95,19 @@ def test_nats_request_controls_flag_env_default() -> None:
 def test_mock_settings_defaults() -> None:
     s = load(MockEngineSettings, [], {})
     assert s.block_size > 0 and s.num_kv_blocks > 0 and s.role == "mixed"
+
+
+@pytest.mark.parametrize("worker_cls", [MockEngineSettings, WorkerSettings])
+def test_worker_and_server_defaults_meet(worker_cls: type[Any]) -> None:
+    """A worker and a server started with no plane flags agree on the reference's plane."""
+    server = load(ServerSettings, ["--router-tokenizer-path", "/tok"], {})
+    worker = load(worker_cls, ["--model-path", "/m"], {})
+    plane = ("discovery_backend", "request_transport", "kv_event_transport")
+    assert [getattr(worker, f) for f in plane] == [getattr(server, f) for f in plane] == ["kubernetes", "nats", "nats"]
+
+
+def test_static_discovery_says_what_it_is_for() -> None:
+    for cls in (ServerSettings, MockEngineSettings, WorkerSettings):
+        text = build_parser(cls, "prog", "").format_help()
+        assert "static is for one box" in " ".join(text.split()) or "static publishes nothing, for one box" in " ".join(
+            text.split()), cls.__name__

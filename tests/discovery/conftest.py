@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.discovery.etcd_server import EtcdServer
+from harness import EtcdServer
 
 
 @pytest.fixture

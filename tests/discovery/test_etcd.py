@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import pytest
 
+from harness import EtcdServer, await_until
 from infera.discovery.base import FleetChange
 from infera.discovery.etcd import EtcdFleet
 from infera.discovery.etcd_client import WORKERS_PREFIX, EtcdClient
 from infera.discovery.etcd_registrar import EtcdRegistrar
 from infera.protocols.worker import KvEventEndpoint, WorkerRecord
-from tests.discovery.etcd_server import EtcdServer
 
 
 def record(worker_id: str, port: int = 30001, **extra: object) -> WorkerRecord:
@@ -24,12 +24,7 @@ def record(worker_id: str, port: int = 30001, **extra: object) -> WorkerRecord:
 
 async def eventually(cond: Callable[[], bool], limit: float = 5.0, what: str = "condition") -> float:
     """Seconds until ``cond()`` held; fails after ``limit`` seconds."""
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > limit:
-            raise AssertionError(f"{what} not reached within {limit}s")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
+    return await await_until(cond, limit, what)
 
 
 async def test_register_update_deregister(etcd: EtcdServer) -> None:
@@ -63,7 +58,7 @@ async def test_heartbeat_keeps_the_record_past_its_ttl(etcd: EtcdServer) -> None
     await reg.register(record("w1"))
     client = EtcdClient(etcd.endpoint)
     try:
-        await asyncio.sleep(5)  # 2.5 TTLs
+        await asyncio.sleep(5)  # not a wait for an event: 2.5 TTLs must pass for the heartbeat to matter
         assert await client.get(WORKERS_PREFIX + "w1") is not None
         assert reg.lease_id is not None and await client.keepalive(reg.lease_id) > 0
         assert reg.registrations == 1  # kept alive, never re-created
@@ -103,7 +98,7 @@ async def test_etcd_restart_keeps_the_view_and_resumes_the_watch(etcd: EtcdServe
         await eventually(lambda: "w1" in fleet.workers())
         relists = fleet.relists
         await asyncio.to_thread(etcd.kill)
-        await asyncio.sleep(1.0)
+        await eventually(lambda: not fleet.synced.is_set(), what="the watch to notice etcd is gone")
         assert set(fleet.workers()) == {"w1"}  # etcd down: the last view still routes
         await asyncio.to_thread(etcd.start)
         await eventually(lambda: fleet.synced.is_set(), limit=5.0, what="watch resumed")
@@ -111,7 +106,7 @@ async def test_etcd_restart_keeps_the_view_and_resumes_the_watch(etcd: EtcdServe
         await reg2.register(record("w2", port=30002))
         took = await eventually(lambda: "w2" in fleet.workers(), what="w2 seen after restart")
         assert took < 1.0
-        await asyncio.sleep(4)  # past the TTL: w1's heartbeat survived the restart
+        await asyncio.sleep(4)  # not a wait for an event: past w1's TTL, its heartbeat survived the restart
         assert set(fleet.workers()) == {"w1", "w2"}
     finally:
         await reg1.deregister()

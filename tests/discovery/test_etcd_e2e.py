@@ -14,25 +14,24 @@ from typing import Any
 
 import pytest
 
-from tests.discovery.etcd_server import EtcdServer
-from tests.fleet import REPO, Proc, free_port, get_json
+from harness import REPO, EtcdServer, Process, free_port, get_json, spawn
 
 FAKE = f"{sys.executable} {REPO / 'tests' / 'engine' / 'fake_engine.py'} vllm"
 
 
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
+def procs() -> Iterator[list[Process]]:
+    started: list[Process] = []
     yield started
     for p in reversed(started):
         p.stop()
 
 
-def worker_ids(frontend: Proc) -> set[str]:
+def worker_ids(frontend: Process) -> set[str]:
     return {w["instance_id"] for w in get_json(frontend.url + "/v1/workers")["data"]}
 
 
-def chat(frontend: Proc) -> tuple[str, dict[str, Any]]:
+def chat(frontend: Process) -> tuple[str, dict[str, Any]]:
     body = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
                        "max_tokens": 8}).encode()
     req = urllib.request.Request(frontend.url + "/v1/chat/completions", body, {"content-type": "application/json"})
@@ -42,14 +41,14 @@ def chat(frontend: Proc) -> tuple[str, dict[str, Any]]:
 
 @pytest.mark.slow
 def test_frontends_route_to_workers_registered_in_etcd(etcd: EtcdServer, tmp_path: Path,
-                                                       procs: list[Proc]) -> None:
+                                                       procs: list[Process]) -> None:
     frontends = []
     for _ in range(2):
         port = free_port()
         argv = [sys.executable, "-m", "infera.server", "--host", "127.0.0.1", "--port", str(port),
                 "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--request-transport", "http",
                 "--kv-event-transport", "zmq", "--router-policy", "round-robin"]
-        frontends.append(Proc(argv, f"http://127.0.0.1:{port}", tmp_path / f"frontend-{port}.log"))
+        frontends.append(spawn(argv, f"http://127.0.0.1:{port}", tmp_path / f"frontend-{port}.log"))
         procs.append(frontends[-1])
     for f in frontends:
         f.wait_until(lambda f=f: worker_ids(f) == set(), what="serving (no workers yet)")
@@ -58,8 +57,9 @@ def test_frontends_route_to_workers_registered_in_etcd(etcd: EtcdServer, tmp_pat
         port = free_port()
         argv = [sys.executable, "-m", "infera.engine.vllm", "--model-path", "fake-model", "--port", str(port),
                 "--engine-command", FAKE, "--instance-id", name,
-                "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--drain-seconds", "3"]
-        workers.append(Proc(argv, f"http://127.0.0.1:{port}", tmp_path / f"{name}.log"))
+                "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--drain-seconds", "3",
+                "--request-transport", "http", "--kv-event-transport", "zmq"]
+        workers.append(spawn(argv, f"http://127.0.0.1:{port}", tmp_path / f"{name}.log"))
         procs.append(workers[-1])
     for f in frontends:
         f.wait_until(lambda f=f: worker_ids(f) == {"w1", "w2"}, timeout=60, what="seeing both workers")

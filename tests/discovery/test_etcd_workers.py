@@ -14,24 +14,24 @@ from typing import Any
 
 import pytest
 
+from harness import EtcdServer, Process, free_port, http_ok, metric, scrape, spawn
 from infera.discovery.etcd import EtcdFleet
-from tests.discovery.etcd_server import EtcdServer
 from tests.discovery.test_etcd import eventually
-from tests.fleet import Proc, free_port, http_ok
 
 
-def start_registered_mock(tmp: Path, etcd: EtcdServer, *args: str) -> Proc:
+def start_registered_mock(tmp: Path, etcd: EtcdServer, *args: str) -> Process:
     port = free_port()
     argv = [sys.executable, "-m", "infera.engine.mock", "--host", "127.0.0.1", "--port", str(port),
-            "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--log-level", "info", *args]
-    proc = Proc(argv, f"http://127.0.0.1:{port}", tmp / f"mock-{port}.log")
+            "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--log-level", "info",
+            "--request-transport", "http", "--kv-event-transport", "zmq", *args]
+    proc = spawn(argv, f"http://127.0.0.1:{port}", tmp / f"mock-{port}.log")
     proc.wait_until(lambda: http_ok(proc.url + "/health"))
     return proc
 
 
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
+def procs() -> Iterator[list[Process]]:
+    started: list[Process] = []
     yield started
     for p in started:
         p.stop()
@@ -45,7 +45,7 @@ def completion(url: str, max_tokens: int) -> dict[str, Any]:
         return dict(json.load(resp))
 
 
-async def test_sigkilled_worker_leaves_within_its_ttl(etcd: EtcdServer, tmp_path: Path, procs: list[Proc]) -> None:
+async def test_sigkilled_worker_leaves_within_its_ttl(etcd: EtcdServer, tmp_path: Path, procs: list[Process]) -> None:
     fleet = EtcdFleet(etcd.endpoint)
     await fleet.start()
     try:
@@ -62,7 +62,7 @@ async def test_sigkilled_worker_leaves_within_its_ttl(etcd: EtcdServer, tmp_path
         await fleet.stop()
 
 
-async def test_sigterm_deregisters_first_then_drains(etcd: EtcdServer, tmp_path: Path, procs: list[Proc]) -> None:
+async def test_sigterm_deregisters_first_then_drains(etcd: EtcdServer, tmp_path: Path, procs: list[Process]) -> None:
     fleet = EtcdFleet(etcd.endpoint)
     await fleet.start()
     try:
@@ -72,7 +72,7 @@ async def test_sigterm_deregisters_first_then_drains(etcd: EtcdServer, tmp_path:
         removed_at: list[float] = []
         fleet.subscribe(lambda c: removed_at.append(time.monotonic()) if c.kind == "remove" else None)
         request = asyncio.ensure_future(asyncio.to_thread(completion, worker.url, 400))  # ~2-3 s of decode
-        await asyncio.sleep(0.5)
+        await eventually(lambda: metric(scrape(worker.url), "vllm:num_requests_running") == 1, what="decoding")
         assert not request.done()
         sent = time.monotonic()
         worker.popen.send_signal(signal.SIGTERM)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -39,6 +38,11 @@ async def fleet(kubeconfig: Path) -> AsyncIterator[tuple[KubernetesFleet, list[F
     await view.stop()
 
 
+def watch_caught_up(view: KubernetesFleet, emu: Emulator) -> bool:
+    """The view's watch has seen the API server's latest write (its resourceVersion)."""
+    return view._resource_version == str(emu.rv)
+
+
 def kinds(changes: list[FleetChange]) -> list[tuple[str, str]]:
     return [(c.kind, c.worker.instance_id) for c in changes]
 
@@ -47,7 +51,7 @@ async def test_a_worker_joins_when_its_pod_turns_ready_and_leaves_when_it_goes(
         emu: Emulator, fleet: tuple[KubernetesFleet, list[FleetChange]]) -> None:
     view, changes = fleet
     emu.create(pod("w0", record("w0")))
-    await asyncio.sleep(0.2)
+    await eventually(lambda: watch_caught_up(view, emu), what="the watch to see the pod")
     assert view.workers() == {}, "a pod that is not Ready is not routable"
     emu.set_pod_ready("w0", True)
     await eventually(lambda: "w0" in view.workers(), what="w0 to join")
@@ -92,7 +96,7 @@ async def test_invalid_annotation_is_skipped_with_one_log_line(
     for name in ("bad", "incomplete", "good"):
         emu.set_pod_ready(name, True)
     await eventually(lambda: "good" in view.workers())
-    await asyncio.sleep(0.2)
+    await eventually(lambda: watch_caught_up(view, emu), what="the watch to see every pod")
     assert set(view.workers()) == {"good"}
     lines = [r.getMessage() for r in caplog.records if "is invalid" in r.getMessage()]
     assert any("default/bad" in line and "not JSON" in line for line in lines)
@@ -146,7 +150,7 @@ async def test_api_outage_keeps_the_last_view_and_recovers(
     emu.set_pod_ready("w0", True)
     await eventually(lambda: "w0" in view.workers())
     emu.outage()
-    await asyncio.sleep(0.8)  # several failed reconnects
+    # outage() returns once the API server refuses connections and every open watch is cut
     assert set(view.workers()) == {"w0"}
     emu.create(pod("w1", record("w1")))  # written while the API is unreachable
     emu.set_pod_ready("w1", True)
@@ -163,7 +167,7 @@ async def test_duplicate_instance_ids_keep_one_worker(
     emu.set_pod_ready("a", True)
     emu.set_pod_ready("b", True)
     await eventually(lambda: "same" in view.workers())
-    await asyncio.sleep(0.1)
+    await eventually(lambda: watch_caught_up(view, emu), what="the watch to see both pods")
     assert view.workers()["same"].http_url == "http://a"
 
 
@@ -193,14 +197,11 @@ async def test_registrar_annotates_its_own_pod_and_removes_it(
         # removed behind its back: re-published
         emu.patch("v1", "Pod", "worker-abc", {"metadata": {"annotations": {WORKER_ANNOTATION: None}}}, "infer")
 
-        async def republished() -> None:
-            while True:
-                p = emu.get("v1", "Pod", "worker-abc", "infer")
-                if p and WORKER_ANNOTATION in (p["metadata"].get("annotations") or {}):
-                    return
-                await asyncio.sleep(0.05)
+        def republished() -> bool:
+            p = emu.get("v1", "Pod", "worker-abc", "infer")
+            return bool(p and WORKER_ANNOTATION in (p["metadata"].get("annotations") or {}))
 
-        await asyncio.wait_for(republished(), 5)
+        await eventually(republished, 5, "the annotation re-published")
         await reg.update(record("w-abc", kv_block_size=64))
         got = emu.get("v1", "Pod", "worker-abc", "infer")
         assert got is not None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from harness import Process, free_port, get_json, spawn, start_mock, wait_until
 from infera.protocols.worker import WorkerRecord
-from tests.fleet import Proc, free_port, get_json, start_mock
 from tests.k8s.emulator import Emulator
 from tests.k8s.pods import SELECTOR, pod
 
@@ -31,16 +30,16 @@ def complete(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]
         return exc.code, ""
 
 
-def frontend(tmp: Path, kubeconfig: Path, *args: str) -> Proc:
+def frontend(tmp: Path, kubeconfig: Path, *args: str) -> Process:
     port = free_port()
     argv = [sys.executable, "-m", "infera.server", "--host", "127.0.0.1", "--port", str(port),
             "--discovery-backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--k8s-namespace", "default",
             "--k8s-label-selector", SELECTOR, "--request-transport", "http", "--kv-event-transport", "zmq",
             "--router-policy", "round-robin", *args]
-    return Proc(argv, f"http://127.0.0.1:{port}", tmp / f"frontend-{port}.log")
+    return spawn(argv, f"http://127.0.0.1:{port}", tmp / f"frontend-{port}.log")
 
 
-def workers(proc: Proc) -> int:
+def workers(proc: Process) -> int:
     try:
         return int(get_json(proc.url + "/health", 1.0)["workers"])
     except urllib.error.HTTPError:
@@ -48,11 +47,7 @@ def workers(proc: Proc) -> int:
 
 
 def wait(cond: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out: {what}")
-        time.sleep(0.1)
+    wait_until(cond, timeout, what)
 
 
 @pytest.fixture(scope="module")

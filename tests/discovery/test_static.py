@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from harness import Process, start_frontend, start_mock, wait_until
 from infera.discovery.static import WorkersFileError, parse_workers_file
-from tests.fleet import Proc, start_frontend, start_mock
 
 
-def ids(frontend: Proc) -> set[str]:
+def ids(frontend: Process) -> set[str]:
     return {w["instance_id"] for w in httpx.get(frontend.url + "/v1/workers").json()["data"]}
-
-
-def wait_for(cond: object, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_parse_workers_file_forms() -> None:
@@ -47,11 +37,11 @@ def test_workers_file_is_watched_and_dead_workers_leave(tmp_path: Path) -> None:
         b_id = httpx.get(b.url + "/infera/worker").json()["instance_id"]
         assert ids(frontend) == {a_id}
         fleet_file.write_text(json.dumps([a.url, b.url]))
-        assert wait_for(lambda: ids(frontend) == {a_id, b_id})
+        wait_until(lambda: ids(frontend) == {a_id, b_id}, 15, "the added worker in the view")
         b.kill()
-        assert wait_for(lambda: ids(frontend) == {a_id}), "a dead worker must leave the view"
+        wait_until(lambda: ids(frontend) == {a_id}, 15, "the dead worker gone from the view")
         fleet_file.write_text("{ broken")
-        time.sleep(1.5)
+        wait_until(lambda: "unreadable, keeping the last list" in frontend.output(), 15, "the broken file read")
         assert ids(frontend) == {a_id}, "a broken file keeps the last good list"
     finally:
         frontend.stop()

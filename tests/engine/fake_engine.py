@@ -30,7 +30,8 @@ def mock_argv(kind: str, argv: list[str]) -> list[str]:
     args, _ = p.parse_known_args(argv)
     out = ["--host", args.host, "--port", str(args.port), "--served-model-name", args.served_model_name or args.model,
            "--block-size", str(args.block_size), "--max-num-seqs", str(args.max_seqs), "--num-kv-blocks", "1024",
-           "--speedup-ratio", "20"]
+           "--speedup-ratio", "20", "--discovery-backend", "static", "--request-transport", "http",
+           "--kv-event-transport", "zmq"]  # a plain engine: the wrapper does the registering
     if args.kv_events_config:
         config = json.loads(args.kv_events_config)
         out += ["--kv-events-port", config["endpoint"].rsplit(":", 1)[1],

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import REPO, EtcdServer, Process, free_port, http_ok, spawn
 from infera.config import load
 from infera.config.server import ServerSettings
 from infera.config.worker import WorkerSettings
@@ -24,9 +25,7 @@ from infera.engine.sglang.adapter import SglangAdapter
 from infera.engine.vllm.adapter import VllmAdapter
 from infera.engine.wrapper import build_record, exit_code
 from tests.discovery.conftest import etcd  # noqa: F401 (fixture)
-from tests.discovery.etcd_server import EtcdServer
 from tests.discovery.test_etcd import eventually
-from tests.fleet import REPO, Proc, free_port, http_ok
 
 FAKE = f"{sys.executable} {REPO / 'tests' / 'engine' / 'fake_engine.py'}"
 
@@ -105,26 +104,27 @@ def test_worker_flags_match_the_servers() -> None:
 
 
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
+def procs() -> Iterator[list[Process]]:
+    started: list[Process] = []
     yield started
     for p in started:
         p.stop()
 
 
-def start_wrapper(tmp: Path, engine: str, etcd_endpoint: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+def start_wrapper(tmp: Path, engine: str, etcd_endpoint: str, *args: str, env: dict[str, str] | None = None) -> Process:
     """The wrapper around the fake engine; ``env`` reaches the engine (via ``env(1)`` in its command)."""
     port = free_port()
     prefix = "env " + " ".join(f"{k}={v}" for k, v in (env or {}).items()) + " " if env else ""
     argv = [sys.executable, "-m", f"infera.engine.{engine}", "--model-path", "fake-model", "--port", str(port),
             "--engine-command", f"{prefix}{FAKE} {engine}", "--discovery-backend", "etcd",
-            "--etcd-endpoint", etcd_endpoint, "--lease-ttl", "3", *args]
-    return Proc(argv, f"http://127.0.0.1:{port}", tmp / f"{engine}-{port}.log")
+            "--etcd-endpoint", etcd_endpoint, "--lease-ttl", "3",
+            "--request-transport", "http", "--kv-event-transport", "zmq", *args]
+    return spawn(argv, f"http://127.0.0.1:{port}", tmp / f"{engine}-{port}.log")
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 async def test_wrapper_launches_registers_and_forwards_sigterm(engine: str, etcd: EtcdServer,  # noqa: F811
-                                                               tmp_path: Path, procs: list[Proc]) -> None:
+                                                               tmp_path: Path, procs: list[Process]) -> None:
     fleet = EtcdFleet(etcd.endpoint)
     await fleet.start()
     try:
@@ -157,7 +157,7 @@ async def test_wrapper_launches_registers_and_forwards_sigterm(engine: str, etcd
 
 
 async def test_wrapper_deregisters_and_exits_with_the_engines_code(etcd: EtcdServer,  # noqa: F811
-                                                                   tmp_path: Path, procs: list[Proc]) -> None:
+                                                                   tmp_path: Path, procs: list[Process]) -> None:
     fleet = EtcdFleet(etcd.endpoint)
     await fleet.start()
     try:
@@ -173,8 +173,8 @@ async def test_wrapper_deregisters_and_exits_with_the_engines_code(etcd: EtcdSer
 
 
 async def test_wrapper_attaches_to_a_running_engine(etcd: EtcdServer, tmp_path: Path,  # noqa: F811
-                                                    procs: list[Proc]) -> None:
-    from tests.fleet import start_mock
+                                                    procs: list[Process]) -> None:
+    from harness import start_mock
 
     engine = start_mock(tmp_path)
     procs.append(engine)
@@ -182,8 +182,9 @@ async def test_wrapper_attaches_to_a_running_engine(etcd: EtcdServer, tmp_path: 
     await fleet.start()
     try:
         argv = [sys.executable, "-m", "infera.engine.vllm", "--engine-url", engine.url, "--instance-id", "att",
-                "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint]
-        wrapper = Proc(argv, engine.url, tmp_path / "attach.log")
+                "--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint,
+                "--request-transport", "http", "--kv-event-transport", "zmq"]
+        wrapper = spawn(argv, engine.url, tmp_path / "attach.log")
         procs.append(wrapper)
         await eventually(lambda: "att" in fleet.workers(), limit=20.0, what="attached engine registered")
         record = fleet.workers()["att"]
@@ -197,10 +198,9 @@ async def test_wrapper_attaches_to_a_running_engine(etcd: EtcdServer, tmp_path: 
 
 
 async def test_wrapper_on_nats_bridges_requests_and_relays_kv_events(etcd: EtcdServer,  # noqa: F811
-                                                                     tmp_path: Path, procs: list[Proc]) -> None:
+                                                                     tmp_path: Path, procs: list[Process]) -> None:
     """The production plane's shape: a wrapped engine registered in etcd, requests and KV events over NATS."""
-    from tests.fleet import metric, scrape, start_frontend
-    from tests.transport.nats_server import NatsServer
+    from harness import NatsServer, metric, scrape, start_frontend
 
     broker = NatsServer(tmp_path / "nats.log")
     broker.start()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
+from harness import await_until
 from infera.discovery.kubernetes_client import WORKER_ANNOTATION
 from infera.protocols.worker import WorkerRecord
 
@@ -32,8 +31,4 @@ def pod(name: str, rec: WorkerRecord | str | None = None, *, namespace: str = "d
 
 
 async def eventually(cond: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    await await_until(cond, within, what)

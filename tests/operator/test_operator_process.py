@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.fleet import ENV, Proc
+from harness import Process, spawn
 from tests.k8s.emulator import Emulator
 
 pytestmark = pytest.mark.slow
@@ -20,31 +19,24 @@ FLEET = {"apiVersion": "infera.ai/v1alpha1", "kind": "InferaFleet",
          "spec": {"model": "m", "engine": "mock", "modelPath": "/tok", "pools": {"mixed": {"replicas": 1}}}}
 
 
-def wait(cond: Callable[[], object], what: str, proc: Proc, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline or not proc.alive():
-            raise AssertionError(f"timed out: {what}\n{proc.output()}")
-        time.sleep(0.1)
+def wait(cond: Callable[[], object], what: str, proc: Process, timeout: float = 30.0) -> None:
+    proc.wait_until(cond, timeout, what)
 
 
 @pytest.fixture
-def operator(tmp_path: Path) -> Iterator[tuple[Emulator, Proc]]:
+def operator(tmp_path: Path) -> Iterator[tuple[Emulator, Process]]:
     with Emulator() as emu:
         kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
-        ENV["KUBECONFIG"] = str(kubeconfig)
-        try:
-            proc = Proc([sys.executable, "-m", "infera.operator", "--namespace", NS, "--liveness-port", "0",
-                         "--resync-seconds", "1"], "operator", tmp_path / "operator.log")
-        finally:
-            ENV.pop("KUBECONFIG")
+        proc = spawn([sys.executable, "-m", "infera.operator", "--namespace", NS, "--liveness-port", "0",
+                      "--resync-seconds", "1"], "operator", tmp_path / "operator.log",
+                     env={"KUBECONFIG": str(kubeconfig)})
         try:
             yield emu, proc
         finally:
             proc.stop()
 
 
-def test_operator_reconciles_updates_and_cleans_up(operator: tuple[Emulator, Proc]) -> None:
+def test_operator_reconciles_updates_and_cleans_up(operator: tuple[Emulator, Process]) -> None:
     emu, proc = operator
     emu.create(FLEET)
     wait(lambda: emu.get("apps/v1", "Deployment", "demo-mixed", NS), "worker Deployment", proc)

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from harness import await_until
 from infera.protocols.worker import WorkerRecord
 from infera.router.connector import Pair
 from infera.router.connectors import CONNECTORS
@@ -167,7 +168,7 @@ async def test_a_cancelled_dispatch_releases_both_legs(name: str) -> None:
     pair = Pair(worker("p", "prefill", name), worker("d", "decode", name), 7)
     legs = FakeLegs(delay={"prefill": 10.0, "decode": 10.0})
     task = asyncio.ensure_future(DisaggRouter().run(CONNECTORS[name], pair, PAYLOAD, legs))
-    await asyncio.sleep(0.05)
+    await await_until(lambda: sum(legs.open.values()) > 0, 5, "the dispatch waiting in a leg")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet import Proc, start_frontend, start_mock
+from harness import Process, start_frontend, start_mock
 
 MODEL = "Qwen/Qwen3-0.6B"
 MOCK_ARGS = ("--block-size", "16", "--num-kv-blocks", "2048", "--speedup-ratio", "50")
@@ -14,8 +14,8 @@ MOCK_ARGS = ("--block-size", "16", "--num-kv-blocks", "2048", "--speedup-ratio",
 
 @dataclass
 class Fleet:
-    workers: list[Proc]
-    frontend: Proc
+    workers: list[Process]
+    frontend: Process
     tokenizer: Path
     tmp: Path
 

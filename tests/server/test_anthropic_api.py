@@ -11,7 +11,7 @@ import httpx
 import pytest
 from anthropic.types import Message, MessageParam, ToolParam
 
-from tests.fleet import metric, scrape
+from harness import metric, scrape
 from tests.server.conftest import MODEL, Fleet
 
 WEATHER: ToolParam = {

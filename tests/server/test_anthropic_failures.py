@@ -12,10 +12,10 @@ import anthropic
 import httpx
 import pytest
 
-from tests.fleet import free_port, metric, scrape, start_frontend
+from harness import free_port, metric, scrape, start_frontend, wait_until
+from harness import in_flight as in_flight_total
 from tests.server.conftest import MODEL, Fleet, make_fleet
 from tests.server.test_anthropic_api import assert_same_message
-from tests.server.test_failures import in_flight_total, wait_for
 
 pytestmark = pytest.mark.slow  # spawns fleets of real processes
 
@@ -70,9 +70,9 @@ def test_disconnect_while_waiting_for_the_first_token_cancels_upstream(slow: Fle
             assert in_flight_total(slow.frontend.url) == 1
             break
     engine = slow.workers[0].url
-    assert wait_for(lambda: metric(scrape(engine), "vllm:num_requests_running") == 0
-                    and metric(scrape(engine), "vllm:num_requests_waiting") == 0)
-    assert wait_for(lambda: in_flight_total(slow.frontend.url) == 0)
+    wait_until(lambda: metric(scrape(engine), "vllm:num_requests_running") == 0
+                    and metric(scrape(engine), "vllm:num_requests_waiting") == 0, 20, "the engine idle")
+    wait_until(lambda: in_flight_total(slow.frontend.url) == 0, 20, "every load ticket released")
 
 
 def test_worker_killed_mid_stream_ends_with_an_error_event(tmp_path: Path, qwen_tokenizer_dir: Path) -> None:
@@ -87,7 +87,7 @@ def test_worker_killed_mid_stream_ends_with_an_error_event(tmp_path: Path, qwen_
             if name == "error":
                 assert data["error"]["type"] == "api_error" and data["error"]["message"]
         assert names[-1] == "error" and "message_stop" not in names
-        assert wait_for(lambda: in_flight_total(f.frontend.url) == 0)
+        wait_until(lambda: in_flight_total(f.frontend.url) == 0, 20, "every load ticket released")
         assert metric(scrape(f.frontend.url), "infera_requests_total", endpoint="/v1/messages",
                       status="stream_error") == 1
     finally:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.fleet import free_port, metric, scrape, start_frontend, start_mock
+from harness import free_port, metric, scrape, start_frontend, start_mock, wait_until
 from tests.server.conftest import MODEL
 from tests.server.test_routing import ask, system_prompt
 
@@ -53,8 +52,8 @@ def test_silent_event_stream_is_detected(tmp_path: Path, qwen_tokenizer_dir: Pat
         assert metric(scrape(frontend.url), "infera_kv_events_stale", worker="quiet") == 0
         ask(frontend.url + "/v1", [{"role": "system", "content": system_prompt(1)},
                                    {"role": "user", "content": "hi"}])
-        time.sleep(1.0)
-        assert metric(scrape(frontend.url), "infera_kv_events_stale", worker="quiet") == 1
+        wait_until(lambda: metric(scrape(frontend.url), "infera_kv_events_stale", worker="quiet") == 1, 10,
+                   "the silent worker reported stale")
         assert "no KV events" in frontend.output()
     finally:
         frontend.stop()

@@ -10,28 +10,12 @@ import httpx
 import openai
 import pytest
 
-from tests.fleet import free_port, metric, scrape, start_frontend
+from harness import free_port, metric, scrape, start_frontend, wait_indexed, wait_until
+from harness import in_flight as in_flight_total
 from tests.server.conftest import MODEL, make_fleet
 from tests.server.test_routing import ask, system_prompt
 
 pytestmark = pytest.mark.slow  # spawns fleets of real processes
-
-
-def in_flight_total(url: str) -> float:
-    text = scrape(url)
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "infera_worker_in_flight"
-               for s in f.samples)
-
-
-def wait_for(cond: object, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_worker_killed_before_first_token_is_retried_transparently(tmp_path: Path, qwen_tokenizer_dir: Path) -> None:
@@ -40,7 +24,7 @@ def test_worker_killed_before_first_token_is_retried_transparently(tmp_path: Pat
     try:
         messages = [{"role": "system", "content": system_prompt(7)}, {"role": "user", "content": "hello"}]
         first, _ = ask(f.base_url, messages)
-        time.sleep(0.1)
+        wait_indexed(f.frontend, f.workers)
         victim = next(w for w in f.workers if httpx.get(w.url + "/infera/worker").json()["instance_id"] == first)
         victim.kill()
         messages.append({"role": "user", "content": "again"})
@@ -80,7 +64,7 @@ def test_worker_killed_mid_stream_ends_with_an_error_event(tmp_path: Path, qwen_
                     f.workers[0].kill()
         assert got >= 3
         assert time.monotonic() - started < 30
-        assert wait_for(lambda: in_flight_total(f.frontend.url) == 0)
+        wait_until(lambda: in_flight_total(f.frontend.url) == 0, 20, "every load ticket released")
     finally:
         f.stop()
 
@@ -97,9 +81,9 @@ def test_client_disconnect_cancels_upstream_and_releases_load(tmp_path: Path, qw
                 next(lines)
             assert in_flight_total(f.frontend.url) == 1
         engine = f.workers[0].url
-        assert wait_for(lambda: metric(scrape(engine), "vllm:num_requests_running") == 0
-                        and metric(scrape(engine), "vllm:num_requests_waiting") == 0)
-        assert wait_for(lambda: in_flight_total(f.frontend.url) == 0)
+        wait_until(lambda: metric(scrape(engine), "vllm:num_requests_running") == 0
+                        and metric(scrape(engine), "vllm:num_requests_waiting") == 0, 20, "the engine idle")
+        wait_until(lambda: in_flight_total(f.frontend.url) == 0, 20, "every load ticket released")
     finally:
         f.stop()
 
@@ -119,8 +103,8 @@ def test_client_disconnect_while_waiting_non_streaming(tmp_path: Path, qwen_toke
         t.start()
         t.join()
         engine = f.workers[0].url
-        assert wait_for(lambda: metric(scrape(engine), "vllm:num_requests_running") == 0)
-        assert wait_for(lambda: in_flight_total(f.frontend.url) == 0)
+        wait_until(lambda: metric(scrape(engine), "vllm:num_requests_running") == 0, 20, "the engine idle")
+        wait_until(lambda: in_flight_total(f.frontend.url) == 0, 20, "every load ticket released")
     finally:
         f.stop()
 

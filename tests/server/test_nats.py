@@ -15,8 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fleet import Proc, get_json, metric, scrape, start_frontend, start_mock
-from tests.transport.nats_server import NatsServer
+from harness import NatsServer, Process, get_json, metric, scrape, start_frontend, start_mock, wait_until
 
 MODEL = "mock-model"
 FAST = ("--speedup-ratio", "50")
@@ -28,21 +27,12 @@ def nats_args(server: NatsServer) -> tuple[str, ...]:
     return ("--request-transport", "nats", "--kv-event-transport", "nats", "--nats-server", server.url)
 
 
-def client(frontend: Proc) -> openai.OpenAI:
+def client(frontend: Process) -> openai.OpenAI:
     return openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0, timeout=30)
 
 
-def running(worker: Proc) -> float:
+def running(worker: Process) -> float:
     return metric(scrape(worker.url), "vllm:num_requests_running")
-
-
-def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if cond():
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"not {what} after {timeout}s")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +49,7 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def slow_workers(tmp: Path, broker: NatsServer) -> Iterator[list[Proc]]:
+def slow_workers(tmp: Path, broker: NatsServer) -> Iterator[list[Process]]:
     workers = [start_mock(tmp, model=MODEL, args=(*SLOW, *nats_args(broker))) for _ in range(2)]
     yield workers
     for w in workers:
@@ -67,11 +57,11 @@ def slow_workers(tmp: Path, broker: NatsServer) -> Iterator[list[Proc]]:
 
 
 @pytest.fixture
-def frontends(tmp: Path) -> Iterator[Callable[..., Proc]]:
-    started: list[Proc] = []
+def frontends(tmp: Path) -> Iterator[Callable[..., Process]]:
+    started: list[Process] = []
 
-    def start(workers: list[Proc | str], *args: str, expect: int | None = None, policy: str = "round-robin",
-              tokenizer: Path | str = "") -> Proc:
+    def start(workers: list[Process | str], *args: str, expect: int | None = None, policy: str = "round-robin",
+              tokenizer: Path | str = "") -> Process:
         fe = start_frontend(tmp, workers, policy=policy, tokenizer=tokenizer, args=args, expect_workers=expect)
         started.append(fe)
         return fe
@@ -82,7 +72,7 @@ def frontends(tmp: Path) -> Iterator[Callable[..., Proc]]:
 
 
 def test_streaming_and_not_over_nats_through_the_openai_sdk(tmp: Path, broker: NatsServer,
-                                                            frontends: Callable[..., Proc]) -> None:
+                                                            frontends: Callable[..., Process]) -> None:
     worker = start_mock(tmp, model=MODEL, args=(*FAST, *nats_args(broker)))
     try:
         assert get_json(worker.url + "/infera/worker")["nats_subject"].startswith("infera.req.")
@@ -103,7 +93,7 @@ def test_streaming_and_not_over_nats_through_the_openai_sdk(tmp: Path, broker: N
         worker.stop()
 
 
-def test_429_at_max_pending(slow_workers: list[Proc], broker: NatsServer, frontends: Callable[..., Proc]) -> None:
+def test_429_at_max_pending(slow_workers: list[Process], broker: NatsServer, frontends: Callable[..., Process]) -> None:
     fe = frontends(slow_workers, *nats_args(broker), "--nats-req-max-pending", "1")
     c = client(fe)
     results: list[object] = []
@@ -115,9 +105,10 @@ def test_429_at_max_pending(slow_workers: list[Proc], broker: NatsServer, fronte
             results.append(exc)
 
     threads = [threading.Thread(target=slow) for _ in range(2)]
-    for t in threads:
+    for held, t in enumerate(threads, 1):
         t.start()
-        time.sleep(0.2)
+        wait_until(lambda held=held: sum(running(w) for w in slow_workers) == held, 10,
+                   f"{held} request(s) running in the engines")
     with pytest.raises(openai.RateLimitError) as exc:  # both workers hold one request: 429 after the retry
         c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2)
     assert "max-pending" in str(exc.value)
@@ -128,8 +119,8 @@ def test_429_at_max_pending(slow_workers: list[Proc], broker: NatsServer, fronte
 
 
 @pytest.mark.parametrize("flag", ["--nats-req-idle-timeout", "--nats-req-max-duration"])
-def test_504_on_timeout_then_the_engine_is_told_to_cancel(flag: str, slow_workers: list[Proc], broker: NatsServer,
-                                                          frontends: Callable[..., Proc]) -> None:
+def test_504_on_timeout_then_the_engine_is_told_to_cancel(flag: str, slow_workers: list[Process], broker: NatsServer,
+                                                          frontends: Callable[..., Process]) -> None:
     worker = slow_workers[0]
     fe = frontends([worker], *nats_args(broker), flag, "0.8", "--request-max-retries", "0")
     c = client(fe)
@@ -138,11 +129,11 @@ def test_504_on_timeout_then_the_engine_is_told_to_cancel(flag: str, slow_worker
         c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=50)
     assert exc.value.status_code == 504
     assert 0.7 < time.monotonic() - start < 3
-    wait_for(lambda: running(worker) == 0, 2.0, "cancelled in the engine")
+    wait_until(lambda: running(worker) == 0, 2.0, "cancelled in the engine")
 
 
-def test_idle_timeout_mid_stream_ends_the_stream_and_cancels(slow_workers: list[Proc], broker: NatsServer,
-                                                            frontends: Callable[..., Proc]) -> None:
+def test_idle_timeout_mid_stream_ends_the_stream_and_cancels(slow_workers: list[Process], broker: NatsServer,
+                                                            frontends: Callable[..., Process]) -> None:
     worker = slow_workers[0]
     fe = frontends([worker], *nats_args(broker), "--nats-req-max-duration", "1.5", "--request-max-retries", "0")
     start = time.monotonic()
@@ -152,11 +143,11 @@ def test_idle_timeout_mid_stream_ends_the_stream_and_cancels(slow_workers: list[
         body = resp.read().decode()
     assert time.monotonic() - start < 4  # the engine alone would take ~12 s
     assert "data:" in body and "[DONE]" not in body.split("data:")[-2]
-    wait_for(lambda: running(worker) == 0, 2.0, "cancelled in the engine")
+    wait_until(lambda: running(worker) == 0, 2.0, "cancelled in the engine")
 
 
-def test_client_disconnect_cancels_in_the_engine(slow_workers: list[Proc], broker: NatsServer,
-                                                 frontends: Callable[..., Proc]) -> None:
+def test_client_disconnect_cancels_in_the_engine(slow_workers: list[Process], broker: NatsServer,
+                                                 frontends: Callable[..., Process]) -> None:
     worker = slow_workers[1]
     fe = frontends([worker], *nats_args(broker))
     with httpx.stream("POST", fe.url + "/v1/chat/completions", timeout=30,
@@ -165,11 +156,11 @@ def test_client_disconnect_cancels_in_the_engine(slow_workers: list[Proc], broke
         while not next(lines).startswith("data:"):
             pass
         assert running(worker) == 1
-    wait_for(lambda: running(worker) == 0, 2.0, "cancelled after the client left")
+    wait_until(lambda: running(worker) == 0, 2.0, "cancelled after the client left")
 
 
 def test_failover_when_nobody_listens_on_the_subject(tmp: Path, broker: NatsServer,
-                                                     frontends: Callable[..., Proc]) -> None:
+                                                     frontends: Callable[..., Process]) -> None:
     # The ghost's bridge listens on another broker: on ours nobody answers its subject.
     elsewhere = NatsServer(tmp / "nats-elsewhere.log")
     elsewhere.start()
@@ -190,24 +181,24 @@ def test_failover_when_nobody_listens_on_the_subject(tmp: Path, broker: NatsServ
         elsewhere.stop()
 
 
-def test_mixed_fleet_fails_loudly(tmp: Path, broker: NatsServer, slow_workers: list[Proc],
-                                  frontends: Callable[..., Proc]) -> None:
+def test_mixed_fleet_fails_loudly(tmp: Path, broker: NatsServer, slow_workers: list[Process],
+                                  frontends: Callable[..., Process]) -> None:
     http_worker = start_mock(tmp, model=MODEL, args=FAST)
     try:
         fe = frontends([slow_workers[0], http_worker], *nats_args(broker), expect=1)
         http_id = get_json(http_worker.url + "/infera/worker")["instance_id"]
-        wait_for(lambda: f"worker {http_id} is not routed to" in fe.output(), 5, "logged")
+        wait_until(lambda: f"worker {http_id} is not routed to" in fe.output(), 5, "logged")
         assert "--request-transport http" in fe.output()
         fe_http = frontends([slow_workers[0], http_worker], expect=1)  # the reverse: an HTTP frontend
         nats_id = get_json(slow_workers[0].url + "/infera/worker")["instance_id"]
-        wait_for(lambda: f"worker {nats_id} is not routed to" in fe_http.output(), 5, "logged")
+        wait_until(lambda: f"worker {nats_id} is not routed to" in fe_http.output(), 5, "logged")
         raw = client(fe_http).chat.completions.with_raw_response.create(model=MODEL, messages=MSG, max_tokens=2)
         assert raw.headers["x-infera-worker"] == http_id
     finally:
         http_worker.stop()
 
 
-def test_broker_restart_mid_load_hangs_nothing(tmp_path: Path, frontends: Callable[..., Proc]) -> None:
+def test_broker_restart_mid_load_hangs_nothing(tmp_path: Path, frontends: Callable[..., Process]) -> None:
     broker = NatsServer(tmp_path / "nats-restart.log")
     broker.start()
     workers = [start_mock(tmp_path, model=MODEL, args=(*SLOW, *nats_args(broker))) for _ in range(2)]
@@ -227,14 +218,14 @@ def test_broker_restart_mid_load_hangs_nothing(tmp_path: Path, frontends: Callab
         threads = [threading.Thread(target=stream) for _ in range(6)]
         for t in threads:
             t.start()
-        wait_for(lambda: sum(running(w) for w in workers) == 6, 5, "all in flight")
+        wait_until(lambda: sum(running(w) for w in workers) == 6, 5, "all in flight")
         killed = time.monotonic()
         broker.kill()
         for t in threads:
             t.join(10)
         assert len(outcomes) == 6, "a request hung after the broker went away"
         assert all(kind != "completed" and at - killed < 5 for kind, at in outcomes), outcomes
-        wait_for(lambda: sum(running(w) for w in workers) == 0, 3, "aborted in the engines")
+        wait_until(lambda: sum(running(w) for w in workers) == 0, 3, "aborted in the engines")
         broker.start()
 
         def served() -> bool:
@@ -244,7 +235,7 @@ def test_broker_restart_mid_load_hangs_nothing(tmp_path: Path, frontends: Callab
             except openai.APIError:
                 return False
 
-        wait_for(served, 20, "serving again after the broker came back")
+        wait_until(served, 20, "serving again after the broker came back")
     finally:
         for w in workers:
             w.stop()

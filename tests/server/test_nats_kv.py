@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import openai
 import pytest
 
-from tests.fleet import Proc, metric, scrape, start_frontend, start_mock
+from harness import NatsServer, Process, index_caught_up, metric, scrape, start_frontend, start_mock, wait_until
 from tests.server.conftest import MOCK_ARGS, MODEL
-from tests.transport.nats_server import NatsServer
 
 FAMILIES = [f"You are assistant number {i}. " + " ".join(f"rule {i}.{j}: be precise about topic {j}." for j in
                                                          range(40)) for i in range(4)]
 
 
-def routing_pattern(frontend: Proc) -> list[bool]:
+def routing_pattern(frontend: Process) -> list[bool]:
     """For each prompt family: does a follow-up sharing its long prefix go where the first request went?"""
     c = openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0)
     firsts: list[str] = []
@@ -25,7 +23,7 @@ def routing_pattern(frontend: Proc) -> list[bool]:
             model=MODEL, max_tokens=2, messages=[{"role": "system", "content": system},
                                                  {"role": "user", "content": "first"}])
         firsts.append(raw.headers["x-infera-worker"])
-    time.sleep(0.5)  # let the KV events arrive
+    wait_until(lambda: index_caught_up(frontend.url), 10, "the KV events arrived", detail=frontend.output)
     same = []
     for system, first in zip(FAMILIES, firsts, strict=True):
         raw = c.chat.completions.with_raw_response.create(

@@ -7,7 +7,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fleet import metric, scrape
+from harness import metric, scrape
 from tests.server.conftest import MODEL, Fleet
 
 

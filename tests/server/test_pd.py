@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from tests.fleet import Proc, metric, scrape, start_frontend, start_mock
+from harness import Process, metric, scrape, start_frontend, start_mock, wait_indexed, wait_until
+from harness import in_flight as in_flight_total
 from tests.server.conftest import MODEL
-from tests.server.test_failures import in_flight_total, wait_for
 from tests.server.test_routing import system_prompt
 
 pytestmark = pytest.mark.slow  # spawns fleets of real processes
@@ -23,10 +23,10 @@ PD_ARGS = ("--block-size", "16", "--num-kv-blocks", "2048", "--speedup-ratio", "
 
 @dataclass
 class PdFleet:
-    prefill: list[Proc]
-    decode: list[Proc]
-    mixed: list[Proc]
-    frontend: Proc
+    prefill: list[Process]
+    decode: list[Process]
+    mixed: list[Process]
+    frontend: Process
     tmp: Path
 
     @property
@@ -36,7 +36,7 @@ class PdFleet:
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=60)
 
-    def ids(self, procs: list[Proc]) -> list[str]:
+    def ids(self, procs: list[Process]) -> list[str]:
         return [str(httpx.get(p.url + "/infera/worker").json()["instance_id"]) for p in procs]
 
     def stop(self) -> None:
@@ -47,9 +47,9 @@ class PdFleet:
 
 def make_pd_fleet(tmp: Path, tokenizer: Path, connector: str, *, prefill: int = 2, decode: int = 2, mixed: int = 0,
                   frontend_args: tuple[str, ...] = (), engine: str = "mock") -> PdFleet:
-    procs: list[Proc] = []
+    procs: list[Process] = []
     try:
-        def start(role: str) -> Proc:
+        def start(role: str) -> Process:
             args = (*PD_ARGS, "--role", role, "--connector", connector, "--engine-name", engine)
             proc = start_mock(tmp, model_path=tokenizer, model=MODEL, args=args if role != "mixed" else PD_ARGS)
             procs.append(proc)
@@ -109,14 +109,14 @@ def test_chat_and_completions_stream_and_not_through_a_pair(pd: PdFleet) -> None
     def indexed() -> dict[str, int]:
         return {w["instance_id"]: w["kv_blocks_indexed"] for w in httpx.get(pd.base_url + "/workers").json()["data"]}
 
-    assert wait_for(lambda: indexed()[prefill] > 15 and indexed()[decode] > 15), indexed()
-    assert wait_for(lambda: in_flight_total(pd.frontend.url) == 0)
+    wait_until(lambda: indexed()[prefill] > 15 and indexed()[decode] > 15, 20, "both legs' blocks indexed")
+    wait_until(lambda: in_flight_total(pd.frontend.url) == 0, 20, "every load ticket released")
 
 
 def test_a_conversation_returns_to_the_prefill_worker_holding_its_prefix(pd: PdFleet) -> None:
     messages = [{"role": "system", "content": system_prompt(2)}, {"role": "user", "content": "first"}]
     _, first, _, _ = chat(pd, messages)
-    time.sleep(0.2)  # KV events reach the router
+    wait_indexed(pd.frontend)  # KV events reach the router
     messages.append({"role": "user", "content": "second"})
     _, second, _, _ = chat(pd, messages)
     assert second == first
@@ -155,8 +155,8 @@ def test_client_disconnect_releases_both_legs(pd: PdFleet) -> None:
         decode = resp.headers["x-infera-worker"]
         assert in_flight_total(pd.frontend.url) >= 1
     engine = next(p.url for p, wid in zip(pd.decode, pd.ids(pd.decode), strict=True) if wid == decode)
-    assert wait_for(lambda: metric(scrape(engine), "vllm:num_requests_running") == 0)
-    assert wait_for(lambda: in_flight_total(pd.frontend.url) == 0)
+    wait_until(lambda: metric(scrape(engine), "vllm:num_requests_running") == 0, 20, "the engine idle")
+    wait_until(lambda: in_flight_total(pd.frontend.url) == 0, 20, "every load ticket released")
 
 
 @pytest.mark.parametrize("connector", ["push", "pull"])
@@ -168,7 +168,7 @@ def test_failures_retry_the_leg_that_failed_then_end_cleanly(connector: str, tmp
         by_id = dict(zip(f.ids(f.prefill + f.decode), f.prefill + f.decode, strict=True))
         messages = [{"role": "system", "content": system_prompt(3)}, {"role": "user", "content": "hello"}]
         _, prefill, _, _ = chat(f, messages)
-        time.sleep(0.2)
+        wait_indexed(f.frontend)
 
         # the prefill worker holding the prefix dies: another prefill worker computes the prompt
         by_id[prefill].kill()
@@ -182,7 +182,7 @@ def test_failures_retry_the_leg_that_failed_then_end_cleanly(connector: str, tmp
         messages.append({"role": "user", "content": "and again"})
         decode3, prefill3, tokens, _ = chat(f, messages)
         assert decode3 != decode2 and prefill3 == prefill2 and tokens == 12
-        assert wait_for(lambda: in_flight_total(f.frontend.url) == 0)
+        wait_until(lambda: in_flight_total(f.frontend.url) == 0, 20, "every load ticket released")
 
         # after the first byte: an error event and a clean close, and both legs released
         stream = f.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long"}],
@@ -195,7 +195,7 @@ def test_failures_retry_the_leg_that_failed_then_end_cleanly(connector: str, tmp
                 if got == 3:
                     by_id[decode3].kill()
         assert got >= 3 and time.monotonic() - started < 30
-        assert wait_for(lambda: in_flight_total(f.frontend.url) == 0)
+        wait_until(lambda: in_flight_total(f.frontend.url) == 0, 20, "every load ticket released")
     finally:
         f.stop()
 
@@ -208,7 +208,8 @@ def test_fallback_to_mixed_when_a_pool_is_empty_and_503_with_neither(tmp_path: P
         decode, prefill, tokens, _ = chat(f, [{"role": "user", "content": "no decode workers"}])
         assert (decode, prefill, tokens) == (mixed, "", 12)
         f.mixed[0].stop()
-        assert wait_for(lambda: httpx.get(f.frontend.url + "/health").json()["workers"] == 1)
+        wait_until(lambda: httpx.get(f.frontend.url + "/health").json()["workers"] == 1, 20,
+                   "the frontend down to one worker")
         with pytest.raises(openai.APIStatusError) as exc:
             chat(f, [{"role": "user", "content": "nobody can serve this"}])
         assert exc.value.status_code == 503

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.fleet import get_json
+from harness import get_json, wait_until
 from tests.server.conftest import MOCK_ARGS, MODEL, Fleet, make_fleet
 from tests.server.test_routing import ask, system_prompt
 
@@ -30,14 +29,12 @@ def kvd_fleet(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer_dir: Path
 
 
 def wait_promoted(worker_url: str, blocks: int, timeout: float = 10.0) -> dict[str, int]:
-    deadline = time.monotonic() + timeout
-    view: dict[str, int] = {}
-    while time.monotonic() < deadline:
-        view = get_json(worker_url + "/infera/host_tier")
-        if view["blocks_promoted"] + view["blocks_already_warm"] >= blocks:
-            break
-        time.sleep(0.02)
-    return view
+    def view() -> dict[str, int]:
+        return dict(get_json(worker_url + "/infera/host_tier"))
+
+    wait_until(lambda: view()["blocks_promoted"] + view()["blocks_already_warm"] >= blocks, timeout,
+               f"{blocks} blocks promoted or already warm")
+    return view()
 
 
 def test_a_prewarm_turns_the_first_request_into_a_cache_hit(kvd_fleet: Fleet) -> None:

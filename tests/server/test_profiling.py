@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fleet import get_json, start_frontend, start_mock
+from harness import get_json, start_frontend, start_mock
 from tests.server.conftest import MOCK_ARGS, MODEL
 from tests.server.test_routing import ask, system_prompt
 

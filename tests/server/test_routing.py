@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.fleet import start_frontend
+from harness import start_frontend, wait_indexed
 from tests.server.conftest import MODEL, Fleet, make_fleet
 
 pytestmark = pytest.mark.slow  # spawns fleets of real processes
@@ -44,7 +43,7 @@ def test_conversations_stick_to_their_prefix_and_distinct_ones_spread(fleet: Fle
             worker, hit = ask(fleet.base_url, messages)
             served[i].append(worker)
             cached[i].append(hit)
-            time.sleep(0.05)  # let the engine's KV events reach the router
+            wait_indexed(fleet.frontend)  # the engine's KV events reached the router
     for i in range(3):
         assert len(set(served[i])) == 1, f"conversation {i} moved between workers: {served[i]}"
         assert all(c > 200 for c in cached[i][1:]), f"later turns of {i} were not cache hits: {cached[i]}"
@@ -58,7 +57,7 @@ def test_two_frontends_over_one_fleet_route_consistently(fleet: Fleet) -> None:
             messages = [{"role": "system", "content": system_prompt(seed)},
                         {"role": "user", "content": "first"}]
             first_worker, _ = ask(fleet.base_url, messages)
-            time.sleep(0.1)
+            wait_indexed(second)
             messages.append({"role": "user", "content": "second"})
             second_worker, hit = ask(second.url + "/v1", messages)
             assert second_worker == first_worker

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.transport.nats_server import NatsServer
+from harness import NatsServer
 
 
 @pytest.fixture

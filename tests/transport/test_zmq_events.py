@@ -10,6 +10,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
+from harness import await_until
 from infera.protocols.kv_events import REPLAY_END_SEQ, EventBatch, decode_batch, seq_from_bytes, seq_to_bytes
 from infera.protocols.worker import KvEventEndpoint, WorkerRecord
 from infera.transport.zmq_events import ZmqEventSource
@@ -21,10 +22,11 @@ def golden_frames(golden_dir: Path) -> list[list[bytes]]:
 
 
 class Publisher:
-    """A vLLM-like publisher: PUB for live batches, ROUTER that replays from a seq."""
+    """A vLLM-like publisher: PUB for live batches (an XPUB, so the test sees a subscription arrive),
+    ROUTER that replays from a seq."""
 
     def __init__(self, ctx: zmq.asyncio.Context, frames: list[list[bytes]]) -> None:
-        self.pub = ctx.socket(zmq.PUB)
+        self.pub = ctx.socket(zmq.XPUB)
         self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         self.router = ctx.socket(zmq.ROUTER)
         self.replay_port = self.router.bind_to_random_port("tcp://127.0.0.1")
@@ -42,6 +44,11 @@ class Publisher:
                     await self.router.send_multipart([ident, b"", topic, seq, payload])
             await self.router.send_multipart([ident, b"", b"", seq_to_bytes(REPLAY_END_SEQ), b""])
 
+    async def subscribed(self) -> None:
+        """Return once a subscriber's subscription has reached this socket (live traffic then flows)."""
+        while (await asyncio.wait_for(self.pub.recv(), 5.0))[:1] != b"\x01":
+            pass
+
     def record(self, replay: bool = True) -> WorkerRecord:
         return WorkerRecord(
             instance_id="w1", model="smol", http_url="http://127.0.0.1:1", kv_block_size=128,
@@ -55,14 +62,6 @@ class Publisher:
         self.router.close(0)
 
 
-async def wait_until(cond: object, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.01)):
-        if cond():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
-
-
 async def test_late_subscriber_catches_up_by_replay_then_repairs_a_gap(golden_dir: Path) -> None:
     frames = golden_frames(golden_dir)
     ctx = zmq.asyncio.Context()
@@ -74,13 +73,13 @@ async def test_late_subscriber_catches_up_by_replay_then_repairs_a_gap(golden_di
     await source.start()
     try:
         source.watch(pub.record())
-        await wait_until(lambda: len(got) == 6)  # everything so far, from the replay socket
+        await await_until(lambda: len(got) == 6, 5, "the replayed batches")  # everything so far, from replay
         assert pub.replays == [0]
-        await asyncio.sleep(0.3)  # let the SUB connection settle before live traffic
+        await pub.subscribed()  # the SUB's subscription reached the publisher: live traffic flows
         pub.frames = frames  # the engine goes on; its buffer holds everything
         await pub.pub.send_multipart(frames[6])
         await pub.pub.send_multipart(frames[9])  # seq 7 and 8 never arrive live
-        await wait_until(lambda: len(got) == 10)
+        await await_until(lambda: len(got) == 10, 5, "the live batches and the repaired gap")
         assert pub.replays == [0, 7]
         assert gaps == []
         expected = [decode_batch(f[2]) for f in frames[:10]]
@@ -102,10 +101,10 @@ async def test_unrepairable_gap_is_reported(golden_dir: Path) -> None:
     await source.start()
     try:
         source.watch(pub.record(replay=False))
-        await asyncio.sleep(0.3)
+        await pub.subscribed()
         await pub.pub.send_multipart(frames[0])
         await pub.pub.send_multipart(frames[3])
-        await wait_until(lambda: len(got) == 2)
+        await await_until(lambda: len(got) == 2, 5, "two live batches")
         assert gaps == [2]
     finally:
         await source.stop()

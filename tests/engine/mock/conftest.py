@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
-from mock_harness import GOLDEN, MockProcess
+from mock_harness import MockProcess
 
 
 @pytest.fixture
@@ -21,12 +20,4 @@ def start_mock() -> Iterator[Callable[..., MockProcess]]:
     yield start
     for proc in started:
         proc.stop()
-
-
-
-@pytest.fixture
-def golden_trace() -> Path:
-    if not (GOLDEN / "frames.jsonl").is_file():
-        pytest.skip(f"golden trace not found at {GOLDEN}")
-    return GOLDEN
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import httpx
 import zmq
 from mock_harness import MockProcess
 
+from harness import wait_until
 from infera.engine.mock.cache import BlockPool
 from infera.engine.mock.hashing import event_hash, extend_digests
 from infera.engine.mock.host_tier import HostTier
@@ -93,13 +93,9 @@ def test_a_kvd_hint_turns_the_next_request_into_a_hit(start_mock: Callable[..., 
         await client.send(hint)
 
     asyncio.run(send())
-    deadline = time.monotonic() + 10
-    view: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        view = httpx.get(mock.url + "/infera/host_tier").json()
-        if view["blocks_promoted"] >= 8:
-            break
-        time.sleep(0.02)
+    wait_until(lambda: httpx.get(mock.url + "/infera/host_tier").json()["blocks_promoted"] >= 8, 10,
+               "8 blocks promoted from the host tier")
+    view: dict[str, Any] = httpx.get(mock.url + "/infera/host_tier").json()
     assert view["blocks_promoted"] == 8 and view["blocks_staged"] == 8 and view["hints_other_worker"] == 1
     expected = [event_hash(d) for d in chain(tokens)]
     assert set(expected) <= set(httpx.get(mock.url + "/infera/kv_cache").json()["cached"])
@@ -130,8 +126,6 @@ def test_the_mock_records_a_profile_window(start_mock: Callable[..., MockProcess
     # num_steps: the window closes by itself (SGLang's semantics), into --profile-dir by default
     assert httpx.post(mock.url + "/start_profile", json={"num_steps": 1}).status_code == 200
     _cached_tokens(mock.url, prompt(4, 40))
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not list((tmp_path / "default").glob("*.trace.json")):
-        time.sleep(0.02)
+    wait_until(lambda: list((tmp_path / "default").glob("*.trace.json")), 5, "the one-step profile written")
     [auto] = list((tmp_path / "default").glob("*.trace.json"))
     assert len(json.loads(auto.read_text())["traceEvents"]) == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from collections.abc import Callable
 
 import httpx
@@ -12,6 +11,7 @@ import openai
 import zmq
 from mock_harness import MockProcess
 
+from harness.zmq_sub import subscribe
 from infera.protocols.kv_events import (
     REPLAY_END_SEQ,
     AllBlocksCleared,
@@ -65,11 +65,8 @@ def test_events_rebuild_the_cache_and_replay(start_mock: Callable[..., MockProce
                       "--max-num-batched-tokens", "256", "--max-num-seqs", "8")
     kv = mock.record["kv_events"]
     ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(kv["endpoint"])
+    sub = subscribe(ctx, kv["endpoint"])
     try:
-        time.sleep(0.5)  # subscription propagation before the first event
         cached = asyncio.run(_workload(mock.url, 30))
         assert any(c > 0 for c in cached), "requests sharing a system prompt must hit the prefix cache"
         state = httpx.get(mock.url + "/infera/kv_cache").json()
@@ -118,11 +115,7 @@ def test_mocks_side_by_side_differ_only_by_port(start_mock: Callable[..., MockPr
     subs = []
     try:
         for r in records:
-            sub = ctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.SUBSCRIBE, b"")
-            sub.connect(r["kv_events"]["endpoint"])
-            subs.append(sub)
-        time.sleep(0.5)
+            subs.append(subscribe(ctx, r["kv_events"]["endpoint"]))
         for i, m in enumerate(mocks):
             body = {"model": "mock-model", "prompt": f"worker {i} " * 20, "max_tokens": 3}
             assert httpx.post(m.url + "/v1/completions", json=body).status_code == 200

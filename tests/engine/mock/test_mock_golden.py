@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import httpx
 import zmq
 from mock_harness import MockProcess, read_jsonl
 
+from harness.zmq_sub import subscribe
 from infera.protocols.kv_events import REPLAY_END_SEQ, decode_batch, seq_to_bytes
 
 TS_END = 10  # payload = fixarray(3) marker + float64 ts (0xcb + 8 bytes)
@@ -37,17 +37,14 @@ def _start_golden(start_mock: Callable[..., MockProcess], golden: Path) -> MockP
                       "--speedup-ratio", "50")
 
 
-def test_golden_event_stream_and_replay(start_mock: Callable[..., MockProcess], golden_trace: Path) -> None:
-    mock = _start_golden(start_mock, golden_trace)
+def test_golden_event_stream_and_replay(start_mock: Callable[..., MockProcess], golden_dir: Path) -> None:
+    mock = _start_golden(start_mock, golden_dir)
     kv = mock.record["kv_events"]
     ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(kv["endpoint"])
+    sub = subscribe(ctx, kv["endpoint"])
     try:
-        time.sleep(0.5)  # let the subscription reach the PUB socket before the first event
         with httpx.Client(base_url=mock.url, timeout=30) as client:
-            for step in read_jsonl(golden_trace / "requests.jsonl"):
+            for step in read_jsonl(golden_dir / "requests.jsonl"):
                 req = step["request"]
                 resp = client.request(req["method"], req["path"], json=req.get("body"))
                 assert resp.status_code == 200, resp.text
@@ -59,7 +56,7 @@ def test_golden_event_stream_and_replay(start_mock: Callable[..., MockProcess], 
                 assert body["usage"]["prompt_tokens"] == step["prompt_tokens"], step["step"]
                 assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == step["cached_tokens"], step["step"]
                 assert body["usage"]["completion_tokens"] == 4
-        golden = _frames(golden_trace / "frames.jsonl")
+        golden = _frames(golden_dir / "frames.jsonl")
         got: list[list[bytes]] = []
         while len(got) < len(golden) and sub.poll(5000):
             got.append(sub.recv_multipart())
@@ -72,7 +69,7 @@ def test_golden_event_stream_and_replay(start_mock: Callable[..., MockProcess], 
 
         dealer = ctx.socket(zmq.DEALER)
         dealer.connect(kv["replay_endpoint"])
-        exchange = json.loads((golden_trace / "replay_request.json").read_text())
+        exchange = json.loads((golden_dir / "replay_request.json").read_text())
         request = [base64.b64decode(f) for f in exchange["frames_b64"]]
         assert request == [b"", seq_to_bytes(2)]
         dealer.send_multipart(request)
@@ -82,7 +79,7 @@ def test_golden_event_stream_and_replay(start_mock: Callable[..., MockProcess], 
             replayed.append(msg)
             if msg[2] == seq_to_bytes(REPLAY_END_SEQ):
                 break
-        want = _frames(golden_trace / "replay.jsonl")
+        want = _frames(golden_dir / "replay.jsonl")
         assert len(replayed) == len(want) == 11
         assert replayed[-1] == want[-1] == [b"", b"", b"\xff" * 8, b""]
         for ours, theirs in zip(replayed[:-1], want[:-1], strict=True):
