@@ -20,8 +20,8 @@ from openai import OpenAI
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness import scrape, start_frontend, start_mock
 from infera.picker.metrics import PickerMetrics
-from tests.fleet import scrape, start_frontend, start_mock
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "infera-dashboard.json"
@@ -113,8 +113,7 @@ def test_dashboard_is_well_formed() -> None:
 @pytest.mark.e2e
 def test_every_panel_names_exported_metrics(tmp_path: Path, qwen_tokenizer_dir: Path) -> None:
     mock = start_mock(tmp_path, model_path=qwen_tokenizer_dir, model=MODEL,
-                      args=("--block-size", "16", "--speedup-ratio", "50", "--discovery-backend", "static",
-                            "--request-transport", "http", "--kv-event-transport", "zmq"))
+                      args=("--block-size", "16", "--speedup-ratio", "50"))
     try:
         frontend = start_frontend(tmp_path, [mock], tokenizer=qwen_tokenizer_dir)
         try:

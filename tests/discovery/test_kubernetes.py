@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.kube.emulator import Emulator
 from infera.discovery.base import FleetChange
 from infera.discovery.kubernetes import KubernetesFleet, parse_record, pod_ready
 from infera.discovery.kubernetes_client import WORKER_ANNOTATION
 from infera.discovery.kubernetes_registrar import PodAnnotationRegistrar
-from tests.k8s.emulator import Emulator
 from tests.k8s.pods import SELECTOR, eventually, pod, record
 
 

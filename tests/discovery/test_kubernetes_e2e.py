@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from harness import Process, free_port, get_json, spawn, start_mock, wait_until
+from harness.kube.emulator import Emulator
 from infera.protocols.worker import WorkerRecord
-from tests.k8s.emulator import Emulator
 from tests.k8s.pods import SELECTOR, pod
 
 pytestmark = pytest.mark.slow

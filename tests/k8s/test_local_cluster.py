@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from tests.k8s.cluster import LocalCluster
+from harness.kube.cluster import LocalCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

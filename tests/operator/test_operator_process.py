@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness import Process, spawn
-from tests.k8s.emulator import Emulator
+from harness.kube.emulator import Emulator
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from harness.kube.emulator import Emulator
 from infera.discovery.kubernetes_client import api_client
 from infera.operator.kube import Kube
 from infera.operator.reconcile import reconcile
-from tests.k8s.emulator import Emulator
 from tests.operator.manifests import validate
 
 NS = "infer"

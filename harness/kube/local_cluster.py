@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.k8s.cluster import REPO, LocalCluster
+from harness.kube.cluster import REPO, LocalCluster
 
 WORKDIR = REPO / ".cache" / "local-cluster"
 
@@ -24,7 +24,8 @@ def main() -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with LocalCluster(WORKDIR) as cluster:
+    cluster = LocalCluster(WORKDIR)
+    with cluster:
         config = cluster.kubeconfig_path
         print(f"local-cluster: API server at {cluster.url}\n  export KUBECONFIG={config}\n"
               f"  (kubectl: {kubectl}; pod logs in {WORKDIR / 'logs'})", flush=True)

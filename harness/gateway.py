@@ -1,6 +1,6 @@
 """A GAIE gateway on loopback: mock engines, a frontend sidecar per worker, the picker, and Envoy.
 
-Processes start through tests/fleet.py (the shared process helpers). Envoy's config is the repo's
+Processes start through the harness (:mod:`harness.infera`). Envoy's config is the repo's
 deploy/envoy/gateway.yaml with its placeholders filled.
 """
 
@@ -14,7 +14,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.fleet import REPO, Proc, free_port, get_json, http_ok, start_frontend, start_mock
+from harness.http import get_json, http_ok, metric, scrape
+from harness.infera import start_frontend, start_mock
+from harness.process import REPO, Process, free_port, spawn
 
 GATEWAY_YAML = REPO / "deploy" / "envoy" / "gateway.yaml"
 OVERRIDE_HOST_YAML = REPO / "deploy" / "envoy" / "gateway-override-host.yaml"
@@ -29,8 +31,8 @@ def envoy_binary() -> str | None:
 class Pod:
     """A worker pod: the engine and its frontend sidecar (what the gateway routes to)."""
 
-    engine: Proc
-    sidecar: Proc
+    engine: Process
+    sidecar: Process
     record: dict[str, object]
 
     @property
@@ -67,19 +69,17 @@ def write_workers(tmp: Path, pods: Sequence[Pod]) -> Path:
 
 
 def start_picker(tmp: Path, workers_file: Path, *, tokenizer: str | Path, args: Sequence[str] = (),
-                 expect_workers: int | None = None) -> Proc:
+                 expect_workers: int | None = None) -> Process:
     port, metrics_port = free_port(), free_port()
     argv = [sys.executable, "-m", "infera.picker", "--host", "127.0.0.1", "--port", str(port),
             "--metrics-port", str(metrics_port), "--discovery-backend", "static", "--workers-file", str(workers_file),
             "--request-transport", "http", "--kv-event-transport", "zmq", "--worker-poll-interval", "0.5",
             "--router-tokenizer-path", str(tokenizer), *args]
-    proc = Proc(argv, f"http://127.0.0.1:{metrics_port}", tmp / f"picker-{port}.log")
+    proc = spawn(argv, f"http://127.0.0.1:{metrics_port}", tmp / f"picker-{port}.log")
     proc.grpc_port = port  # type: ignore[attr-defined]
     want = len(json.loads(workers_file.read_text())) if expect_workers is None else expect_workers
 
     def ready() -> bool:
-        from tests.fleet import metric, scrape
-
         return metric(scrape(proc.url), "infera_picker_workers") == want
 
     proc.wait_until(ready, timeout=180, what="serving its fleet")
@@ -87,7 +87,7 @@ def start_picker(tmp: Path, workers_file: Path, *, tokenizer: str | Path, args: 
 
 
 def start_envoy(tmp: Path, picker_port: int, fallback: str = "", *, fail_open: bool = False,
-                pool: Sequence[str] = ()) -> Proc:
+                pool: Sequence[str] = ()) -> Process:
     """Envoy on gateway.yaml (ORIGINAL_DST, ``fallback`` as the fail-open target), or with ``pool`` on
     gateway-override-host.yaml (the picker's endpoint list, retried in order)."""
     binary = envoy_binary()
@@ -105,7 +105,7 @@ def start_envoy(tmp: Path, picker_port: int, fallback: str = "", *, fail_open: b
     path = tmp / f"envoy-{port}.yaml"
     path.write_text(config)
     argv = [binary, "-c", str(path), "--base-id", str(port), "--concurrency", "1", "-l", "warning"]
-    proc = Proc(argv, f"http://127.0.0.1:{port}", tmp / f"envoy-{port}.log")
+    proc = spawn(argv, f"http://127.0.0.1:{port}", tmp / f"envoy-{port}.log")
     proc.admin = f"http://127.0.0.1:{admin}"  # type: ignore[attr-defined]
     proc.wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), timeout=120, what="ready")
     return proc

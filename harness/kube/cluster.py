@@ -5,7 +5,7 @@ to (``cluster.kubeconfig``), where Deployments become Pods (:class:`DeploymentCo
 become local processes with their own 127.0.0.x address and real probes (:class:`Kubelet`), and
 ClusterIP Services answer on 127.0.1.x (:class:`ServiceProxy`). One tick every 0.2 s reconciles all
 three on the emulator's own event loop. ``images`` says what an image would hold, found on this
-machine (:class:`tests.k8s.kubelet.Kubelet`; the default maps infera's image to this checkout's
+machine (:class:`harness.kube.kubelet.Kubelet`; the default maps infera's image to this checkout's
 tokenizer). What it is not: no scheduler, nodes or ReplicaSets, no volumes, no DNS.
 """
 
@@ -17,10 +17,10 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
-from tests.k8s import rbac
-from tests.k8s.controllers import DeploymentController, ServiceProxy
-from tests.k8s.emulator import BY_PATH, Emulator, Res
-from tests.k8s.kubelet import Kubelet
+from harness.kube import rbac
+from harness.kube.controllers import DeploymentController, ServiceProxy
+from harness.kube.emulator import BY_PATH, Emulator, Res
+from harness.kube.kubelet import Kubelet
 
 REPO = Path(__file__).resolve().parents[2]
 # infera's image (deploy/Dockerfile): the tokenizer it builds, and its processes bind the pod's address.

@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -118,13 +118,16 @@ class ServiceProxy:
         for key in wanted:
             if key not in self._servers:
                 with contextlib.suppress(OSError):
-                    self._servers[key] = await asyncio.start_server(
-                        lambda r, w, key=key: self._forward(key, r, w), key[0], key[1])
+                    self._servers[key] = await asyncio.start_server(self._handler(key), key[0], key[1])
 
     async def close(self) -> None:
         for server in self._servers.values():
             server.close()
         self._servers.clear()
+
+    def _handler(self, key: tuple[str, int]) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter],
+                                                          Awaitable[None]]:
+        return lambda reader, writer: self._forward(key, reader, writer)
 
     async def _forward(self, key: tuple[str, int], reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> None:

@@ -20,7 +20,9 @@ import copy
 from typing import Any
 
 import celpy
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 STRUCTURAL = ("type", "properties", "items", "additionalProperties", "default", "nullable",
               "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-validations")
@@ -99,12 +101,12 @@ def _cel(schema: dict[str, Any], value: Any, old: Any, where: str, errors: list[
             continue  # transition rules apply to updates only
         env = celpy.Environment()
         program = env.program(env.compile(text))
-        bindings = {"self": celpy.json_to_cel(value)}
+        bindings = {"self": json_to_cel(value)}
         if transition:
-            bindings["oldSelf"] = celpy.json_to_cel(old)
+            bindings["oldSelf"] = json_to_cel(old)
         try:
             ok = program.evaluate(bindings)
-        except celpy.CELEvalError as exc:
+        except CELEvalError as exc:
             errors.append(f"{where or '<root>'}: Invalid value: CEL rule {text!r} could not be evaluated: {exc}")
             continue
         if not bool(ok):

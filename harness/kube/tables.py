@@ -85,12 +85,16 @@ def _json_path(obj: Any, path: str) -> Any:
     return obj
 
 
+def _path_cell(path: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda obj: _json_path(obj, path)
+
+
 def printer_columns(definition: dict[str, Any] | None, version: str) -> list[Column]:
     """A CRD's additionalPrinterColumns (and Age)."""
-    ver = next((v for v in (definition or {}).get("spec", {}).get("versions", []) if v["name"] == version), {})
+    versions: list[dict[str, Any]] = (definition or {}).get("spec", {}).get("versions", [])
+    ver: dict[str, Any] = next((v for v in versions if v["name"] == version), {})
     cols: list[Column] = [(c["name"], "string" if c.get("type") == "date" else c.get("type", "string"),
-                           c.get("priority", 0),
-                           _age if c.get("type") == "date" else (lambda o, p=c["jsonPath"]: _json_path(o, p)))
+                           c.get("priority", 0), _age if c.get("type") == "date" else _path_cell(c["jsonPath"]))
                           for c in ver.get("additionalPrinterColumns") or []]
     return [*cols, ("Age", "string", 0, _age)] if not any(c[0] == "Age" for c in cols) else cols
 

@@ -7,9 +7,9 @@ metadata (uid, resourceVersion from one global counter, creationTimestamp, gener
 changes), label selectors (``=``, ``==``, ``!=``, ``in``, ``notin``, exists, ``!``), ``metadata.name``
 /``metadata.namespace`` field selectors, optimistic concurrency on PUT, JSON merge patch (strategic
 merge patch is treated as merge patch, which is exact for the maps this project patches), JSON
-patch, server-side apply with managed fields per field manager (:mod:`tests.k8s.ssa`: conflicts,
+patch, server-side apply with managed fields per field manager (:mod:`harness.kube.ssa`: conflicts,
 ``force``, removal of fields a manager stopped applying), custom resources admitted through their stored
-CRD's schema (:mod:`tests.k8s.crd`: pruning, defaulting, validation, CEL rules), the scale subresource of Deployments
+CRD's schema (:mod:`harness.kube.crd`: pruning, defaulting, validation, CEL rules), the scale subresource of Deployments
 (``kubectl scale``), the status subresource (writes to the main resource keep status, writes to
 ``/status`` keep everything else), finalizers with deletionTimestamp, owner-reference garbage collection on delete,
 and watches: from a resourceVersion (history replay), from nothing/"0" (synthetic ADDED for every
@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import jsonpatch
-import yaml
+import yaml  # type: ignore[import-untyped]
 from aiohttp import web
 
-from tests.k8s import crd, rbac, ssa, tables
+from harness.kube import crd, rbac, ssa, tables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,8 +347,9 @@ class Emulator:
         self._sync(self._close_watches)
 
     def create(self, obj: dict[str, Any], manager: str = TEST_MANAGER) -> dict[str, Any]:
-        return self._sync(lambda: self._create(self._res_of(obj), obj.get("metadata", {}).get("namespace", ""),
-                                               copy.deepcopy(obj), manager))
+        created: dict[str, Any] = self._sync(lambda: self._create(
+            self._res_of(obj), obj.get("metadata", {}).get("namespace", ""), copy.deepcopy(obj), manager))
+        return created
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "default") -> dict[str, Any] | None:
         res = self._res_kind(api_version, kind)
@@ -357,15 +358,18 @@ class Emulator:
 
     def list(self, api_version: str, kind: str, namespace: str | None = None, labels: str = "") -> list[dict[str, Any]]:
         res = self._res_kind(api_version, kind)
-        return self._sync(lambda: [copy.deepcopy(o) for o in self._select(res, namespace, labels, "")])
+        found: list[dict[str, Any]] = self._sync(
+            lambda: [copy.deepcopy(o) for o in self._select(res, namespace, labels, "")])
+        return found
 
     def patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any], namespace: str = "default",
               *, status: bool = False, manager: str = TEST_MANAGER) -> dict[str, Any]:
         """A merge patch by ``manager`` (an update: it takes the fields it changes, as ``kubectl edit`` would)."""
         res = self._res_kind(api_version, kind)
         ns = namespace if res.namespaced else ""
-        return self._sync(lambda: self._patch(res, ns, name, patch, "application/merge-patch+json",
-                                              status or not res.status, manager))
+        patched: dict[str, Any] = self._sync(lambda: self._patch(res, ns, name, patch, "application/merge-patch+json",
+                                                                 status or not res.status, manager))
+        return patched
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str = "default") -> None:
         res = self._res_kind(api_version, kind)
@@ -494,7 +498,7 @@ class Emulator:
                 raise ApiError(403, "Forbidden", why)
 
     def pod_log(self, namespace: str, pod: str, container: str | None) -> str:
-        """``kubectl logs``: nothing runs pods here (:class:`tests.k8s.cluster.LocalCluster` does)."""
+        """``kubectl logs``: nothing runs pods here (:class:`harness.kube.cluster.LocalCluster` does)."""
         return ""
 
     def _admit(self, res: Res, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
