@@ -8,7 +8,9 @@ Controls: ``idle_timeout`` seconds for each next frame (0 = forever), ``max_dura
 seconds for the whole request (0 = off), both ending it with 504 and a cancel to
 ``infera.cancel.<worker>``; ``max_pending`` requests in flight per worker from this frontend
 (0 = off), above which :meth:`send` raises 429 before anything is sent (the router then
-tries another worker). Closing a response that has not ended also publishes the cancel. When
+tries another worker). Closing a response that has not ended also publishes the cancel, and
+so does a send cancelled while it waits for the head frame (a client that left a non-streamed
+request: its head comes only with the whole answer). When
 the broker connection drops, every request in flight ends at once with 502 (nats-py
 reconnects by itself; new requests are refused with 502 until it has).
 """
@@ -165,6 +167,9 @@ class NatsRequestTransport:
         except (NatsError, OSError, ValueError) as exc:
             self._close(call)
             raise UpstreamError(f"worker {wid}: NATS request failed: {exc}") from exc
+        except BaseException:  # the client left (CancelledError): the worker must stop, the slot free up
+            self._close(call)
+            raise
         return UpstreamResponse(status=status, content_type=content_type, body=self._frames(call),
                                 close=lambda: self._close(call))
 
