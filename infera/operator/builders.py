@@ -168,7 +168,9 @@ def frontend_container(owner: Owner, spec: FleetSpec, *, sidecar: bool) -> dict[
         "env": frontend_env(owner, spec, sidecar=sidecar),
         "ports": [port],
         "readinessProbe": {**ready, "periodSeconds": 2},
-        "livenessProbe": {"tcpSocket": {"port": "frontend"}, "periodSeconds": 10, "failureThreshold": 3},
+        # /livez, not /health: a fleet still loading its models must not restart the frontend.
+        "livenessProbe": {"httpGet": {"path": "/livez", "port": "frontend"}, "periodSeconds": 10,
+                          "failureThreshold": 3},
     }
 
 

@@ -84,6 +84,8 @@ def test_auto_mode_renders_a_standalone_frontend_and_no_gaie() -> None:
     assert env["INFERA_KV_EVENTS_HOST"] == "$(POD_IP)"
     assert env["INFERA_DISCOVERY_BACKEND"] == "kubernetes"
     front = objs[("Deployment", "demo-frontend")]["spec"]["template"]["spec"]["containers"][0]
+    assert front["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert front["livenessProbe"]["httpGet"]["path"] == "/livez"  # an empty fleet must not restart it
     fenv = env_of(front)
     assert fenv["INFERA_K8S_LABEL_SELECTOR"] == worker_selector(OWNER)
     assert fenv.get("INFERA_ROUTER_MODE", "auto") == "auto"
@@ -97,6 +99,7 @@ def test_gaie_renders_sidecars_pool_picker_and_route() -> None:
     pod = objs[("Deployment", "demo-mixed")]["spec"]["template"]
     assert [c["name"] for c in pod["spec"]["containers"]] == ["worker", "frontend"]
     assert pod["metadata"]["labels"]["infera.ai/gateway-target"] == "true"
+    assert pod["spec"]["containers"][1]["livenessProbe"]["httpGet"]["path"] == "/livez"
     side = env_of(pod["spec"]["containers"][1])
     assert side["INFERA_ROUTER_MODE"] == "direct"
     assert side["INFERA_DIRECT_DEFAULT_WORKER"] == "$(POD_NAME)"
