@@ -61,8 +61,10 @@ class ServerSettings:
                                           "frontend; at the cap -> 429 (retried on another worker); 0 = off")
     max_body_bytes: int = option(8 * 1024 * 1024, "largest request body accepted (413 above it)")
     upstream_connect_timeout: float = option(5.0, "seconds to connect to a worker")
-    upstream_first_byte_timeout: float = option(600.0, "seconds to wait for a worker's first response byte "
-                                                       "(then it counts as failed and may be retried)")
+    upstream_first_byte_timeout: float = option(600.0, "HTTP requests: seconds to wait for a worker's first "
+                                                       "response byte (then it counts as failed and may be "
+                                                       "retried); over NATS --nats-req-idle-timeout governs "
+                                                       "the first token too")
     kv_events_stale_seconds: float = option(5.0, "a worker that was sent requests but published no KV event "
                                                  "for this long is treated as blind: the router predicts its "
                                                  "cache from its own decisions")

@@ -118,7 +118,6 @@ def build(settings: ServerSettings) -> FastAPI:
         kv_overlap_weight=settings.kv_overlap_weight,
         temperature=settings.router_temperature,
         max_retries=settings.request_max_retries,
-        first_byte_timeout=settings.upstream_first_byte_timeout,
         events_stale_seconds=settings.kv_events_stale_seconds,
     )
     # Only a policy that reads the prefix index needs the fleet's KV events (round-robin does not).

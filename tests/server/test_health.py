@@ -34,8 +34,8 @@ class Unreachable:
 
     async def stop(self) -> None: ...
 
-    async def send(self, worker: WorkerRecord, path: str, body: bytes,
-                   headers: Mapping[str, str]) -> UpstreamResponse:
+    async def send(self, worker: WorkerRecord, path: str, body: bytes, headers: Mapping[str, str],
+                   started: float | None = None) -> UpstreamResponse:
         raise UpstreamError(f"worker {worker.instance_id} is unreachable")
 
 
