@@ -133,7 +133,8 @@ def frontend_env(owner: Owner, spec: FleetSpec, *, sidecar: bool) -> list[dict[s
         "port": FRONTEND_PORT,
         "router_mode": "direct" if sidecar else spec.router.mode,
         "router_policy": spec.router.policy,
-        "router_tokenizer_path": spec.tokenizer_path or spec.model_path,
+        "router_tokenizer_path": spec.tokenizer_path or spec.model_path,  # a dir or a model id, as on the CLI
+        "router_tokenizer_revision": spec.tokenizer_revision,
         "kv_overlap_weight": spec.router.kv_overlap_weight,
         "discovery_backend": spec.transport.discovery,
         "request_transport": spec.transport.request,

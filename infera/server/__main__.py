@@ -108,7 +108,8 @@ class DefaultWorkerHeader:
 
 def build(settings: ServerSettings) -> FastAPI:
     check_available(settings)
-    renderer = PromptRenderer.from_dir(settings.router_tokenizer_path) if settings.router_tokenizer_path else None
+    renderer = (PromptRenderer.from_dir(settings.router_tokenizer_path, revision=settings.router_tokenizer_revision)
+                if settings.router_tokenizer_path else None)
     http = HttpTransport(settings.upstream_connect_timeout, settings.upstream_first_byte_timeout)
     transport = REQUEST_TRANSPORTS[settings.request_transport](settings, http)
     index = PrefixIndex()

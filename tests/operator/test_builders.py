@@ -144,6 +144,13 @@ def test_rendered_env_is_read_back_by_the_processes_own_loader() -> None:
     assert (mock.instance_id, mock.kv_events_host, mock.served_model_name) == ("demo-mixed-abc", "10.1.2.3", "m")
 
 
+def test_a_model_id_tokenizer_and_its_revision_reach_the_frontend_as_given() -> None:
+    spec = FleetSpec.parse({**SPECS["mock-auto"], "tokenizerPath": "Qwen/Qwen3-0.6B", "tokenizerRevision": "v2"})
+    front = by_kind(build_children(OWNER, spec))[("Deployment", "demo-frontend")]["spec"]["template"]["spec"]
+    server = load(ServerSettings, [], environ=env_of(front["containers"][0]))
+    assert (server.router_tokenizer_path, server.router_tokenizer_revision) == ("Qwen/Qwen3-0.6B", "v2")
+
+
 def test_every_rendered_env_name_comes_from_a_schema() -> None:
     names = {n for cls in (ServerSettings, WorkerSettings, MockEngineSettings)
              for f in dataclasses.fields(cls) for n in env_names(f)}
