@@ -97,6 +97,7 @@ def test_nothing_found_names_every_place_and_how_to_fill_the_cache(tmp_path: Pat
     assert f"huggingface-cli download {MODEL} tokenizer.json tokenizer_config.json" in text
 
 
+@pytest.mark.slow  # spawns the server process
 def test_the_server_exits_with_that_message(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "infera.server", "--router-tokenizer-path", MODEL,
