@@ -1,4 +1,8 @@
-"""Settings of a worker: the mock engine, and (later) the sglang/vllm/atom wrappers."""
+"""Settings of the mock engine (``python -m infera.engine.mock``).
+
+The wrappers of real engines (``python -m infera.engine.sglang|vllm|atom``) take
+:class:`infera.config.worker.WorkerSettings`; both share :class:`WorkerFleetSettings`.
+"""
 
 from __future__ import annotations
 

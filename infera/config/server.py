@@ -24,8 +24,12 @@ class ServerSettings:
     router_mode: str = option("auto", "auto: pick in-process; direct: obey the x-worker-instance-id header",
                               choices=ROUTER_MODES)
     router_policy: str = option("kv-aware", "how auto mode scores workers", choices=ROUTER_POLICIES)
-    router_tokenizer_path: str = option("", "local tokenizer dir (tokenizer.json + tokenizer_config.json) "
-                                            "used to render and hash prompts; required for kv-aware")
+    router_tokenizer_path: str = option("", "tokenizer used to render and hash prompts (required for kv-aware): "
+                                            "a folder with tokenizer.json + tokenizer_config.json, or a model "
+                                            "id (Qwen/Qwen3-0.6B) found offline in the Hugging Face cache "
+                                            "($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub)")
+    router_tokenizer_revision: str = option("main", "revision of a model-id --router-tokenizer-path in the Hugging "
+                                                    "Face cache: a ref name (main, a branch or tag) or a commit hash")
     kv_overlap_weight: float = option(1.0, "kv-aware: weight of prefill work left after the cache credit "
                                            "against decode load already on the worker")
     router_temperature: float = option(0.0, "kv-aware: 0 picks the cheapest worker; >0 samples by softmax of "
@@ -64,8 +68,10 @@ class ServerSettings:
                                           "frontend; at the cap -> 429 (retried on another worker); 0 = off")
     max_body_bytes: int = option(8 * 1024 * 1024, "largest request body accepted (413 above it)")
     upstream_connect_timeout: float = option(5.0, "seconds to connect to a worker")
-    upstream_first_byte_timeout: float = option(600.0, "seconds to wait for a worker's first response byte "
-                                                       "(then it counts as failed and may be retried)")
+    upstream_first_byte_timeout: float = option(600.0, "HTTP requests: seconds to wait for a worker's first "
+                                                       "response byte (then it counts as failed and may be "
+                                                       "retried); over NATS --nats-req-idle-timeout governs "
+                                                       "the first token too")
     kv_events_stale_seconds: float = option(5.0, "a worker that was sent requests but published no KV event "
                                                  "for this long is treated as blind: the router predicts its "
                                                  "cache from its own decisions")

@@ -68,7 +68,10 @@ class WorkerSettings(WorkerFleetSettings):
                                      "module with this Python. Engine flags go after `--`")
     engine_args: str = option("", "extra engine flags (shell words), appended after the wrapper's")
     instance_id: str = option("", "unique worker id; empty = <engine>-<advertise host>-<port>")
-    role: str = option("mixed", "worker role", choices=ROLES)
+    role: str = option("mixed", "worker role: mixed, or prefill/decode of a disaggregated pair (the engine is "
+                                "started in that role and the record names its connector)", choices=ROLES)
+    disaggregation_bootstrap_port: int = option(8998, "SGLang prefill worker: port of its KV bootstrap server, "
+                                                      "passed to the engine and advertised in the record")
     block_size: int = option(0, "tokens per KV block: passed to the engine when > 0; 0 = the engine's own, "
                                 "read from its info endpoints (else 16)")
     num_kv_blocks: int = option(0, "KV-cache blocks advertised as capacity; 0 = read from the engine (else unknown)")

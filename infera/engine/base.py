@@ -46,8 +46,13 @@ class EngineAdapter(Protocol):
     publishes_kv_events: bool
     """Whether :meth:`command` switches the engine's ZMQ KV-event publisher on."""
 
+    connector: str
+    """How a prefill worker of this engine hands its KV to the decode worker (the record's
+    ``connector`` for ``--role prefill|decode``): ``push`` (SGLang bootstrap rooms) or ``pull``
+    (vLLM NIXL ``kv_transfer_params``)."""
+
     def command(self, settings: WorkerSettings, ports: EnginePorts) -> list[str]:
-        """The full argv that starts the engine (without the user's extra engine args)."""
+        """The full argv that starts the engine in ``settings.role`` (without the user's extra engine args)."""
         ...
 
     async def info(self, fetch: Fetch) -> EngineInfo:

@@ -88,11 +88,15 @@ def build_record(adapter: EngineAdapter, settings: WorkerSettings, http_url: str
     max_seqs = settings.max_num_seqs or info.max_num_seqs or (served.capacity.max_num_seqs if served else 0)
     model = settings.served_model_name or info.model or (served.model if served else "") or settings.model_path
     port = http_url.rstrip("/").rsplit(":", 1)[-1]
+    connector = adapter.connector if settings.role != "mixed" else None
+    bootstrap = (f"{host}:{settings.disaggregation_bootstrap_port}"
+                 if settings.role == "prefill" and connector == "push" else None)
     return WorkerRecord(
         instance_id=settings.instance_id or f"{adapter.name}-{host}-{port}",
         model=model, role=settings.role, engine=adapter.name, http_url=http_url.rstrip("/"),
         kv_events=kv_events, kv_block_size=block_size,
         capacity=Capacity(kv_blocks=kv_blocks, max_num_seqs=max_seqs),
+        connector=connector, bootstrap_addr=bootstrap,
     )
 
 

@@ -48,6 +48,7 @@ from infera.kv.chat_template import (
     normalize_messages,
 )
 from infera.kv.codecs import BYTE_LEVEL_SPECIALS, ByteCodec, Codec, HfCodec, TiktokenCodec, tiktoken_spec
+from infera.kv.tokenizer_source import TokenizerNotFoundError, resolve_tokenizer_dir
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -125,8 +126,12 @@ class PromptRenderer:
         self._eos_id = codec.token_to_id(eos) if eos is not None else None
 
     @classmethod
-    def from_dir(cls, path: str | Path, chat_template: str | None = None, fast: bool = True) -> PromptRenderer:
+    def from_dir(cls, path: str | Path, chat_template: str | None = None, fast: bool = True,
+                 revision: str = "main") -> PromptRenderer:
         """Load ``tokenizer.json`` + ``tokenizer_config.json`` (+ ``chat_template.jinja``) from ``path``.
+
+        ``path`` is a folder, or a model id found in the Hugging Face cache at ``revision``
+        (:mod:`infera.kv.tokenizer_source`; never the network).
 
         ``chat_template`` overrides the directory's template (a literal Jinja template, like
         vLLM's ``--chat-template``). With ``fast`` (the default), a tokenizer converted from
@@ -134,9 +139,10 @@ class PromptRenderer:
         (``uses_tiktoken`` says so); otherwise by ``tokenizers``. Raises TokenizerLoadError
         naming a missing or bad file.
         """
-        root = Path(path)
-        if not root.is_dir():
-            raise TokenizerLoadError(f"tokenizer directory {root} does not exist")
+        try:
+            root = resolve_tokenizer_dir(str(path), revision)
+        except TokenizerNotFoundError as exc:
+            raise TokenizerLoadError(str(exc)) from exc
         tok_path = root / "tokenizer.json"
         if not tok_path.is_file():
             raise TokenizerLoadError(f"missing tokenizer.json in {root}")

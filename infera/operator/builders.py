@@ -126,7 +126,8 @@ def frontend_env(owner: Owner, spec: FleetSpec, *, sidecar: bool) -> list[dict[s
         "port": FRONTEND_PORT,
         "router_mode": "direct" if sidecar else spec.router.mode,
         "router_policy": spec.router.policy,
-        "router_tokenizer_path": spec.tokenizer_path or spec.model_path,
+        "router_tokenizer_path": spec.tokenizer_path or spec.model_path,  # a dir or a model id, as on the CLI
+        "router_tokenizer_revision": spec.tokenizer_revision,
         "kv_overlap_weight": spec.router.kv_overlap_weight,
         "discovery_backend": spec.transport.discovery,
         "request_transport": spec.transport.request,
@@ -161,9 +162,11 @@ def frontend_container(owner: Owner, spec: FleetSpec, *, sidecar: bool) -> dict[
         "env": frontend_env(owner, spec, sidecar=sidecar),
         "ports": [port],
         "readinessProbe": {**ready, "periodSeconds": 2},
-        # Loading the tokenizer takes seconds (tens on a busy node): liveness starts once it listens.
+        # Loading the tokenizer takes seconds (tens on a busy node): liveness starts once it listens, and
+        # asks /livez, not /health: a fleet still loading its models must not restart the frontend.
         "startupProbe": {"tcpSocket": {"port": "frontend"}, "periodSeconds": 2, "failureThreshold": 150},
-        "livenessProbe": {"tcpSocket": {"port": "frontend"}, "periodSeconds": 10, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"path": "/livez", "port": "frontend"}, "periodSeconds": 10,
+                          "failureThreshold": 3},
     }
 
 

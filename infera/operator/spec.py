@@ -111,7 +111,9 @@ class FleetSpec(_Model):
     image: str = "infera:dev"  # what deploy/Dockerfile builds and scripts/kind-up loads
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     model_path: str = ""
-    tokenizer_path: str = Field(default="", description="the router's tokenizer dir; empty = modelPath")
+    tokenizer_path: str = Field(default="", description="the router's tokenizer: a dir, or a model id in the "
+                                                         "frontend's Hugging Face cache; empty = modelPath")
+    tokenizer_revision: str = Field(default="main", description="revision of a model-id tokenizer_path")
     pools: Pools = Field(default_factory=_default_pools)
     router: Router = Field(default_factory=Router)
     transport: Transport = Field(default_factory=Transport)

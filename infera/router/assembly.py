@@ -97,7 +97,8 @@ class Assembly:
 
 def assemble(settings: ServerSettings) -> Assembly:
     check_available(settings)
-    renderer = PromptRenderer.from_dir(settings.router_tokenizer_path) if settings.router_tokenizer_path else None
+    renderer = (PromptRenderer.from_dir(settings.router_tokenizer_path, revision=settings.router_tokenizer_revision)
+                if settings.router_tokenizer_path else None)
     http = HttpTransport(settings.upstream_connect_timeout, settings.upstream_first_byte_timeout)
     transport = REQUEST_TRANSPORTS[settings.request_transport](settings, http)
     options = RouterOptions(
@@ -106,7 +107,6 @@ def assemble(settings: ServerSettings) -> Assembly:
         kv_overlap_weight=settings.kv_overlap_weight,
         temperature=settings.router_temperature,
         max_retries=settings.request_max_retries,
-        first_byte_timeout=settings.upstream_first_byte_timeout,
         events_stale_seconds=settings.kv_events_stale_seconds,
     )
     # Only a policy that reads the prefix index needs the fleet's KV events (round-robin does not).

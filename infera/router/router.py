@@ -12,7 +12,6 @@ in :mod:`infera.router.disagg`, shaped by the worker's connector (:mod:`infera.r
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import math
@@ -68,6 +67,8 @@ class RouteRequest:
     max_tokens: int | None = None
     worker_hint: str | None = None  # x-worker-instance-id (direct mode; the decode worker of a pair)
     prefill_hint: str | None = None  # x-prefill-instance-id (direct mode; the prefill worker of a pair)
+    # time.monotonic() at intake: a transport's whole-request cap counts from here, across retries
+    started: float = dataclasses.field(default_factory=time.monotonic)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,7 +78,6 @@ class RouterOptions:
     kv_overlap_weight: float = 1.0
     temperature: float = 0.0
     max_retries: int = 1
-    first_byte_timeout: float = 600.0
     events_stale_seconds: float = 5.0
 
 
@@ -442,7 +442,7 @@ class Router:
             self.index.predict(wid, hashes, ttl=PREDICTION_TTL, now=self._clock())
         upstream: UpstreamResponse | None = None
         try:
-            upstream = await self.transport.send(worker, req.path, body, headers)
+            upstream = await self.transport.send(worker, req.path, body, headers, started=req.started)
             first = await self._first_chunk(upstream, wid)
         except BaseException:
             if upstream is not None:
@@ -463,14 +463,11 @@ class Router:
         return Leg(worker, upstream, first, release)
 
     async def _first_chunk(self, upstream: UpstreamResponse, wid: str) -> bytes:
-        timeout = self.options.first_byte_timeout or None
+        # No deadline here: the transport owns it (HTTP: --upstream-first-byte-timeout; NATS: the idle timeout).
         try:
-            async with asyncio.timeout(timeout):  # no extra task per request, unlike wait_for
-                return await anext(upstream.body)
+            return await anext(upstream.body)
         except StopAsyncIteration:
             return b""
-        except TimeoutError as exc:
-            raise UpstreamError(f"worker {wid} sent no first byte within {timeout:g}s", status=504) from exc
         except UpstreamError:
             raise
         except Exception as exc:

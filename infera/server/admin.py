@@ -1,4 +1,10 @@
-"""Inspection and operations endpoints: health, metrics, the worker registry, cache views."""
+"""Inspection and operations endpoints: health, metrics, the worker registry, cache views.
+
+Two probes: ``/livez`` answers 200 while the process serves (liveness: restart only a stuck
+frontend, never one whose fleet is still loading its models); ``/health`` is readiness, 200
+with the count of workers that can take a request now (listed and not cooling down after a
+failure), 503 when there is none.
+"""
 
 from __future__ import annotations
 
@@ -20,15 +26,20 @@ class AdminHandlers:
     def routes(self) -> APIRouter:
         api = APIRouter()
         api.add_api_route("/health", self.health, methods=["GET"])
+        api.add_api_route("/livez", self.livez, methods=["GET"])
         api.add_api_route("/metrics", self.prometheus, methods=["GET"])
         api.add_api_route("/v1/workers", self.workers, methods=["GET"])
         api.add_api_route("/v1/admin/cache-view/{worker_id}", self.cache_view, methods=["GET"])
         return api
 
     async def health(self) -> JsonResponse:
-        count = len(self.router.fleet.workers())
+        cooling = self.router.cooling_down()
+        count = sum(1 for wid in self.router.fleet.workers() if wid not in cooling)
         body = {"status": "ok" if count else "no_workers", "workers": count, "models": self.router.models()}
         return JsonResponse(body, status_code=200 if count else 503)
+
+    async def livez(self) -> JsonResponse:
+        return JsonResponse({"status": "ok"})
 
     async def prometheus(self) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -44,12 +44,16 @@ class RequestTransport(Protocol):
     async def stop(self) -> None: ...
 
     async def send(
-        self, worker: WorkerRecord, path: str, body: bytes, headers: Mapping[str, str]
+        self, worker: WorkerRecord, path: str, body: bytes, headers: Mapping[str, str],
+        started: float | None = None,
     ) -> UpstreamResponse:
         """POST ``body`` to ``path`` (e.g. ``/v1/chat/completions``) on ``worker``.
 
         Returns once the response status is known. Raises :class:`UpstreamError` when the
-        worker is unreachable, answers 5xx, or sends no first byte in time.
+        worker is unreachable, answers 5xx, or sends no first byte in time; the transport owns
+        that deadline (its first body chunk included), the caller adds none of its own.
+        ``started`` is the ``time.monotonic()`` at which the client's request began: a cap on
+        the whole request counts from it, across every retry of that request (None = now).
         """
         ...
 

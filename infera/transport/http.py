@@ -2,6 +2,10 @@
 
 aiohttp was chosen over httpx by measurement (bench/README.md): it costs less CPU per
 proxied request, which is what the router's added latency is made of.
+
+``first_byte_timeout`` seconds (0 = none) bound the wait from the send to the response's
+first body chunk (a streamed answer's headers come before its first token); expiry is a 504
+before the first byte, so the router may retry elsewhere.
 """
 
 from __future__ import annotations
@@ -45,12 +49,14 @@ class HttpTransport:
             return await resp.json(content_type=None)
 
     async def send(
-        self, worker: WorkerRecord, path: str, body: bytes, headers: Mapping[str, str]
+        self, worker: WorkerRecord, path: str, body: bytes, headers: Mapping[str, str],
+        started: float | None = None,
     ) -> UpstreamResponse:
         assert self._session is not None, "transport not started"
         url = worker.http_url.rstrip("/") + path
+        deadline = asyncio.get_running_loop().time() + self._first_byte_timeout if self._first_byte_timeout else None
         try:
-            async with asyncio.timeout(self._first_byte_timeout or None):  # no extra task, unlike wait_for
+            async with asyncio.timeout_at(deadline):  # no extra task, unlike wait_for
                 resp = await self._session.post(url, data=body, headers=headers)
         except TimeoutError as exc:
             raise UpstreamError(f"worker {worker.instance_id} sent no response within "
@@ -64,16 +70,27 @@ class HttpTransport:
         return UpstreamResponse(
             status=resp.status,
             content_type=resp.headers.get("Content-Type", "application/json"),
-            body=_iter_body(resp, worker.instance_id),
+            body=self._iter_body(resp, worker.instance_id, deadline),
             close=resp.close,
         )
 
-
-async def _iter_body(resp: aiohttp.ClientResponse, worker_id: str) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in resp.content.iter_any():
-            yield chunk
-    except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
-        raise UpstreamError(f"worker {worker_id} broke the stream: {exc}", before_first_byte=False) from exc
-    finally:
-        resp.release()
+    async def _iter_body(self, resp: aiohttp.ClientResponse, worker_id: str,
+                         deadline: float | None) -> AsyncIterator[bytes]:
+        """The body's chunks; the first must come by ``deadline`` (loop time; None = no limit)."""
+        chunks = resp.content.iter_any()
+        try:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    first = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            except TimeoutError as exc:
+                raise UpstreamError(f"worker {worker_id} sent no first byte within {self._first_byte_timeout:g}s",
+                                    status=504) from exc
+            yield first
+            async for chunk in chunks:
+                yield chunk
+        except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
+            raise UpstreamError(f"worker {worker_id} broke the stream: {exc}", before_first_byte=False) from exc
+        finally:
+            resp.release()

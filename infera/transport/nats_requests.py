@@ -4,13 +4,16 @@ Framing is :mod:`infera.protocols.nats_wire`. One wildcard inbox subscription se
 request of this frontend (each request gets its own reply subject under it), so a request
 costs one publish and no subscribe/unsubscribe round trip.
 
-Controls: ``idle_timeout`` seconds for each next frame (0 = forever), ``max_duration``
-seconds for the whole request (0 = off), both ending it with 504 and a cancel to
-``infera.cancel.<worker>``; ``max_pending`` requests in flight per worker from this frontend
-(0 = off), above which :meth:`send` raises 429 before anything is sent (the router then
-tries another worker). Closing a response that has not ended also publishes the cancel. When
-the broker connection drops, every request in flight ends at once with 502 (nats-py
-reconnects by itself; new requests are refused with 502 until it has).
+Controls: ``idle_timeout`` seconds for each next frame, the first token's included (0 =
+forever: the router adds no first-byte deadline of its own); ``max_duration`` seconds for the
+whole client request, counted from its ``started`` time so that a retry does not restart it
+(0 = off); both end it with 504 and a cancel to ``infera.cancel.<worker>``. ``max_pending``
+requests in flight per worker from this frontend (0 = off), above which :meth:`send` raises
+429 before anything is sent (the router then tries another worker). Closing a response that
+has not ended also publishes the cancel, and so does a send cancelled while it waits for the
+head frame (a client that left a non-streamed request: its head comes only with the whole
+answer). When the broker connection drops, every request in flight ends at once with 502
+(nats-py reconnects by itself; new requests are refused with 502 until it has).
 """
 
 from __future__ import annotations
@@ -130,7 +133,8 @@ class NatsRequestTransport:
     # ---- requests ----------------------------------------------------------------------------
 
     async def send(
-        self, worker: WorkerRecord, path: str, body: bytes, headers: Mapping[str, str]
+        self, worker: WorkerRecord, path: str, body: bytes, headers: Mapping[str, str],
+        started: float | None = None,
     ) -> UpstreamResponse:
         wid = worker.instance_id
         nc = self._nc
@@ -144,7 +148,8 @@ class NatsRequestTransport:
         if not nc.is_connected:
             raise UpstreamError(f"worker {wid}: not connected to the NATS broker {self._url}")
         reply = f"{self._prefix}.{next(self._ids):x}"
-        deadline = time.monotonic() + self._max_duration if self._max_duration > 0 else None
+        begun = time.monotonic() if started is None else started
+        deadline = begun + self._max_duration if self._max_duration > 0 else None
         call = _Call(wid, wire.cancel_subject(worker.nats_subject), reply, deadline)
         self._calls[reply] = call
         self._pending[wid] = self._pending.get(wid, 0) + 1
@@ -165,6 +170,9 @@ class NatsRequestTransport:
         except (NatsError, OSError, ValueError) as exc:
             self._close(call)
             raise UpstreamError(f"worker {wid}: NATS request failed: {exc}") from exc
+        except BaseException:  # the client left (CancelledError): the worker must stop, the slot free up
+            self._close(call)
+            raise
         return UpstreamResponse(status=status, content_type=content_type, body=self._frames(call),
                                 close=lambda: self._close(call))
 

@@ -64,6 +64,39 @@ def test_atom_argv() -> None:
     assert argv[argv.index("--server-port") + 1] == "8006" and argv[argv.index("--model") + 1] == "/models/m"
 
 
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_sglang_starts_in_its_disaggregation_role_and_advertises_the_bootstrap(role: str) -> None:
+    s = settings("--role", role, "--disaggregation-bootstrap-port", "9001", "--advertise-host", "10.0.0.7")
+    adapter = SglangAdapter()
+    argv = adapter.command(s, EnginePorts(http=30000))
+    assert argv[argv.index("--disaggregation-mode") + 1] == role
+    assert ("--disaggregation-bootstrap-port" in argv) == (role == "prefill")
+    if role == "prefill":
+        assert argv[argv.index("--disaggregation-bootstrap-port") + 1] == "9001"
+    record = build_record(adapter, s, "http://10.0.0.7:30000", EnginePorts(http=30000), EngineInfo())
+    assert record.role == role and record.connector == "push"
+    assert record.bootstrap_addr == ("10.0.0.7:9001" if role == "prefill" else None)
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_vllm_starts_with_the_nixl_connector_and_advertises_pull(role: str) -> None:
+    s = settings("--role", role)
+    adapter = VllmAdapter()
+    argv = adapter.command(s, EnginePorts(http=8100))
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == {"kv_connector": "NixlConnector",
+                                                                        "kv_role": "kv_both"}
+    record = build_record(adapter, s, "http://127.0.0.1:8100", EnginePorts(http=8100), EngineInfo())
+    assert (record.role, record.connector, record.bootstrap_addr) == (role, "pull", None)
+
+
+@pytest.mark.parametrize("adapter", [SglangAdapter(), VllmAdapter()], ids=["sglang", "vllm"])
+def test_a_mixed_worker_starts_no_disaggregation(adapter: SglangAdapter | VllmAdapter) -> None:
+    argv = adapter.command(settings(), EnginePorts(http=8100))
+    assert not {"--disaggregation-mode", "--disaggregation-bootstrap-port", "--kv-transfer-config"} & set(argv)
+    record = build_record(adapter, settings(), "http://127.0.0.1:8100", EnginePorts(http=8100), EngineInfo())
+    assert (record.role, record.connector, record.bootstrap_addr) == ("mixed", None, None)
+
+
 async def test_vllm_info_from_its_metrics() -> None:
     metrics = ('# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="16",num_gpu_blocks="9362",'
                'enable_prefix_caching="True"} 1.0\nvllm:num_requests_running{model_name="m"} 2.0\n'

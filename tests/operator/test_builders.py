@@ -87,6 +87,8 @@ def test_auto_mode_renders_a_standalone_frontend_and_no_gaie() -> None:
     assert env["INFERA_KV_EVENTS_HOST"] == "$(POD_IP)"
     assert env.get("INFERA_DISCOVERY_BACKEND", "kubernetes") == "kubernetes"  # rendered only off the default
     front = objs[("Deployment", "demo-frontend")]["spec"]["template"]["spec"]["containers"][0]
+    assert front["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert front["livenessProbe"]["httpGet"]["path"] == "/livez"  # an empty fleet must not restart it
     fenv = env_of(front)
     assert fenv["INFERA_K8S_LABEL_SELECTOR"] == worker_selector(OWNER)
     assert fenv.get("INFERA_ROUTER_MODE", "auto") == "auto"
@@ -100,6 +102,7 @@ def test_gaie_renders_sidecars_pool_picker_and_route() -> None:
     pod = objs[("Deployment", "demo-mixed")]["spec"]["template"]
     assert [c["name"] for c in pod["spec"]["containers"]] == ["worker", "frontend"]
     assert pod["metadata"]["labels"]["infera.ai/gateway-target"] == "true"
+    assert pod["spec"]["containers"][1]["livenessProbe"]["httpGet"]["path"] == "/livez"
     side = env_of(pod["spec"]["containers"][1])
     assert side["INFERA_ROUTER_MODE"] == "direct"
     assert side["INFERA_DIRECT_DEFAULT_WORKER"] == "$(POD_NAME)"
@@ -179,6 +182,13 @@ def test_rendered_env_is_read_back_by_the_processes_own_loader() -> None:
         by_kind(build_children(OWNER, FleetSpec.parse(SPECS["mock-auto"])))[("Deployment", "demo-mixed")]
         ["spec"]["template"]["spec"]["containers"][0]).items()})
     assert (mock.instance_id, mock.kv_events_host, mock.served_model_name) == ("demo-mixed-abc", "10.1.2.3", "m")
+
+
+def test_a_model_id_tokenizer_and_its_revision_reach_the_frontend_as_given() -> None:
+    spec = FleetSpec.parse({**SPECS["mock-auto"], "tokenizerPath": "Qwen/Qwen3-0.6B", "tokenizerRevision": "v2"})
+    front = by_kind(build_children(OWNER, spec))[("Deployment", "demo-frontend")]["spec"]["template"]["spec"]
+    server = load(ServerSettings, [], environ=env_of(front["containers"][0]))
+    assert (server.router_tokenizer_path, server.router_tokenizer_revision) == ("Qwen/Qwen3-0.6B", "v2")
 
 
 def test_every_rendered_env_name_comes_from_a_schema() -> None:

@@ -22,6 +22,7 @@ MODULE = "atom.entrypoints.openai_server"
 class AtomAdapter:
     name = "atom"
     publishes_kv_events = False
+    connector = "pull"  # vLLM-style kv_transfer_params; its PD engine flags go in the engine args
 
     def command(self, settings: WorkerSettings, ports: EnginePorts) -> list[str]:
         base = shlex.split(settings.engine_command) or [sys.executable, "-m", MODULE]

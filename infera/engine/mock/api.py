@@ -1,8 +1,8 @@
 """The mock engine's HTTP app (plain Starlette + orjson: the least CPU per request).
 
-Besides the OpenAI and SGLang endpoints: ``/health``, ``/metrics`` (vLLM names),
-``/v1/models``, ``/tokenize``, ``/version``, ``POST /reset_prefix_cache`` and
-``GET /infera/worker`` (the worker record: where the KV-event and replay sockets are) and
+Besides the OpenAI and SGLang endpoints: ``/health`` and ``/livez`` (both 200 while it serves),
+``/metrics`` (vLLM names), ``/v1/models``, ``/tokenize``, ``/version``, ``POST /reset_prefix_cache``
+and ``GET /infera/worker`` (the worker record: where the KV-event and replay sockets are) and
 ``GET /infera/kv_cache`` (debug: the hashes of the cached blocks).
 Every error is OpenAI-shaped, and no bad request stops the engine.
 """
@@ -102,6 +102,7 @@ def build_app(service: MockService, kvd: KvdServer | None = None) -> Starlette:
         Route("/v1/chat/completions", oai.chat, methods=["POST"]),
         Route("/v1/models", info.models, methods=["GET"]),
         Route("/health", info.health, methods=["GET"]),
+        Route("/livez", info.health, methods=["GET"]),
         Route("/version", info.version, methods=["GET"]),
         Route("/metrics", info.metrics, methods=["GET"]),
         Route("/tokenize", info.tokenize, methods=["POST"]),

@@ -5,6 +5,12 @@ KV events: ``--kv-events-config`` (the same JSON as vLLM's: a ZMQ publisher boun
 in-flight requests (``sglang:num_running_reqs`` + ``sglang:num_queue_reqs``). Block size
 (``page_size``) and capacity (``max_total_num_tokens`` / page size) come from
 ``GET /get_server_info``.
+
+Disaggregation (``--role prefill|decode``): ``--disaggregation-mode prefill|decode``, and on
+a prefill worker ``--disaggregation-bootstrap-port``, the port its decode peers' bootstrap
+handshake reaches (advertised as the record's ``bootstrap_addr``; the router hands it to
+both legs with a fresh room). The KV transfer backend stays SGLang's default (mooncake);
+another (``--disaggregation-transfer-backend nixl``) goes in the engine args.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ MODULE = "sglang.launch_server"
 class SglangAdapter:
     name = "sglang"
     publishes_kv_events = True
+    connector = "push"
 
     def command(self, settings: WorkerSettings, ports: EnginePorts) -> list[str]:
         base = shlex.split(settings.engine_command) or [sys.executable, "-m", MODULE]
@@ -37,6 +44,10 @@ class SglangAdapter:
         if ports.kv_events:
             config = kv_events_config(ports, settings.kv_events_topic, with_flag=False)
             argv += ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
+        if settings.role != "mixed":
+            argv += ["--disaggregation-mode", settings.role]
+        if settings.role == "prefill":
+            argv += ["--disaggregation-bootstrap-port", str(settings.disaggregation_bootstrap_port)]
         return argv
 
     async def info(self, fetch: Fetch) -> EngineInfo:

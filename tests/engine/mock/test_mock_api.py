@@ -117,6 +117,7 @@ def test_info_endpoints(mock: MockProcess, client: openai.OpenAI) -> None:
         assert tok["tokens"] == [104, 105] and tok["count"] == 2 and tok["max_model_len"] == 512
         chat_tok = http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
         assert chat_tok["count"] > 2
+        assert http.get("/livez").status_code == 200
         metrics = http.get("/metrics").text
         for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                      "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
