@@ -7,12 +7,12 @@ import re
 
 import pytest
 
+from harness import REPO
 from infera.config.base import ENV_PREFIX, env_names
 from infera.config.engine import MockEngineSettings
 from infera.config.operator import OperatorSettings
 from infera.config.server import ServerSettings
 from infera.config.worker import WorkerSettings
-from tests.fleet import REPO
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 SCHEMAS = (ServerSettings, WorkerSettings, MockEngineSettings, OperatorSettings)

@@ -11,10 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness import start_frontend, start_mock
 from infera.kv.tokenizer import PromptRenderer, TokenizerLoadError
 from infera.kv.tokenizer_source import REQUIRED, TokenizerNotFoundError, hub_cache, resolve_tokenizer_dir
-from tests import fleet
-from tests.fleet import start_frontend, start_mock
 
 MODEL = "Qwen/Qwen3-0.6B"
 MAIN = "a" * 40
@@ -112,7 +111,7 @@ def test_the_server_exits_with_that_message(tmp_path: Path) -> None:
 def test_a_frontend_routes_kv_aware_with_a_model_id_tokenizer(cache: Path, tmp_path: Path,
                                                               qwen_tokenizer_dir: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(fleet.ENV, "HF_HUB_CACHE", str(cache))  # the environment of the processes it starts
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))  # the processes it starts inherit it
     worker = start_mock(tmp_path, model_path=qwen_tokenizer_dir, model=MODEL)
     try:
         fe = start_frontend(tmp_path, [worker], tokenizer=MODEL, policy="kv-aware")

@@ -15,11 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fleet import Proc, start_frontend, start_mock
-from tests.server.test_nats import MODEL, MSG, SLOW, nats_args, running, wait_for
-from tests.transport.nats_server import NatsServer
+from harness import NatsServer, Process, start_frontend, start_mock, wait_until
+from tests.server.test_nats import MODEL, MSG, SLOW, nats_args, running
 
-pytestmark = pytest.mark.slow  # spawns a NATS server, mock engines and frontends
+pytestmark = pytest.mark.slow  # spawns a NATS server, mock engines and frontends (e2e, by the tier plugin)
 
 GLACIAL = ("--speedup-ratio", "0.002")  # the first prefill step takes ~8 s
 
@@ -33,15 +32,15 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
 
 
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
+def procs() -> Iterator[list[Process]]:
+    started: list[Process] = []
     yield started
     for proc in reversed(started):
         proc.stop()
 
 
 def test_idle_timeout_governs_the_wait_for_the_first_token(tmp_path: Path, broker: NatsServer,
-                                                           procs: list[Proc]) -> None:
+                                                           procs: list[Process]) -> None:
     worker = start_mock(tmp_path, model=MODEL, args=(*SLOW, *nats_args(broker)))  # first token after ~0.3 s
     procs.append(worker)
     fe = start_frontend(tmp_path, [worker], policy="round-robin",
@@ -55,7 +54,7 @@ def test_idle_timeout_governs_the_wait_for_the_first_token(tmp_path: Path, broke
 
 
 def test_idle_timeout_mid_stream_ends_the_stream_and_cancels(tmp_path: Path, broker: NatsServer,
-                                                             procs: list[Proc]) -> None:
+                                                             procs: list[Process]) -> None:
     worker = start_mock(tmp_path, model=MODEL, args=(*SLOW, *nats_args(broker)))  # a token every ~0.12 s
     procs.append(worker)
     fe = start_frontend(tmp_path, [worker], policy="round-robin",
@@ -77,11 +76,11 @@ def test_idle_timeout_mid_stream_ends_the_stream_and_cancels(tmp_path: Path, bro
                     stalled = time.monotonic()
     assert 1.4 < time.monotonic() - stalled < 3.0  # the idle timeout, not the stall's end, ended the stream
     assert 3 <= chunks < 10
-    wait_for(lambda: running(worker) == 1, 1.0, "the stream cancelled in the engine (the stall goes on)")
+    wait_until(lambda: running(worker) == 1, 1.0, "the stream cancelled in the engine (the stall goes on)")
     stall.join(60)
 
 
-def test_max_duration_is_one_cap_across_retries(tmp_path: Path, broker: NatsServer, procs: list[Proc]) -> None:
+def test_max_duration_is_one_cap_across_retries(tmp_path: Path, broker: NatsServer, procs: list[Process]) -> None:
     glacial = start_mock(tmp_path, model=MODEL, args=(*GLACIAL, *nats_args(broker)))
     slow = start_mock(tmp_path, model=MODEL, args=(*SLOW, *nats_args(broker)))  # answers in ~1.5 s
     procs += [glacial, slow]
@@ -98,4 +97,4 @@ def test_max_duration_is_one_cap_across_retries(tmp_path: Path, broker: NatsServ
         assert time.monotonic() - start < 3.8, outcomes
     # After 2 s of idle wait on the glacial worker, 1 s is left: too little for the slow one's 1.5 s.
     assert any(status == 504 and "max duration" in text for status, text in outcomes), outcomes
-    wait_for(lambda: running(glacial) == 0 and running(slow) == 0, 3.0, "every attempt cancelled")
+    wait_until(lambda: running(glacial) == 0 and running(slow) == 0, 3.0, "every attempt cancelled")
