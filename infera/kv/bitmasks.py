@@ -81,7 +81,7 @@ def walk_guessed(hashes: Sequence[int], held: MaskGet, guessed: MaskGet, allowed
 
 def record(result: dict[str, int], mask: int, depth: int, names: list[str]) -> None:
     """``result[worker] = depth`` for each worker whose bit is set in ``mask`` (non-zero)."""
-    if mask & (mask - 1) == 0:  # one worker: the common case
+    if mask.bit_count() == 1:  # one worker: the common case
         result[names[mask.bit_length() - 1]] = depth
         return
     for k, byte in enumerate(mask.to_bytes((mask.bit_length() + 7) // 8, "little")):
