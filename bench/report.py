@@ -114,16 +114,19 @@ def index_section(run: dict[str, Any]) -> str:
                   "(what kv-aware routing makes), all = every worker holds a prefix of staggered depth (worst case); "
                   "+pred = `use_predicted=True` with a live prediction on every worker (new index only). The old "
                   "index's slow rows stop after ~3 s of samples:", "",
-                  "| spread | workers | prompt tokens | old p50 µs | old p99 µs | new p50 µs | new p99 µs |",
-                  "|---|--:|--:|--:|--:|--:|--:|"]
+                  "| spread | workers | prompt tokens | old p50 µs | old p99 µs | new p50 µs | new p99 µs "
+                  "| new CPU p50 µs | new CPU p99 µs | old CPU p50 µs | old CPU p99 µs |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
         old_rows = {(r["spread"], r["workers"], r["prompt_tokens"]): r for r in ix["query"] if r.get("impl") == "old"}
         for r in ix["query"]:
             if r.get("impl", "new") != "new":
                 continue
             o = old_rows.get((r["spread"], r["workers"], r["prompt_tokens"]))
             olds = f"{o['p50_us']:.1f} | {o['p99_us']:.1f}" if o else "– | –"
+            old_cpu = f"{o['cpu_p50_us']:.1f} | {o['cpu_p99_us']:.1f}" if o and "cpu_p50_us" in o else "– | –"
+            new_cpu = f"{r['cpu_p50_us']:.1f} | {r['cpu_p99_us']:.1f}" if "cpu_p50_us" in r else "– | –"
             lines.append(f"| {r['spread']} | {r['workers']} | {r['prompt_tokens']} | {olds} | {r['p50_us']:.1f} | "
-                         f"{r['p99_us']:.1f} |")
+                         f"{r['p99_us']:.1f} | {new_cpu} | {old_cpu} |")
     lines += ["", "Chat template + tokenize + block hashes per prompt (CPU µs, distinct prompts, cold tokenizer "
               "segment cache; warm = the same text again):", "",
               "| prompt tokens | render | tokenize | hash | total | µs per 1k tokens | tokenize warm |",
