@@ -1,15 +1,21 @@
-"""The prefix index and the tokenizer path in process: ingest rate, query latency, render+tokenize+hash.
+"""The prefix index and the tokenizer path in process: ingest rate, query latency, memory, render+tokenize+hash.
+
+The index is measured side by side with the one before issue 15 (``bench/index_v1.py``, and the
+general msgpack decoder ``kv_events._decode_general`` for its decode), in the same run.
 
   ingest   block events/s (one per stored or removed block) through ``PrefixIndex.apply``, and through
            ``decode_batch`` + ``apply`` from msgpack frames (``encode_batch``), for 16 workers whose
            caches are full (every store evicts), requests storing 4-32 new blocks after an optional
-           64-block shared prefix (bench/synth.py).
+           64-block shared prefix (bench/synth.py). CPU time, gc off, median of rounds interleaving
+           old and new.
   query    ``PrefixIndex.overlaps`` latency (p50/p99, wall) for 16/128/1024 workers and prompts of
            1k/8k/32k tokens; "few": each prompt's prefix on 1-4 workers (what kv-aware routing
-           makes), "all": every worker holds a prefix of staggered depth (the worst case).
+           makes), "all": every worker holds a prefix of staggered depth (the worst case);
+           "+pred": the same with ``use_predicted=True`` while every worker holds a prediction.
+  memory   bytes per indexed block (tracemalloc, retained after applying) at 1M blocks.
   tokenize chat template render + tokenize + block hashes per prompt size (1k/8k/32k tokens).
 
-    .venv/bin/python bench/index_bench.py [--quick]
+    .venv/bin/python bench/index_bench.py [--quick] [--only ingest,query,memory,tokenize]
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import gc
 import statistics
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +36,20 @@ from bench.common import _text, default_tokenizer_dir, machine_info, percentile,
 
 WORKERS = (16, 128, 1024)
 PROMPT_TOKENS = (1024, 8192, 32768)
+OLD_QUERY_BUDGET_S = 3.0  # the old index's worst case takes ~0.1 s a query: cap its samples per row
+
+
+def _impls() -> dict[str, tuple[Any, Any]]:
+    """name -> (index class, decode function)."""
+    from bench import index_v1
+    from infera.kv.index import PrefixIndex
+    from infera.protocols.kv_events import _decode_general, decode_batch
+
+    return {"old": (index_v1.PrefixIndex, _decode_general), "new": (PrefixIndex, decode_batch)}
 
 
 def ingest(quick: bool) -> dict[str, Any]:
-    from infera.kv.index import PrefixIndex
-    from infera.protocols.kv_events import decode_batch, encode_batch
+    from infera.protocols.kv_events import encode_batch
 
     n_req = 4000 if quick else 12000
     warm = synth.event_batches(16, 2000, capacity=4000, seed=3)
@@ -42,29 +58,31 @@ def ingest(quick: bool) -> dict[str, Any]:
     n_events = synth.block_events(batches)
     out: dict[str, Any] = {"workers": 16, "batches": len(batches), "block_events": n_events,
                            "stored_blocks_per_batch": n_events / len(batches)}
-    rates: dict[str, list[float]] = {"apply": [], "decode+apply": [], "decode": []}
-    for _ in range(2 if quick else 3):
-        for mode in rates:
-            index = PrefixIndex()
-            for w, b in warm if mode != "decode" else []:  # caches full before timing
-                index.apply(w, b)
-            gc.collect()
-            gc.disable()
-            t0 = time.process_time()
-            if mode == "apply":
-                for w, b in batches:
+    impls = _impls()
+    rates: dict[str, dict[str, list[float]]] = {name: {"apply": [], "decode+apply": [], "decode": []}
+                                                for name in impls}
+    for _ in range(3 if quick else 5):
+        for name, (cls, decode) in impls.items():
+            for mode in rates[name]:
+                index = cls()
+                for w, b in warm if mode != "decode" else []:  # caches full before timing
                     index.apply(w, b)
-            elif mode == "decode+apply":
-                for w, f in frames:
-                    index.apply(w, decode_batch(f))
-            else:
-                for _w, f in frames:
-                    decode_batch(f)
-            dt = time.process_time() - t0
-            gc.enable()
-            rates[mode].append(n_events / dt)
-    out["events_per_s"] = {m: statistics.median(v) for m, v in rates.items()}
-    out["orphans"] = index.counters.orphan_blocks
+                gc.collect()
+                gc.disable()
+                t0 = time.process_time()
+                if mode == "apply":
+                    for w, b in batches:
+                        index.apply(w, b)
+                elif mode == "decode+apply":
+                    for w, f in frames:
+                        index.apply(w, decode(f))
+                else:
+                    for _w, f in frames:
+                        decode(f)
+                dt = time.process_time() - t0
+                gc.enable()
+                rates[name][mode].append(n_events / dt)
+    out["events_per_s"] = {name: {m: statistics.median(v) for m, v in r.items()} for name, r in rates.items()}
     return out
 
 
@@ -75,23 +93,68 @@ def query(quick: bool) -> list[dict[str, Any]]:
     reps = 200 if quick else 1000
     for spread in ("few", "all"):
         for n_workers in WORKERS:
-            index, prompts = synth.hot_prompt_index(n_workers, max(PROMPT_TOKENS) // synth.BLOCK, spread)
-            for size in PROMPT_TOKENS:
-                hashes = [block_hashes(p[:size], synth.BLOCK) for p in prompts]
-                index.overlaps(hashes[0])
-                lat = []
-                gc.disable()
-                for i in range(reps):
-                    h = hashes[i % len(hashes)]
-                    t0 = time.perf_counter_ns()
-                    found = index.overlaps(h)
-                    lat.append((time.perf_counter_ns() - t0) / 1e3)
-                gc.enable()
-                rows.append({"spread": spread, "workers": n_workers, "prompt_tokens": size,
-                             "p50_us": percentile(lat, 50), "p99_us": percentile(lat, 99),
-                             "holders": len(found), "best_overlap_blocks": max(found.values(), default=0)})
-            del index
-            gc.collect()
+            for name, (cls, _) in _impls().items():
+                index, prompts = synth.hot_prompt_index(n_workers, max(PROMPT_TOKENS) // synth.BLOCK, spread,
+                                                        index=cls())
+                modes = [False, True] if name == "new" else [False]
+                for use_predicted in modes:
+                    if use_predicted:  # every worker expects the first 64 blocks of every prompt
+                        for k in range(n_workers):
+                            for p in prompts:
+                                index.predict(f"w{k}", block_hashes(p[: 64 * synth.BLOCK], synth.BLOCK),
+                                              ttl=1e9, now=0.0)
+                    for size in PROMPT_TOKENS:
+                        hashes = [block_hashes(p[:size], synth.BLOCK) for p in prompts]
+                        index.overlaps(hashes[0], now=1.0, use_predicted=use_predicted)
+                        lat: list[float] = []
+                        cpu: list[float] = []  # on a loaded box wall time mostly measures the scheduler
+                        gc.disable()
+                        t_end = time.perf_counter() + (OLD_QUERY_BUDGET_S if name == "old" else 1e9)
+                        for i in range(reps):
+                            h = hashes[i % len(hashes)]
+                            c0 = time.thread_time_ns()
+                            t0 = time.perf_counter_ns()
+                            found = index.overlaps(h, now=1.0, use_predicted=use_predicted)
+                            lat.append((time.perf_counter_ns() - t0) / 1e3)
+                            cpu.append((time.thread_time_ns() - c0) / 1e3)
+                            if time.perf_counter() > t_end and i >= 20:
+                                break
+                        gc.enable()
+                        rows.append({"impl": name, "spread": spread + ("+pred" if use_predicted else ""),
+                                     "workers": n_workers, "prompt_tokens": size, "samples": len(lat),
+                                     "p50_us": percentile(lat, 50), "p99_us": percentile(lat, 99),
+                                     "cpu_p50_us": percentile(cpu, 50), "cpu_p99_us": percentile(cpu, 99),
+                                     "holders": len(found), "best_overlap_blocks": max(found.values(), default=0)})
+                del index
+                gc.collect()
+    return rows
+
+
+def memory(quick: bool) -> list[dict[str, Any]]:
+    """Retained bytes per indexed block (tracemalloc), 16 workers, each block on one worker."""
+    from infera.protocols.kv_events import BlockStored, EventBatch
+
+    n_blocks = 200_000 if quick else 1_000_000
+    per_batch = 32
+    rows = []
+    for name, (cls, _) in _impls().items():
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        index = cls()
+        next_hash = 1
+        for b in range(n_blocks // per_batch):  # each batch built, applied, dropped: only the index stays
+            start = b * per_batch * synth.BLOCK
+            tokens = list(range(start, start + per_batch * synth.BLOCK))
+            hashes = list(range(next_hash, next_hash + per_batch))
+            next_hash += per_batch
+            index.apply(f"w{b % 16}", EventBatch(0.0, [BlockStored(hashes, None, tokens, synth.BLOCK)]))
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        blocks = sum(index.block_count(f"w{k}") for k in range(16))
+        rows.append({"impl": name, "blocks": blocks, "bytes": used, "bytes_per_block": used / blocks})
+        del index
     return rows
 
 
@@ -144,34 +207,58 @@ def tokenize(tok: Path, quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def run(tok: Path, quick: bool) -> dict[str, Any]:
-    return {"machine": machine_info(), "ingest": ingest(quick), "query": query(quick), "tokenize": tokenize(tok, quick)}
+STEPS = ("ingest", "query", "memory", "tokenize")
+
+
+def run(tok: Path, quick: bool, only: tuple[str, ...] = STEPS) -> dict[str, Any]:
+    res: dict[str, Any] = {"machine": machine_info()}
+    for step in only:
+        res[step] = tokenize(tok, quick) if step == "tokenize" else globals()[step](quick)
+    return res
 
 
 def print_report(res: dict[str, Any]) -> None:
-    ing = res["ingest"]
-    print(f"KV-event ingest ({ing['workers']} workers, caches full, {ing['batches']} batches, "
-          f"{ing['stored_blocks_per_batch']:.0f} block events/batch), CPU time:")
-    for mode, rate in ing["events_per_s"].items():
-        print(f"  {mode:<14}{rate / 1e6:>8.2f} M block events/s")
-    print(f"\noverlap query (PrefixIndex.overlaps), wall µs:\n{'spread':<7}{'workers':>8}{'prompt tok':>11}"
-          f"{'p50 µs':>9}{'p99 µs':>9}{'holders':>8}")
-    for r in res["query"]:
-        print(f"{r['spread']:<7}{r['workers']:>8}{r['prompt_tokens']:>11}{r['p50_us']:>9.1f}{r['p99_us']:>9.1f}"
-              f"{r['holders']:>8}")
-    print(f"\nrender + tokenize + hash, CPU µs per prompt (cold tokenizer cache):\n{'prompt tok':>11}{'render':>9}"
-          f"{'tokenize':>10}{'hash':>8}{'total':>9}{'µs/1k tok':>10}{'tokenize warm':>14}")
-    for r in res["tokenize"]:
-        print(f"{r['prompt_tokens']:>11}{r['render_us']:>9.0f}{r['tokenize_us']:>10.0f}{r['hash_us']:>8.0f}"
-              f"{r['total_us']:>9.0f}{r['total_us'] / r['prompt_tokens'] * 1000:>10.0f}{r['tokenize_warm_us']:>14.0f}")
+    if "ingest" in res:
+        ing = res["ingest"]
+        print(f"KV-event ingest ({ing['workers']} workers, caches full, {ing['batches']} batches, "
+              f"{ing['stored_blocks_per_batch']:.0f} block events/batch), CPU time, M block events/s:")
+        print(f"{'path':<14}{'old':>8}{'new':>8}{'new/old':>9}")
+        for mode in ("apply", "decode+apply", "decode"):
+            old, new = (ing["events_per_s"][k][mode] for k in ("old", "new"))
+            print(f"{mode:<14}{old / 1e6:>8.2f}{new / 1e6:>8.2f}{new / old:>8.1f}x")
+    if "query" in res:
+        print("\noverlap query (PrefixIndex.overlaps), wall and CPU µs:")
+        print(f"{'spread':<10}{'workers':>8}{'prompt tok':>11}"
+              f"{'old p50':>10}{'old p99':>10}{'new p50':>10}{'new p99':>10}{'new cpu p50':>12}{'new cpu p99':>12}"
+              f"{'holders':>8}")
+        old = {(r["spread"], r["workers"], r["prompt_tokens"]): r for r in res["query"] if r["impl"] == "old"}
+        for r in (r for r in res["query"] if r["impl"] == "new"):
+            o = old.get((r["spread"], r["workers"], r["prompt_tokens"]))
+            olds = f"{o['p50_us']:>10.1f}{o['p99_us']:>10.1f}" if o else f"{'':>20}"
+            print(f"{r['spread']:<10}{r['workers']:>8}{r['prompt_tokens']:>11}{olds}{r['p50_us']:>10.1f}"
+                  f"{r['p99_us']:>10.1f}{r['cpu_p50_us']:>12.1f}{r['cpu_p99_us']:>12.1f}{r['holders']:>8}")
+    if "memory" in res:
+        print("\nmemory per indexed block (tracemalloc, retained):")
+        for r in res["memory"]:
+            print(f"  {r['impl']:<4}{r['blocks']:>9} blocks {r['bytes'] / 2**20:>8.1f} MiB "
+                  f"{r['bytes_per_block']:>6.0f} B/block")
+    if "tokenize" in res:
+        print(f"\nrender + tokenize + hash, CPU µs per prompt (cold tokenizer cache):\n{'prompt tok':>11}{'render':>9}"
+              f"{'tokenize':>10}{'hash':>8}{'total':>9}{'µs/1k tok':>10}{'tokenize warm':>14}")
+        for r in res["tokenize"]:
+            print(f"{r['prompt_tokens']:>11}{r['render_us']:>9.0f}{r['tokenize_us']:>10.0f}{r['hash_us']:>8.0f}"
+                  f"{r['total_us']:>9.0f}{r['total_us'] / r['prompt_tokens'] * 1000:>10.0f}"
+                  f"{r['tokenize_warm_us']:>14.0f}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tokenizer", type=Path, default=None)
+    ap.add_argument("--only", default=",".join(STEPS), help="comma-separated steps: " + ",".join(STEPS))
     args = ap.parse_args(argv)
-    res = run(args.tokenizer or default_tokenizer_dir(), args.quick)
+    only = tuple(s for s in args.only.split(",") if s)
+    res = run(args.tokenizer or default_tokenizer_dir(), args.quick, only)
     print_report(res)
     print(f"results: {write_results('index_bench', res)}")
     return res

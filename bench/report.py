@@ -93,24 +93,45 @@ def index_section(run: dict[str, Any]) -> str:
     ix = run.get("index")
     if not ix:
         return "Not run (skipped).\n"
-    ing = ix["ingest"]
-    lines = [_header(run), "", f"`bench/index_bench.py` (in process). KV-event ingest, {ing['workers']} workers with "
-             f"full caches (each store evicts; one block event per stored or removed block, "
-             f"{ing['stored_blocks_per_batch']:.0f} per batch), CPU time:", "",
-             "| path | M block events/s |", "|---|--:|"]
-    for mode, rate in ing["events_per_s"].items():
-        lines.append(f"| {mode} | {rate / 1e6:.2f} |")
-    lines += ["", "Overlap query (`PrefixIndex.overlaps`, wall µs); few = each prompt's prefix on 1–4 workers (what "
-              "kv-aware routing makes), all = every worker holds a prefix of staggered depth (worst case):", "",
-              "| spread | workers | prompt tokens | p50 µs | p99 µs |", "|---|--:|--:|--:|--:|"]
-    for r in ix["query"]:
-        lines.append(f"| {r['spread']} | {r['workers']} | {r['prompt_tokens']} | {r['p50_us']:.1f} | "
-                     f"{r['p99_us']:.1f} |")
+    lines = [_header(run), "", "`bench/index_bench.py` (in process), the index before issue 15 (`bench/index_v1.py`, "
+             "general msgpack decoder) and after it side by side in one run."]
+    ing = ix.get("ingest")
+    if ing:
+        lines += ["", f"KV-event ingest, {ing['workers']} workers with full caches (each store evicts; one block event "
+                  f"per stored or removed block, {ing['stored_blocks_per_batch']:.0f} per batch), CPU time, median "
+                  "of interleaved rounds, gc off:", "",
+                  "| path | old M block events/s | new M block events/s | new / old |", "|---|--:|--:|--:|"]
+        for mode in ("apply", "decode+apply", "decode"):
+            old, new = (ing["events_per_s"][k][mode] for k in ("old", "new"))
+            lines.append(f"| {mode} | {old / 1e6:.2f} | {new / 1e6:.2f} | {new / old:.1f}× |")
+    if ix.get("memory"):
+        lines += ["", "Memory per indexed block (tracemalloc, retained after applying; 16 workers, each block on one):",
+                  "", "| index | blocks | MiB | bytes per block |", "|---|--:|--:|--:|"]
+        for r in ix["memory"]:
+            lines.append(f"| {r['impl']} | {r['blocks']} | {r['bytes'] / 2**20:.0f} | {r['bytes_per_block']:.0f} |")
+    if ix.get("query"):
+        lines += ["", "Overlap query (`PrefixIndex.overlaps`, wall µs); few = each prompt's prefix on 1–4 workers "
+                  "(what kv-aware routing makes), all = every worker holds a prefix of staggered depth (worst case); "
+                  "+pred = `use_predicted=True` with a live prediction on every worker (new index only). The old "
+                  "index's slow rows stop after ~3 s of samples:", "",
+                  "| spread | workers | prompt tokens | old p50 µs | old p99 µs | new p50 µs | new p99 µs "
+                  "| new CPU p50 µs | new CPU p99 µs | old CPU p50 µs | old CPU p99 µs |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        old_rows = {(r["spread"], r["workers"], r["prompt_tokens"]): r for r in ix["query"] if r.get("impl") == "old"}
+        for r in ix["query"]:
+            if r.get("impl", "new") != "new":
+                continue
+            o = old_rows.get((r["spread"], r["workers"], r["prompt_tokens"]))
+            olds = f"{o['p50_us']:.1f} | {o['p99_us']:.1f}" if o else "– | –"
+            old_cpu = f"{o['cpu_p50_us']:.1f} | {o['cpu_p99_us']:.1f}" if o and "cpu_p50_us" in o else "– | –"
+            new_cpu = f"{r['cpu_p50_us']:.1f} | {r['cpu_p99_us']:.1f}" if "cpu_p50_us" in r else "– | –"
+            lines.append(f"| {r['spread']} | {r['workers']} | {r['prompt_tokens']} | {olds} | {r['p50_us']:.1f} | "
+                         f"{r['p99_us']:.1f} | {new_cpu} | {old_cpu} |")
     lines += ["", "Chat template + tokenize + block hashes per prompt (CPU µs, distinct prompts, cold tokenizer "
               "segment cache; warm = the same text again):", "",
               "| prompt tokens | render | tokenize | hash | total | µs per 1k tokens | tokenize warm |",
               "|--:|--:|--:|--:|--:|--:|--:|"]
-    for r in ix["tokenize"]:
+    for r in ix.get("tokenize", []):
         lines.append(f"| {r['prompt_tokens']} | {r['render_us']:.0f} | {r['tokenize_us']:.0f} | {r['hash_us']:.0f} | "
                      f"{r['total_us']:.0f} | {r['total_us'] / r['prompt_tokens'] * 1000:.0f} | "
                      f"{r['tokenize_warm_us']:.0f} |")

@@ -38,13 +38,15 @@ def plot_index_scale(run: dict[str, Any], path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.3), dpi=80)
     ix, sc = run.get("index"), run.get("scale")
     if ix:
-        for spread, ls in (("few", "-"), ("all", "--")):
+        for impl, spread, ls in (("new", "few", "-"), ("new", "all", "--"), ("old", "all", ":")):
             for size in sorted({r["prompt_tokens"] for r in ix["query"]}):
-                rows = [r for r in ix["query"] if r["spread"] == spread and r["prompt_tokens"] == size]
-                ax1.plot([r["workers"] for r in rows], [r["p99_us"] / 1000 for r in rows], ls, marker="o",
-                         label=f"{spread}, {size // 1024}k tok")
+                rows = [r for r in ix["query"] if r["spread"] == spread and r["prompt_tokens"] == size
+                        and r.get("impl", "new") == impl]
+                if rows:
+                    ax1.plot([r["workers"] for r in rows], [r.get("cpu_p99_us", r["p99_us"]) / 1000 for r in rows],
+                             ls, marker="o", label=f"{impl} {spread}, {size // 1024}k tok")
         ax1.axhline(1.0, color="red", lw=0.8, ls=":", label="1 ms target")
-        ax1.set(xscale="log", yscale="log", xlabel="workers", ylabel="overlap query p99 (ms)")
+        ax1.set(xscale="log", yscale="log", xlabel="workers", ylabel="overlap query p99 (ms, CPU if measured)")
         ax1.legend(fontsize=6, ncol=2)
         ax1.set_title("PrefixIndex.overlaps p99", fontsize=9)
     if sc:

@@ -80,19 +80,19 @@ def block_events(batches: list[tuple[str, Any]]) -> int:
 
 
 def hot_prompt_index(n_workers: int, prompt_blocks: int, spread: str, seed: int = 5,
-                     background: int = 256) -> tuple[Any, list[list[int]]]:
+                     background: int = 256, index: Any = None) -> tuple[Any, list[list[int]]]:
     """An index where ``n_workers`` hold prefixes of a few long prompts; returns (index, prompts' token ids).
 
     spread = "few": each prompt's prefix is on 1-4 workers (what kv-aware routing produces);
     spread = "all": every worker holds a prefix of every prompt, of staggered depth (a hot system
     prompt everywhere: the worst case for the query). Each worker also holds ``background``
-    unrelated blocks.
+    unrelated blocks. ``index``: an empty index to fill (default a new ``PrefixIndex``).
     """
     from infera.kv.index import PrefixIndex
     from infera.protocols.kv_events import BlockStored, EventBatch
 
     rng = random.Random(seed)
-    index = PrefixIndex()
+    index = PrefixIndex() if index is None else index
     prompts = [[t for _ in range(prompt_blocks) for t in token_block(rng)] for _ in range(4)]
     for k in range(n_workers):
         w = f"w{k}"

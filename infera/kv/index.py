@@ -6,6 +6,11 @@ ids so that ``BlockRemoved`` finds its block. A block whose parent the index doe
 (events were missed) is not inserted: its local hash cannot be computed, so it is counted
 as an orphan instead.
 
+Representation (ingest ~1 M block events/s; query cost independent of the number of holders):
+each router hash maps to an int mask of the workers holding it (``infera.kv.bitmasks``), and
+each worker maps engine hash -> router hash (``WorkerTable``): a removal is a dict pop and a
+mask update, no per-block object, and runs of events are applied in whole-run passes in C.
+
 Each block keeps the tiers (``medium``: "GPU", "CPU", ...) holding it; a block left only
 below the device tier is also listed per worker, so that a scorer can give it partial
 credit (:meth:`PrefixIndex.lower_tier_blocks`) at no cost while every block is on the device.
@@ -23,34 +28,22 @@ event times in ``cache_view`` are wall-clock seconds.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import time
+from collections import Counter
 from collections.abc import Collection, Sequence
-from itertools import islice
+from itertools import chain, compress, groupby, islice, repeat
+from operator import and_, attrgetter, not_, or_, xor
 from typing import Any
 
+from infera.kv.bitmasks import Slots, walk, walk_guessed
 from infera.kv.hashing import block_hashes
+from infera.kv.index_tables import Predictions, WorkerTable
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 CACHE_VIEW_MAX_HASHES = 256
 TOP_MEDIA = frozenset({"GPU", None})  # the device tier (None: an engine that does not say)
-
-
-@dataclasses.dataclass(slots=True)
-class _Block:
-    local: int  # the router's hash of this block
-    media: list[str | None]  # tiers holding it ("GPU", "CPU", ...); usually one
-
-
-@dataclasses.dataclass(slots=True)
-class _Worker:
-    blocks: dict[int, _Block] = dataclasses.field(default_factory=dict)  # engine hash -> block
-    local_refs: dict[int, int] = dataclasses.field(default_factory=dict)  # local hash -> engine blocks with it
-    predicted: dict[int, float] = dataclasses.field(default_factory=dict)  # local hash -> expiry
-    lower: dict[int, str] = dataclasses.field(default_factory=dict)  # local hash -> its medium, if not on GPU
-    orphan_blocks: int = 0
-    last_event_ts: float | None = None  # engine clock (batch ts)
-    last_applied_at: float | None = None  # router wall clock
+_PLAIN = "GPU"  # a block held in this medium only has no entry in WorkerTable.media
+_HASHES = attrgetter("block_hashes")
 
 
 @dataclasses.dataclass(slots=True)
@@ -69,7 +62,7 @@ class IndexCounters:
 
 
 class PrefixIndex:
-    """Block hash -> workers, plus per-worker tables for O(1) removes."""
+    """Router hash -> bitmask of workers, plus per-worker tables for O(1) removes."""
 
     def __init__(self, block_size: int | None = None) -> None:
         """``block_size``: if set, stored blocks of another size are skipped and counted
@@ -77,11 +70,19 @@ class PrefixIndex:
         """
         self.block_size = block_size
         self.counters = IndexCounters()
-        self._workers: dict[str, _Worker] = {}
-        self._holders: dict[int, set[str]] = {}  # local hash -> workers holding it (confirmed)
-        self._predicted: dict[int, dict[str, float]] = {}  # local hash -> worker -> expiry
-        self._expiry_heap: list[tuple[float, int, str, int]] = []  # (expiry, seq, worker, local hash)
-        self._seq = 0
+        self._workers: dict[str, WorkerTable] = {}
+        self._slots = Slots()
+        self._holders: dict[int, int] = {}  # router hash -> mask of workers holding it (confirmed)
+        self._guesses = Predictions()
+        self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
+        self._expiry_heap = self._guesses.heap
+
+    def _worker(self, worker_id: str) -> WorkerTable:
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            slot = self._slots.take(worker_id)
+            worker = self._workers[worker_id] = WorkerTable(slot, 1 << slot)
+        return worker
 
     # -- events --------------------------------------------------------------------------
 
@@ -91,107 +92,209 @@ class PrefixIndex:
         ``worker_id`` names one event stream (a data-parallel rank publishes its own).
         ``now`` (wall-clock seconds, default ``time.time()``) is recorded as the last event time.
         """
-        worker = self._workers.get(worker_id)
-        if worker is None:
-            worker = self._workers[worker_id] = _Worker()
-        for event in batch.events:
-            if isinstance(event, BlockStored):
-                self.counters.block_stored += 1
-                self._store(worker_id, worker, event)
-            elif isinstance(event, BlockRemoved):
-                self.counters.block_removed += 1
-                for engine_hash in event.block_hashes:
-                    self._remove(worker_id, worker, engine_hash, event.medium)
-            elif isinstance(event, AllBlocksCleared):
-                self.counters.all_blocks_cleared += 1
-                self._clear(worker_id, worker)
+        worker = self._worker(worker_id)
+        for kind, run in groupby(batch.events, type):  # vLLM: one BlockRemoved per block, in runs
+            if issubclass(kind, BlockRemoved):
+                self._remove_run(worker, list(run))  # type: ignore[arg-type]
+            elif issubclass(kind, BlockStored):
+                for event in run:
+                    self.counters.block_stored += 1
+                    self._store(worker, event)  # type: ignore[arg-type]
+            elif issubclass(kind, AllBlocksCleared):
+                for _ in run:
+                    self.counters.all_blocks_cleared += 1
+                    self._clear(worker)
         worker.last_event_ts = batch.ts
         worker.last_applied_at = time.time() if now is None else now
 
-    def _store(self, worker_id: str, worker: _Worker, event: BlockStored) -> None:
-        n = len(event.block_hashes)
+    def _remove_run(self, worker: WorkerTable, events: list[BlockRemoved]) -> None:
+        self.counters.block_removed += len(events)
+        hashes = events[0].block_hashes if len(events) == 1 else list(chain.from_iterable(map(_HASHES, events)))
+        if worker.media and not worker.media.keys().isdisjoint(hashes):  # tiers to track: block by block
+            for event in events:
+                for engine_hash in event.block_hashes:
+                    self._remove(worker, engine_hash, event.medium)
+            return
+        # Every block of the run is on the device only, so any removal drops it whatever the
+        # medium: whole-run passes, in C, give the state block-by-block removal would.
+        locals_ = list(map(worker.blocks.pop, hashes, repeat(None)))
+        unknown = locals_.count(None)
+        if unknown:
+            self.counters.unknown_removed += unknown
+            locals_ = [local for local in locals_ if local is not None]
+        gone: list[int] = locals_  # type: ignore[assignment]  # router hashes no engine block holds now
+        if worker.extra and not worker.extra.keys().isdisjoint(gone):
+            gone = self._release_shared(worker.extra, gone)
+        holders = self._holders
+        masks = list(map(xor, map(holders.__getitem__, gone), repeat(worker.bit)))
+        holders.update(zip(gone, masks, strict=True))
+        if 0 in masks:  # no holder left
+            for local in compress(gone, map(not_, masks)):
+                del holders[local]
+        if worker.lower:
+            for local in gone:
+                worker.lower.pop(local, None)
+        if worker.predicted:  # the events are fresher than our guesses
+            for local in worker.predicted.keys() & gone:
+                self._guesses.drop(worker, local)
+
+    @staticmethod
+    def _release_shared(extra: dict[int, int], locals_: list[int]) -> list[int]:
+        """Drop one reference per entry of ``locals_``; the router hashes left with none, once each."""
+        dropped = Counter(locals_)
+        for local in extra.keys() & dropped.keys():
+            refs = extra[local] + 1 - dropped[local]
+            if refs > 0:
+                del dropped[local]  # still held through another engine block
+                if refs == 1:
+                    del extra[local]
+                else:
+                    extra[local] = refs - 1
+            else:
+                del extra[local]
+        return list(dropped)
+
+    def _store(self, worker: WorkerTable, event: BlockStored) -> None:
+        hashes = event.block_hashes
+        n = len(hashes)
         bs = event.block_size
         if self.block_size is not None and bs != self.block_size:
             self.counters.block_size_mismatch += n
             return
+        blocks = worker.blocks
         if event.parent_block_hash is None:
             parent = 0
         else:
-            parent_block = worker.blocks.get(event.parent_block_hash)
-            if parent_block is None:  # missed the parent's event: its children cannot be hashed
+            found = blocks.get(event.parent_block_hash)
+            if found is None:  # missed the parent's event: its children cannot be hashed
                 worker.orphan_blocks += n
                 self.counters.orphan_blocks += n
                 return
-            parent = parent_block.local
-        locals_ = block_hashes(event.token_ids[: n * bs], bs, parent) if bs > 0 else []
+            parent = found
+        tokens = event.token_ids
+        if len(tokens) > n * bs:
+            tokens = tokens[: n * bs]
+        locals_ = block_hashes(tokens, bs, parent) if bs > 0 else []
         if len(locals_) < n:  # too few token ids: the tail blocks cannot be hashed
             missing = n - len(locals_)
             worker.orphan_blocks += missing
             self.counters.orphan_blocks += missing
+            hashes = hashes[: len(locals_)]
         medium = event.medium
+        holders, bit = self._holders, worker.bit
+        if medium == _PLAIN and blocks.keys().isdisjoint(hashes) and self._store_new(worker, hashes, locals_):
+            return
         top = medium in TOP_MEDIA
-        for engine_hash, local in zip(event.block_hashes, locals_, strict=False):
-            block = worker.blocks.get(engine_hash)
-            if block is not None:
-                if medium not in block.media:
-                    block.media.append(medium)
-                    if top and worker.lower:
-                        worker.lower.pop(local, None)
+        extra, lower, predicted = worker.extra, worker.lower, worker.predicted
+        for engine_hash, local in zip(hashes, locals_, strict=True):
+            if engine_hash in blocks:
+                self._add_tier(worker, engine_hash, local, medium)
                 continue
-            worker.blocks[engine_hash] = _Block(local, [medium])
-            refs = worker.local_refs.get(local, 0)
-            worker.local_refs[local] = refs + 1
-            if not top and refs == 0:
-                worker.lower[local] = str(medium)
-            elif top and worker.lower:
-                worker.lower.pop(local, None)
-            if refs == 0:
-                holders = self._holders.get(local)
-                if holders is None:
-                    self._holders[local] = {worker_id}
-                else:
-                    holders.add(worker_id)
-            if worker.predicted:
-                self._drop_prediction(worker_id, worker, local)  # confirmed now
+            blocks[engine_hash] = local
+            if medium != _PLAIN:
+                worker.media[engine_hash] = [medium]
+            mask = holders.get(local, 0)
+            if mask & bit:  # another engine block of this worker has the same tokens
+                extra[local] = extra.get(local, 0) + 1
+            else:
+                holders[local] = mask | bit
+                if not top:
+                    lower[local] = str(medium)
+            if top and lower:
+                lower.pop(local, None)
+            if predicted:
+                self._guesses.drop(worker, local)  # confirmed now
 
-    def _remove(self, worker_id: str, worker: _Worker, engine_hash: int, medium: str | None) -> None:
-        block = worker.blocks.get(engine_hash)
-        if block is None:
+    def _store_new(self, worker: WorkerTable, hashes: list[int], locals_: list[int]) -> bool:
+        """The common case in bulk, in C: engine hashes new to the worker, on the device, with
+        distinct router hashes (one the worker holds already gains a reference). False, having
+        changed nothing, when a hash repeats within the event: the caller goes block by block.
+        """
+        blocks, holders, bit = worker.blocks, self._holders, worker.bit
+        masks = dict(zip(locals_, map(holders.get, locals_, repeat(0)), strict=True))
+        before = len(blocks)
+        blocks.update(zip(hashes, locals_, strict=True))
+        if len(masks) < len(locals_) or len(blocks) - before < len(locals_):
+            for engine_hash in hashes:
+                blocks.pop(engine_hash, None)
+            return False
+        if any(map(and_, masks.values(), repeat(bit))):  # held already via other engine blocks
+            extra = worker.extra
+            for local in compress(masks, map(and_, masks.values(), repeat(bit))):
+                extra[local] = extra.get(local, 0) + 1
+        holders.update(zip(masks, map(or_, masks.values(), repeat(bit)), strict=True))
+        if worker.lower:
+            for local in locals_:
+                worker.lower.pop(local, None)
+        if worker.predicted:  # confirmed now
+            for local in worker.predicted.keys() & masks.keys():
+                self._guesses.drop(worker, local)
+        return True
+
+    def _add_tier(self, worker: WorkerTable, engine_hash: int, local: int, medium: str | None) -> None:
+        """A stored block the worker already holds: at most a new tier for it."""
+        media = worker.media.get(engine_hash)
+        if medium in (media if media is not None else (_PLAIN,)):
+            return
+        if media is None:
+            worker.media[engine_hash] = [_PLAIN, medium]
+        else:
+            media.append(medium)
+        if medium in TOP_MEDIA and worker.lower:
+            worker.lower.pop(local, None)
+
+    def _remove(self, worker: WorkerTable, engine_hash: int, medium: str | None) -> None:
+        local = worker.blocks.get(engine_hash)
+        if local is None:
             self.counters.unknown_removed += 1
             return
-        if medium in block.media:
-            block.media.remove(medium)
-        else:  # unknown tier: the engine no longer has it where we thought; drop it all
-            block.media.clear()
-        if block.media:
-            if all(m not in TOP_MEDIA for m in block.media):  # left only in a lower tier
-                worker.lower[block.local] = str(block.media[0])
-            return
+        media = worker.media.get(engine_hash)
+        if media is not None:
+            if medium in media:
+                media.remove(medium)
+            else:  # unknown tier: the engine no longer has it where we thought; drop it all
+                media.clear()
+            if media:
+                if all(m not in TOP_MEDIA for m in media):  # left only in a lower tier
+                    worker.lower[local] = str(media[0])
+                elif media == [_PLAIN]:
+                    del worker.media[engine_hash]
+                return
+            del worker.media[engine_hash]
+        # else on the device only: any removal drops it (an unknown tier means the same)
         del worker.blocks[engine_hash]
-        local = block.local
-        refs = worker.local_refs[local] - 1
-        if refs:
-            worker.local_refs[local] = refs
+        refs = worker.extra.get(local)
+        if refs is not None:  # still held through another engine block
+            if refs == 1:
+                del worker.extra[local]
+            else:
+                worker.extra[local] = refs - 1
             return
-        del worker.local_refs[local]
-        worker.lower.pop(local, None)
-        holders = self._holders[local]
-        holders.discard(worker_id)
-        if not holders:
+        mask = self._holders[local] ^ worker.bit
+        if mask:
+            self._holders[local] = mask
+        else:
             del self._holders[local]
-        self._drop_prediction(worker_id, worker, local)  # the event is fresher than our guess
+        worker.lower.pop(local, None)
+        self._guesses.drop(worker, local)  # the event is fresher than our guess
 
-    def _clear(self, worker_id: str, worker: _Worker) -> None:
-        for local in worker.local_refs:
-            holders = self._holders[local]
-            holders.discard(worker_id)
-            if not holders:
-                del self._holders[local]
+    def _clear(self, worker: WorkerTable) -> None:
+        holders = self._holders
+        keep = ~worker.bit
+        for local in worker.blocks.values():
+            mask = holders.get(local)
+            if mask is not None:
+                mask &= keep
+                if mask:
+                    holders[local] = mask
+                else:
+                    del holders[local]
         worker.blocks.clear()
-        worker.local_refs.clear()
+        worker.media.clear()
+        worker.extra.clear()
         worker.lower.clear()
         for local in list(worker.predicted):
-            self._drop_prediction(worker_id, worker, local)
+            self._guesses.drop(worker, local)
 
     # -- predictions ---------------------------------------------------------------------
 
@@ -201,41 +304,10 @@ class PrefixIndex:
         A later prediction of the same block extends it. Predictions never become
         confirmed blocks; events do that.
         """
-        self._prune(now)
-        worker = self._workers.get(worker_id)
-        if worker is None:
-            worker = self._workers[worker_id] = _Worker()
-        expiry = now + ttl
-        if ttl <= 0:
-            return
-        for local in hashes:
-            if worker.predicted.get(local, -1.0) >= expiry:
-                continue
-            worker.predicted[local] = expiry
-            by_worker = self._predicted.get(local)
-            if by_worker is None:
-                self._predicted[local] = {worker_id: expiry}
-            else:
-                by_worker[worker_id] = expiry
-            self._seq += 1
-            heapq.heappush(self._expiry_heap, (expiry, self._seq, worker_id, local))
-
-    def _drop_prediction(self, worker_id: str, worker: _Worker, local: int) -> None:
-        if worker.predicted.pop(local, None) is None:
-            return
-        by_worker = self._predicted[local]
-        del by_worker[worker_id]
-        if not by_worker:
-            del self._predicted[local]
-
-    def _prune(self, now: float) -> None:
-        """Forget predictions that expired at or before ``now``; O(log n) per expired entry."""
-        heap = self._expiry_heap
-        while heap and heap[0][0] <= now:
-            expiry, _, worker_id, local = heapq.heappop(heap)
-            worker = self._workers.get(worker_id)
-            if worker is not None and worker.predicted.get(local) == expiry:  # not extended since
-                self._drop_prediction(worker_id, worker, local)
+        self._guesses.prune(now, self._workers)
+        worker = self._worker(worker_id)
+        if ttl > 0:
+            self._guesses.add(worker_id, worker, hashes, now + ttl)
 
     # -- queries -------------------------------------------------------------------------
 
@@ -251,66 +323,18 @@ class PrefixIndex:
         False counts confirmed blocks only; True also counts unexpired predictions of every
         worker; a collection of worker ids counts predictions for those workers only.
         ``now`` is the prediction clock (default ``time.monotonic()``).
+        Cost: one dict lookup and one mask AND per prompt block up to the deepest holder, plus
+        one step per worker that drops out, whatever the number of holders.
         """
         if not hashes:
             return {}
-        holders = self._holders
-        predicted: dict[int, dict[str, float]] | None = None
-        allowed: Collection[str] | None = None
         if use_predicted is not False and self._expiry_heap:
-            self._prune(time.monotonic() if now is None else now)
+            self._guesses.prune(time.monotonic() if now is None else now, self._workers)
             if self._predicted:
-                predicted = self._predicted
-                allowed = None if use_predicted is True else use_predicted
-        result: dict[str, int] = {}
-        if predicted is None:
-            first = holders.get(hashes[0])
-            if not first:
-                return {}
-            active = set(first)
-            i = 1
-            for local in islice(hashes, 1, None):
-                held = holders.get(local)
-                if held is None:
-                    break
-                if not active <= held:
-                    for w in active - held:
-                        result[w] = i
-                    active &= held
-                    if not active:
-                        return result
-                i += 1
-            return _finish(result, active, i)
-        active = self._first_held(hashes[0], predicted, allowed)
-        i = 1
-        for local in islice(hashes, 1, None):
-            if not active:
-                break
-            held = holders.get(local)
-            missing = active - held if held else set(active)
-            if missing:
-                guessed = predicted.get(local)
-                if guessed:
-                    if allowed is None:
-                        missing.difference_update(guessed)
-                    else:
-                        missing = {w for w in missing if w not in guessed or w not in allowed}
-                if missing:
-                    for w in missing:
-                        result[w] = i
-                    active -= missing
-            i += 1
-        return _finish(result, active, i)
-
-    def _first_held(
-        self, local: int, predicted: dict[int, dict[str, float]], allowed: Collection[str] | None
-    ) -> set[str]:
-        held = self._holders.get(local)
-        out = set(held) if held else set()
-        guessed = predicted.get(local)
-        if guessed:
-            out.update(guessed if allowed is None else (w for w in guessed if w in allowed))
-        return out
+                workers = self._workers
+                allowed = -1 if use_predicted is True else sum({workers[w].bit for w in use_predicted if w in workers})
+                return walk_guessed(hashes, self._holders.get, self._predicted.get, allowed, self._slots.names)
+        return walk(hashes, self._holders.get, self._slots.names)
 
     def lower_tier_blocks(self, worker_id: str, hashes: Sequence[int], count: int) -> dict[str, int]:
         """Of the first ``count`` blocks of ``hashes`` (what :meth:`overlaps` found on the worker),
@@ -336,7 +360,8 @@ class PrefixIndex:
         """Forget a worker: its blocks, predictions and counters. Unknown ids are ignored."""
         worker = self._workers.pop(worker_id, None)
         if worker is not None:
-            self._clear(worker_id, worker)
+            self._clear(worker)
+            self._slots.release(worker.slot)
 
     def workers(self) -> list[str]:
         """Workers the index has heard of (events or predictions), sorted."""
@@ -347,20 +372,18 @@ class PrefixIndex:
         worker = self._workers.get(worker_id)
         return len(worker.blocks) if worker is not None else 0
 
-    def last_event_at(self, worker_id: str) -> float | None:
-        """Wall-clock seconds when the worker's last batch was applied; None if never."""
-        worker = self._workers.get(worker_id)
-        return worker.last_applied_at if worker is not None else None
-
     def cache_view(self, worker_id: str, max_hashes: int = CACHE_VIEW_MAX_HASHES) -> dict[str, Any]:
         """A JSON-able summary of one worker's cache, for the admin API."""
-        worker = self._workers.get(worker_id) or _Worker()
+        worker = self._workers.get(worker_id) or WorkerTable(-1, 0)
         by_medium: dict[str, int] = {}
-        for block in worker.blocks.values():
-            for medium in block.media:
+        plain = len(worker.blocks) - len(worker.media)
+        if plain:
+            by_medium[_PLAIN] = plain
+        for media in worker.media.values():
+            for medium in media:
                 key = medium or "unknown"
                 by_medium[key] = by_medium.get(key, 0) + 1
-        engine_hashes = list(worker.blocks)[:max_hashes]
+        engine_hashes = list(islice(worker.blocks, max_hashes))
         return {
             "worker_id": worker_id,
             "blocks": len(worker.blocks),
@@ -372,9 +395,3 @@ class PrefixIndex:
             "engine_hashes": engine_hashes,
             "engine_hashes_truncated": len(worker.blocks) > len(engine_hashes),
         }
-
-
-def _finish(result: dict[str, int], active: set[str], count: int) -> dict[str, int]:
-    for w in active:
-        result[w] = count
-    return result

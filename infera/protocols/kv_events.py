@@ -8,14 +8,19 @@ it as an array with the tag first, and SGLang leaves trailing fields out. The
 decoder accepts all of these; the encoder writes what vLLM 0.32 writes, byte for byte.
 
 Block hashes are opaque unsigned 64-bit ids chosen by the engine.
+
+Decoding is on the router's hot path (one ``BlockRemoved`` per evicted block): a typed msgspec
+decoder reads vLLM 0.32's map form straight into the event structs, in C; anything it does not
+accept (array forms, signed or byte-string hashes, unknown event types, missing fields) goes
+through the general decoder, which gives the same result the slow way.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgpack
+import msgspec
 
 SEQ_BYTES = 8
 REPLAY_END_SEQ = 2**64 - 1  # the replay socket's end marker: seq -1 as signed 64-bit
@@ -25,40 +30,59 @@ class KvEventDecodeError(ValueError):
     """A payload is not a KV-event batch this decoder understands."""
 
 
-@dataclasses.dataclass(slots=True)
-class BlockStored:
-    block_hashes: list[int]
-    parent_block_hash: int | None
+class _Unsaid(str):
+    """The default medium of an event built in code; a decoded event that left ``medium`` out has None."""
+
+    __slots__ = ()
+
+
+_GPU = _Unsaid("GPU")
+# Field constraints apply to decoding only (the general decoder's rules, checked in C):
+# unsigned 64-bit hashes, a positive block size.
+_U64 = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class BlockStored(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
+    block_hashes: list[_U64]
+    parent_block_hash: _U64 | None
     token_ids: list[int]  # tokens of all blocks in the event, concatenated
-    block_size: int
+    block_size: Annotated[int, msgspec.Meta(gt=0)]
     lora_id: int | None = None
-    medium: str | None = "GPU"
+    medium: str | None = _GPU
     lora_name: str | None = None
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
 
 
-@dataclasses.dataclass(slots=True)
-class BlockRemoved:
-    block_hashes: list[int]
-    medium: str | None = "GPU"
+class BlockRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type", gc=False):
+    block_hashes: list[_U64]
+    medium: str | None = _GPU
     group_idx: int | None = None
 
 
-@dataclasses.dataclass(slots=True)
-class AllBlocksCleared:
+class AllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type", gc=False):
     pass
 
 
 KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
-@dataclasses.dataclass(slots=True)
-class EventBatch:
+class EventBatch(msgspec.Struct, gc=False):
     ts: float
     events: list[KvEvent]
     data_parallel_rank: int | None = 0
+
+
+class _WireBatch(msgspec.Struct, array_like=True, gc=False):
+    """``[ts, events, dp_rank]`` with every event in vLLM 0.32's map form (the fast path)."""
+
+    ts: float
+    events: list[KvEvent]
+    data_parallel_rank: Any = None
+
+
+_fast_decoder = msgspec.msgpack.Decoder(_WireBatch)
 
 
 # Field order on the wire (vLLM's class field order). Fields with a default are written
@@ -167,6 +191,17 @@ def _decode_event(raw: Any) -> KvEvent | None:
 
 def decode_batch(payload: bytes) -> EventBatch:
     """Decode one msgpack ``EventBatch``; unknown event types are skipped."""
+    try:
+        wire = _fast_decoder.decode(payload)
+    except msgspec.DecodeError:  # not vLLM 0.32's map form (or not valid at all): the general path
+        return _decode_general(payload)
+    for ev in wire.events:
+        if ev.__class__ is not AllBlocksCleared and ev.medium.__class__ is _Unsaid:  # type: ignore[union-attr]
+            ev.medium = None  # type: ignore[union-attr]  # left out on the wire, as the general path reads it
+    return EventBatch(wire.ts, wire.events, wire.data_parallel_rank)
+
+
+def _decode_general(payload: bytes) -> EventBatch:
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException) as exc:

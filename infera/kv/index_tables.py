@@ -1,0 +1,78 @@
+"""The prefix index's tables: one worker's cache, and the router's predictions for every worker.
+
+Router hashes are the index's block keys (``infera.kv.hashing``); a worker's ``bit`` is its
+slot in the index's worker masks (``infera.kv.bitmasks``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass(slots=True)
+class WorkerTable:
+    """One worker's cache. Only ``blocks`` grows with the cache in the common case; the side
+    tables hold the rarer blocks: in a tier other than GPU alone (``media``), behind a router
+    hash several engine blocks share (``extra``, e.g. one prompt under two LoRA adapters),
+    held only below the device (``lower``)."""
+
+    slot: int
+    bit: int  # 1 << slot
+    blocks: dict[int, int] = dataclasses.field(default_factory=dict)  # engine hash -> router hash
+    media: dict[int, list[str | None]] = dataclasses.field(default_factory=dict)  # engine hash -> tiers if not [GPU]
+    extra: dict[int, int] = dataclasses.field(default_factory=dict)  # router hash -> engine blocks with it, minus one
+    predicted: dict[int, float] = dataclasses.field(default_factory=dict)  # router hash -> expiry
+    lower: dict[int, str] = dataclasses.field(default_factory=dict)  # router hash -> its medium, if not on GPU
+    orphan_blocks: int = 0
+    last_event_ts: float | None = None  # engine clock (batch ts)
+    last_applied_at: float | None = None  # router wall clock
+
+
+class Predictions:
+    """Unexpired predictions: per router hash a mask of the workers expected to hold it, and an
+    expiry heap with one entry per :meth:`add` (its router hashes), pruned lazily."""
+
+    def __init__(self) -> None:
+        self.masks: dict[int, int] = {}
+        self.heap: list[tuple[float, int, str, list[int]]] = []  # (expiry, seq, worker id, router hashes)
+        self._seq = 0
+
+    def add(self, worker_id: str, worker: WorkerTable, hashes: Sequence[int], expiry: float) -> None:
+        """Expect ``worker`` to hold ``hashes`` until ``expiry``; a later expiry extends a prediction."""
+        predicted, masks, bit = worker.predicted, self.masks, worker.bit
+        fresh: list[int] = []
+        for local in hashes:
+            old = predicted.get(local)
+            if old is None:
+                masks[local] = masks.get(local, 0) | bit
+            elif old >= expiry:
+                continue
+            predicted[local] = expiry
+            fresh.append(local)
+        if fresh:
+            self._seq += 1
+            heapq.heappush(self.heap, (expiry, self._seq, worker_id, fresh))
+
+    def drop(self, worker: WorkerTable, local: int) -> None:
+        if worker.predicted.pop(local, None) is None:
+            return
+        mask = self.masks[local] ^ worker.bit
+        if mask:
+            self.masks[local] = mask
+        else:
+            del self.masks[local]
+
+    def prune(self, now: float, workers: dict[str, WorkerTable]) -> None:
+        """Forget predictions that expired at or before ``now``; O(log n) per expired :meth:`add`."""
+        heap = self.heap
+        while heap and heap[0][0] <= now:
+            expiry, _, worker_id, hashes = heapq.heappop(heap)
+            worker = workers.get(worker_id)
+            if worker is None:
+                continue
+            predicted = worker.predicted
+            for local in hashes:
+                if predicted.get(local) == expiry:  # not extended since
+                    self.drop(worker, local)
