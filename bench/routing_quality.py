@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rate", type=float, default=20.0, help="workload (a) arrivals per second")
     ap.add_argument("--kv-blocks", type=int, default=None, help="override the KV blocks per engine")
     ap.add_argument("--cell-time-limit", type=float, default=150.0, help="seconds; a cell stops sending after it")
-    ap.add_argument("--workloads", default="tenants,multiturn,unique")
+    ap.add_argument("--workloads", default="tenants,multiturn,unique,agentic,burst")
     ap.add_argument("--routers", default=",".join(DEFAULT_ROUTERS), help="subset of " + ",".join(ROUTERS))
     ap.add_argument("--tokenizer", type=Path, default=None)
     ap.add_argument("--no-install", action="store_true", help="do not pip-install missing peers; skip them")
