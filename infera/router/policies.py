@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from infera.router.base import PolicyFactory
 from infera.router.kv_aware import KvAwarePolicy
+from infera.router.kv_ttft import KvTtftPolicy
 from infera.router.least_load import LeastLoadPolicy
 from infera.router.round_robin import RoundRobinPolicy
 
 POLICIES: dict[str, PolicyFactory] = {
     "kv-aware": KvAwarePolicy,
+    "kv-aware-blocks": KvAwarePolicy,  # blocks of prefill left + blocks held by in-flight requests
+    "kv-ttft": KvTtftPolicy,  # predicted time to first token (issue 14)
     "round-robin": RoundRobinPolicy,
     "least-load": LeastLoadPolicy,  # the decode leg of a prefill/decode pair
 }

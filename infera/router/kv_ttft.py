@@ -1,0 +1,156 @@
+"""KV-aware scoring by predicted time to first token (the default ``kv-aware`` policy).
+
+cost(w) = scale(w) * (kv_overlap_weight * prefill_ms(w) + decode_ms(w)), the time to first
+token this request would see on w:
+
+- prefill_ms: the prefill work ahead of it on w, which is the uncached prompt tokens of the
+  requests routed there that have not produced their first token yet, plus its own uncached
+  part. Its cached part counts confirmed blocks (KV events) and the blocks that requests
+  already routed to w will have stored by the time it runs (the index's predictions, for every
+  worker, not only those whose events are missing). Tokens become time by the shape of
+  the mock engine's step model (a*T^2 + b*T + c per step of at most :data:`STEP_TOKENS`).
+- decode_ms: the slowdown from the batch w is decoding. Every step that computes our
+  prompt also decodes that batch, which costs a*u^2 + b*u + c for the worker's KV usage u
+  (its active blocks over its capacity), and nothing while w decodes nothing.
+- scale(w): the worker's own speed, calibrated online from the TTFTs the router observed on
+  it (:meth:`infera.kv.load.LoadTracker.ttft_samples`), i.e. observed over modelled time for its
+  last samples, relative to the fleet's median; a worker with no samples counts as typical.
+
+So a session stays where its blocks are until the queue there costs more than recomputing
+its prompt elsewhere, a burst on a new prefix spreads while a second copy of the prefix is
+faster than waiting behind the first, and with nothing cached it is least-work-first.
+The previous cost (blocks of prefill plus blocks held by in-flight requests) is
+``kv-aware-blocks`` (:mod:`infera.router.kv_aware`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from infera.kv.load import LoadTracker, TtftSample
+from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores
+from infera.router.kv_aware import OTHER_TIER_CREDIT, TIER_CREDIT
+
+STEP_TOKENS = 8192  # prompt tokens one engine step computes (vLLM's default max_num_batched_tokens)
+MAX_RELATIVE_SCALE = 4.0  # a worker counts at most this much slower or faster than the fleet's median
+UNKNOWN_USAGE = 0.5  # KV usage assumed for a worker whose record does not say its capacity
+# The shape and default constants of an engine step's time in ms, as the mock engine's
+# StepTimeModel (infera.engine.mock.timing, a layer the router may not import): prefill
+# a*T^2 + b*T + c for T prompt tokens in the step, decode a*u^2 + b*u + c for KV usage u.
+PREFILL = (4.21e-7, 0.0152, 16.5)
+DECODE = (-25.74, 54.01, 5.74)
+DECODE_FLOOR_MS = 1.0
+
+
+def _step_prefill_ms(tokens: float) -> float:
+    a, b, c = PREFILL
+    return a * tokens * tokens + b * tokens + c
+
+
+def prefill_ms(tokens: float) -> float:
+    """Modelled ms to prefill ``tokens`` uncached tokens, in steps of at most STEP_TOKENS."""
+    if tokens <= 0:
+        return 0.0
+    full, rest = divmod(tokens, STEP_TOKENS)
+    return full * _step_prefill_ms(STEP_TOKENS) + (_step_prefill_ms(rest) if rest else 0.0)
+
+
+def decode_ms(tokens: float, decoding: int, active_blocks: int, capacity: int) -> float:
+    """Modelled ms the decoding batch adds to the steps that prefill ``tokens``."""
+    if decoding <= 0:
+        return 0.0
+    usage = min(1.0, active_blocks / capacity) if capacity > 0 else UNKNOWN_USAGE
+    steps = max(1, -(-int(tokens) // STEP_TOKENS))
+    a, b, c = DECODE
+    return steps * max(DECODE_FLOOR_MS, a * usage * usage + b * usage + c)
+
+
+def modelled_ms(weight: float, tokens: float, decoding: int, active_blocks: int, capacity: int) -> float:
+    return weight * prefill_ms(tokens) + decode_ms(tokens, decoding, active_blocks, capacity)
+
+
+class _Scale:
+    """One worker's observed/modelled TTFT ratio over its recent samples."""
+
+    __slots__ = ("count", "value")
+
+    def __init__(self) -> None:
+        self.count = -1
+        self.value: float | None = None
+
+
+class KvTtftPolicy:
+    needs_tokens = True
+
+    def __init__(self, deps: PolicyDeps) -> None:
+        self._index = deps.index
+        self._weight = deps.kv_overlap_weight
+        self._load = deps.load if deps.load is not None else LoadTracker()
+        self._clock = deps.clock
+        self._scales: dict[str, _Scale] = {}
+
+    def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
+        overlaps: list[int] = []
+        by_size: dict[int, dict[str, int]] = {}
+        for cand in candidates:
+            size = cand.worker.kv_block_size
+            found = by_size.get(size)
+            if found is None:
+                found = self._index.overlaps(ctx.hashes(size), now=self._clock(), use_predicted=True)
+                by_size[size] = found
+            overlaps.append(found.get(cand.worker.instance_id, 0))
+        scales = self._relative_scales(candidates)
+        costs: list[float] = []
+        for cand, overlap, scale in zip(candidates, overlaps, scales, strict=True):
+            wid = cand.worker.instance_id
+            size = cand.worker.kv_block_size
+            credit: float = overlap
+            if overlap:
+                lower = self._index.lower_tier_blocks(wid, ctx.hashes(size), overlap)
+                for medium, count in lower.items():
+                    credit -= count * (1.0 - TIER_CREDIT.get(medium, OTHER_TIER_CREDIT))
+            own = max(0.0, ctx.prompt_tokens - credit * size)
+            ms = modelled_ms(self._weight, cand.prefill_tokens + own, self._load.decoding(wid),
+                             cand.active_blocks, cand.worker.capacity.kv_blocks)
+            costs.append(scale * ms)
+        best_overlap = max(overlaps, default=0)
+        if best_overlap == 0:
+            reason = "no-hit"
+        else:
+            cheapest = min(range(len(costs)), key=costs.__getitem__)
+            reason = "cache-hit" if overlaps[cheapest] == best_overlap else "load"
+        return Scores(costs=costs, reason=reason, overlap_blocks=overlaps)
+
+    def _relative_scales(self, candidates: Sequence[Candidate]) -> list[float]:
+        """Each worker's speed relative to the fleet's median (1.0 = typical; 2.0 = twice as slow),
+        bounded by :data:`MAX_RELATIVE_SCALE` either way so a few odd samples cannot starve or flood
+        a worker; a worker without samples is typical."""
+        raw = [self._scale(c) for c in candidates]
+        known = sorted(r for r in raw if r is not None and r > 0.0)
+        if not known:
+            return [1.0] * len(candidates)
+        mid = known[len(known) // 2]
+        lo, hi = 1.0 / MAX_RELATIVE_SCALE, MAX_RELATIVE_SCALE
+        return [min(hi, max(lo, r / mid)) if r is not None and r > 0.0 else 1.0 for r in raw]
+
+    def _scale(self, cand: Candidate) -> float | None:
+        """Observed over modelled TTFT for this worker (None before its first sample)."""
+        wid = cand.worker.instance_id
+        count, samples = self._load.ttft_samples(wid)
+        scale = self._scales.get(wid)
+        if scale is None:
+            scale = self._scales[wid] = _Scale()
+        if scale.count != count:
+            scale.count = count
+            scale.value = self._fit(samples, cand.worker.capacity.kv_blocks)
+        return scale.value
+
+    def _fit(self, samples: Sequence[TtftSample], capacity: int) -> float | None:
+        observed = modelled = 0.0
+        for s in samples:
+            observed += s.seconds * 1000.0
+            modelled += modelled_ms(1.0, s.queued_tokens + s.prefill_tokens, s.decoding,
+                                    s.active_blocks, capacity)
+        if not samples or modelled <= 0.0:
+            return None
+        return observed / modelled
