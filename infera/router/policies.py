@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from infera.router.approx_prefix import ApproxPrefixPolicy
 from infera.router.base import PolicyFactory
 from infera.router.kv_aware import KvAwarePolicy
 from infera.router.least_load import LeastLoadPolicy
@@ -11,4 +12,5 @@ POLICIES: dict[str, PolicyFactory] = {
     "kv-aware": KvAwarePolicy,
     "round-robin": RoundRobinPolicy,
     "least-load": LeastLoadPolicy,  # the decode leg of a prefill/decode pair
+    "approx-prefix": ApproxPrefixPolicy,  # sglang-router cache_aware's approximate tree: no KV events needed
 }

@@ -27,7 +27,7 @@ from infera.sim.metrics import limits, summarize
 from infera.sim.trace import load_mooncake
 from infera.sim.workload import Workload
 
-DEFAULT_POLICIES = "round-robin,least-load,kv-aware"
+DEFAULT_POLICIES = "round-robin,least-load,kv-aware,approx-prefix"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
