@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from infera.router.approx_prefix import ApproxPrefixPolicy
 from infera.router.base import PolicyFactory
 from infera.router.kv_aware import KvAwarePolicy
 from infera.router.kv_ttft import KvTtftPolicy
@@ -14,4 +15,5 @@ POLICIES: dict[str, PolicyFactory] = {
     "kv-ttft": KvTtftPolicy,  # predicted time to first token (issue 14)
     "round-robin": RoundRobinPolicy,
     "least-load": LeastLoadPolicy,  # the decode leg of a prefill/decode pair
+    "approx-prefix": ApproxPrefixPolicy,  # sglang-router cache_aware's approximate tree: no KV events needed
 }
