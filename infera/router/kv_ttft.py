@@ -1,19 +1,20 @@
-"""KV-aware scoring by predicted time to first token (the default ``kv-aware`` policy).
+"""KV-aware scoring by predicted time to first token (issue 14's cost).
 
-cost(w) = scale(w) * (kv_overlap_weight * prefill_ms(w) + decode_ms(w)), the time to first
-token this request would see on w:
+cost(w) = scale(w) * (kv_overlap_weight * prefill_ms(w) + decode_ms(w)), in modelled ms:
 
-- prefill_ms: the prefill work ahead of it on w, which is the uncached prompt tokens of the
-  requests routed there that have not produced their first token yet, plus its own uncached
-  part. Its cached part counts confirmed blocks (KV events) and the blocks that requests
-  already routed to w will have stored by the time it runs (the index's predictions, for every
-  worker, not only those whose events are missing). Tokens become time by the shape of
-  the mock engine's step model (a*T^2 + b*T + c per step of at most :data:`STEP_TOKENS`).
-- decode_ms: the slowdown from the batch w is decoding. Every step that computes our
-  prompt also decodes that batch, which costs a*u^2 + b*u + c for the worker's KV usage u
-  (its active blocks over its capacity), and nothing while w decodes nothing.
+- prefill_ms: the prefill work ahead of this request on w (the uncached prompt tokens of the
+  requests routed there that have no first token yet) plus its own uncached part. Its cached
+  part counts confirmed blocks (KV events) and the blocks that requests already routed to w
+  will have stored by the time it runs (the index's predictions, for every worker, not only
+  those whose events are missing). Tokens become time by the shape of the mock engine's step
+  model (a*T^2 + b*T + c per step of at most :data:`STEP_TOKENS` tokens).
+- decode_ms, the decode load: (1) every step that computes the prompt also decodes w's running
+  batch, a*u^2 + b*u + c ms at the worker's KV usage u (active blocks over capacity; nothing
+  while w decodes nothing); (2) :data:`DECODE_HORIZON` steps of this request's own output at
+  the usage it leaves w at, so that among equal prefill costs the emptier worker wins; (3) when
+  w lacks the free blocks to admit it, the wait for running requests to free them.
 - scale(w): the worker's own speed, calibrated online from the TTFTs the router observed on
-  it (:meth:`infera.kv.load.LoadTracker.ttft_samples`), i.e. observed over modelled time for its
+  it (:meth:`infera.kv.load.LoadTracker.ttft_samples`): observed over modelled time for its
   last samples, relative to the fleet's median; a worker with no samples counts as typical.
 
 So a session stays where its blocks are until the queue there costs more than recomputing
@@ -33,6 +34,8 @@ from infera.router.kv_aware import OTHER_TIER_CREDIT, TIER_CREDIT
 
 STEP_TOKENS = 8192  # prompt tokens one engine step computes (vLLM's default max_num_batched_tokens)
 MAX_RELATIVE_SCALE = 4.0  # a worker counts at most this much slower or faster than the fleet's median
+DECODE_HORIZON = 2  # decode steps of its own output counted at the KV usage it leaves w at (chosen
+# by bench/cost_sweep.py: 0-32 tried; 2 kept sessions sticky and spread load best on its workloads)
 UNKNOWN_USAGE = 0.5  # KV usage assumed for a worker whose record does not say its capacity
 # The shape and default constants of an engine step's time in ms, as the mock engine's
 # StepTimeModel (infera.engine.mock.timing, a layer the router may not import): prefill
@@ -65,6 +68,19 @@ def decode_ms(tokens: float, decoding: int, active_blocks: int, capacity: int) -
     return steps * max(DECODE_FLOOR_MS, a * usage * usage + b * usage + c)
 
 
+def memory_wait_ms(blocks: int, capacity: int, max_tokens: int) -> float:
+    """Modelled ms before the worker has the KV blocks to admit the request.
+
+    ``blocks``: what its in-flight requests hold plus what this one needs. The overflow must
+    wait for running requests to finish: that share of the batch, each decoding about
+    ``max_tokens`` steps of a full cache (this request's output length stands for theirs).
+    """
+    if capacity <= 0 or blocks <= capacity:
+        return 0.0
+    a, b, c = DECODE
+    return (blocks - capacity) / capacity * max_tokens * (a + b + c)
+
+
 def modelled_ms(weight: float, tokens: float, decoding: int, active_blocks: int, capacity: int) -> float:
     return weight * prefill_ms(tokens) + decode_ms(tokens, decoding, active_blocks, capacity)
 
@@ -81,6 +97,7 @@ class _Scale:
 
 class KvTtftPolicy:
     needs_tokens = True
+    horizon = DECODE_HORIZON
 
     def __init__(self, deps: PolicyDeps) -> None:
         self._index = deps.index
@@ -110,8 +127,13 @@ class KvTtftPolicy:
                 for medium, count in lower.items():
                     credit -= count * (1.0 - TIER_CREDIT.get(medium, OTHER_TIER_CREDIT))
             own = max(0.0, ctx.prompt_tokens - credit * size)
-            ms = modelled_ms(self._weight, cand.prefill_tokens + own, self._load.decoding(wid),
+            decoding = self._load.decoding(wid)
+            ms = modelled_ms(self._weight, cand.prefill_tokens + own, decoding,
                              cand.active_blocks, cand.worker.capacity.kv_blocks)
+            after = cand.active_blocks + -(-int(own) // size) + -(-ctx.max_tokens // size)
+            capacity = cand.worker.capacity.kv_blocks
+            ms += memory_wait_ms(after, capacity, ctx.max_tokens)
+            ms += self.horizon * decode_ms(1, 1, after, capacity)
             costs.append(scale * ms)
         best_overlap = max(overlaps, default=0)
         if best_overlap == 0:
