@@ -15,7 +15,8 @@ cost(w) = scale(w) * (kv_overlap_weight * prefill_ms(w) + decode_ms(w)), in mode
   w lacks the free blocks to admit it, the wait for running requests to free them.
 - scale(w): the worker's own speed, calibrated online from the TTFTs the router observed on
   it (:meth:`infera.kv.load.LoadTracker.ttft_samples`): observed over modelled time for its
-  last samples, relative to the fleet's median; a worker with no samples counts as typical.
+  last samples above its fastest one, relative to the fleet's median, bounded to 1/2..2 and
+  typical within 25 % of the median (a shared host's noise must not move load).
 
 So a session stays where its blocks are until the queue there costs more than recomputing
 its prompt elsewhere, a burst on a new prefix spreads while a second copy of the prefix is
@@ -33,7 +34,9 @@ from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores
 from infera.router.kv_aware import OTHER_TIER_CREDIT, TIER_CREDIT
 
 STEP_TOKENS = 8192  # prompt tokens one engine step computes (vLLM's default max_num_batched_tokens)
-MAX_RELATIVE_SCALE = 4.0  # a worker counts at most this much slower or faster than the fleet's median
+MAX_RELATIVE_SCALE = 2.0  # a worker counts at most this much slower or faster than the fleet's median
+SCALE_DEAD_BAND = 1.25  # closer to the median than this factor: typical (noise, not a slower worker)
+MIN_SAMPLES = 8  # TTFT samples before a worker's own speed counts
 DECODE_HORIZON = 2  # decode steps of its own output counted at the KV usage it leaves w at (chosen
 # by bench/cost_sweep.py: 0-32 tried; 2 kept sessions sticky and spread load best on its workloads)
 UNKNOWN_USAGE = 0.5  # KV usage assumed for a worker whose record does not say its capacity
@@ -144,16 +147,24 @@ class KvTtftPolicy:
         return Scores(costs=costs, reason=reason, overlap_blocks=overlaps)
 
     def _relative_scales(self, candidates: Sequence[Candidate]) -> list[float]:
-        """Each worker's speed relative to the fleet's median (1.0 = typical; 2.0 = twice as slow),
-        bounded by :data:`MAX_RELATIVE_SCALE` either way so a few odd samples cannot starve or flood
-        a worker; a worker without samples is typical."""
+        """Each worker's speed relative to the fleet's median (1.0 = typical; 2.0 = twice as slow).
+
+        Bounded by :data:`MAX_RELATIVE_SCALE` either way, and 1.0 within :data:`SCALE_DEAD_BAND`
+        of the median, so that the noise of a shared host cannot starve or flood a worker; a worker
+        with fewer than :data:`MIN_SAMPLES` samples is typical.
+        """
         raw = [self._scale(c) for c in candidates]
         known = sorted(r for r in raw if r is not None and r > 0.0)
         if not known:
             return [1.0] * len(candidates)
         mid = known[len(known) // 2]
-        lo, hi = 1.0 / MAX_RELATIVE_SCALE, MAX_RELATIVE_SCALE
-        return [min(hi, max(lo, r / mid)) if r is not None and r > 0.0 else 1.0 for r in raw]
+        out = []
+        for r in raw:
+            rel = r / mid if r is not None and r > 0.0 else 1.0
+            if 1.0 / SCALE_DEAD_BAND <= rel <= SCALE_DEAD_BAND:
+                rel = 1.0
+            out.append(min(MAX_RELATIVE_SCALE, max(1.0 / MAX_RELATIVE_SCALE, rel)))
+        return out
 
     def _scale(self, cand: Candidate) -> float | None:
         """Observed over modelled TTFT for this worker (None before its first sample)."""
@@ -168,11 +179,16 @@ class KvTtftPolicy:
         return scale.value
 
     def _fit(self, samples: Sequence[TtftSample], capacity: int) -> float | None:
+        """Observed over modelled time, above the worker's floor (its fastest sample: the fixed
+        cost of a request, such as the network and the router's own work, that no model covers)."""
+        if len(samples) < MIN_SAMPLES:
+            return None
+        floor = min(s.seconds for s in samples) * 1000.0
         observed = modelled = 0.0
         for s in samples:
-            observed += s.seconds * 1000.0
+            observed += s.seconds * 1000.0 - floor
             modelled += modelled_ms(1.0, s.queued_tokens + s.prefill_tokens, s.decoding,
                                     s.active_blocks, capacity)
-        if not samples or modelled <= 0.0:
+        if modelled <= 0.0 or observed <= 0.0:
             return None
         return observed / modelled

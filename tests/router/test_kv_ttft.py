@@ -16,7 +16,7 @@ from infera.protocols.kv_events import BlockStored, EventBatch
 from infera.protocols.worker import Capacity, WorkerRecord
 from infera.router.base import Candidate, Policy, PolicyDeps, RoutingContext
 from infera.router.kv_aware import KvAwarePolicy
-from infera.router.kv_ttft import KvTtftPolicy
+from infera.router.kv_ttft import KvTtftPolicy, prefill_ms
 
 BS = 16
 WORKERS = [WorkerRecord(instance_id=f"w{k}", model="m", http_url="http://x", kv_block_size=BS,
@@ -120,13 +120,30 @@ def test_without_a_cache_it_is_least_work_first() -> None:
     assert fleet.pick(tokens(31, 2000)) in ("w2", "w3")
 
 
+def observe(fleet: Fleet, wid: str, slowness: float, jitter: float = 0.0) -> None:
+    """Ten requests of growing size on ``wid``, each taking a fixed 30 ms (network, router) plus
+    ``slowness`` times the modelled prefill time, give or take ``jitter``."""
+    for k in range(10):
+        work = 500 + 400 * k
+        t = fleet.load.begin(wid, work, [], 1)
+        fleet.now += 0.030 + slowness * prefill_ms(work) / 1000 * (1 + jitter * (-1) ** k)
+        fleet.load.prefill_done(t)
+        fleet.load.end(t)
+
+
 def test_a_worker_observed_to_be_slower_gets_less_work() -> None:
     fleet = Fleet()
-    for wid, seconds in (("w0", 0.05), ("w1", 0.15), ("w2", 0.15), ("w3", 0.15)):
-        for _ in range(5):  # same work, three times the time to first token on w1..w3
-            t = fleet.load.begin(wid, 2000, [], 1)
-            fleet.now += seconds
-            fleet.load.prefill_done(t)
-            fleet.load.end(t)
+    for wid, slowness in (("w0", 1.0), ("w1", 3.0), ("w2", 3.0), ("w3", 3.0)):
+        observe(fleet, wid, slowness)
     fleet.load.begin("w0", 1500, [], 1)  # w0 has more queued, but is fast enough to still win
     assert fleet.pick(tokens(40, 2000)) == "w0"
+
+
+def test_noise_in_observed_ttfts_does_not_move_load() -> None:
+    fleet = Fleet()
+    for k, wid in enumerate(("w0", "w1", "w2", "w3")):
+        observe(fleet, wid, 1.0 + 0.05 * k, jitter=0.1)  # alike, within noise
+    fleet.load.begin("w0", 300, [], 1)
+    fleet.load.begin("w1", 200, [], 1)
+    fleet.load.begin("w3", 100, [], 1)
+    assert fleet.pick(tokens(41, 2000)) == "w2"  # the least work, as without samples
