@@ -15,8 +15,9 @@ cost(w) = scale(w) * (kv_overlap_weight * prefill_ms(w) + decode_ms(w)), in mode
   w lacks the free blocks to admit it, the wait for running requests to free them.
 - scale(w): the worker's own speed, calibrated online from the TTFTs the router observed on
   it (:meth:`infera.kv.load.LoadTracker.ttft_samples`): observed over modelled time for its
-  last samples above its fastest one, relative to the fleet's median, bounded to 1/2..2 and
-  typical within 25 % of the median (a shared host's noise must not move load).
+  last samples, plus the fleet's fastest request per sample (the fixed cost no model covers), relative
+  to the fleet's median, bounded to 1/2..2 and
+  typical within 1.5x of the median (a shared host's noise must not move load).
 
 So a session stays where its blocks are until the queue there costs more than recomputing
 its prompt elsewhere, a burst on a new prefix spreads while a second copy of the prefix is
@@ -29,13 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from infera.kv.load import LoadTracker, TtftSample
+from infera.kv.load import LoadTracker
 from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores
 from infera.router.kv_aware import OTHER_TIER_CREDIT, TIER_CREDIT
 
 STEP_TOKENS = 8192  # prompt tokens one engine step computes (vLLM's default max_num_batched_tokens)
 MAX_RELATIVE_SCALE = 2.0  # a worker counts at most this much slower or faster than the fleet's median
-SCALE_DEAD_BAND = 1.25  # closer to the median than this factor: typical (noise, not a slower worker)
+SCALE_DEAD_BAND = 1.5  # closer to the median than this factor: typical (noise, not a slower worker)
 MIN_SAMPLES = 8  # TTFT samples before a worker's own speed counts
 DECODE_HORIZON = 2  # decode steps of its own output counted at the KV usage it leaves w at (chosen
 # by bench/cost_sweep.py: 0-32 tried; 2 kept sessions sticky and spread load best on its workloads)
@@ -89,13 +90,14 @@ def modelled_ms(weight: float, tokens: float, decoding: int, active_blocks: int,
 
 
 class _Scale:
-    """One worker's observed/modelled TTFT ratio over its recent samples."""
+    """Sums over one worker's recent TTFT samples (refreshed when it has new ones)."""
 
-    __slots__ = ("count", "value")
+    __slots__ = ("count", "floor", "modelled", "n", "observed")
 
     def __init__(self) -> None:
         self.count = -1
-        self.value: float | None = None
+        self.n = 0
+        self.observed = self.modelled = self.floor = 0.0  # ms
 
 
 class KvTtftPolicy:
@@ -153,7 +155,13 @@ class KvTtftPolicy:
         of the median, so that the noise of a shared host cannot starve or flood a worker; a worker
         with fewer than :data:`MIN_SAMPLES` samples is typical.
         """
-        raw = [self._scale(c) for c in candidates]
+        sums = [self._sums(c) for c in candidates]
+        floors = [x.floor for x in sums if x.n >= MIN_SAMPLES]
+        if not floors:
+            return [1.0] * len(candidates)
+        fixed = min(floors)  # the fleet's fastest request: the fixed cost no model covers
+        raw = [x.observed / (x.modelled + x.n * fixed) if x.n >= MIN_SAMPLES and x.modelled + x.n * fixed > 0
+               else None for x in sums]
         known = sorted(r for r in raw if r is not None and r > 0.0)
         if not known:
             return [1.0] * len(candidates)
@@ -166,29 +174,19 @@ class KvTtftPolicy:
             out.append(min(MAX_RELATIVE_SCALE, max(1.0 / MAX_RELATIVE_SCALE, rel)))
         return out
 
-    def _scale(self, cand: Candidate) -> float | None:
-        """Observed over modelled TTFT for this worker (None before its first sample)."""
+    def _sums(self, cand: Candidate) -> _Scale:
+        """Observed and modelled TTFT over the worker's last samples, and its fastest one."""
         wid = cand.worker.instance_id
         count, samples = self._load.ttft_samples(wid)
-        scale = self._scales.get(wid)
-        if scale is None:
-            scale = self._scales[wid] = _Scale()
-        if scale.count != count:
-            scale.count = count
-            scale.value = self._fit(samples, cand.worker.capacity.kv_blocks)
-        return scale.value
-
-    def _fit(self, samples: Sequence[TtftSample], capacity: int) -> float | None:
-        """Observed over modelled time, above the worker's floor (its fastest sample: the fixed
-        cost of a request, such as the network and the router's own work, that no model covers)."""
-        if len(samples) < MIN_SAMPLES:
-            return None
-        floor = min(s.seconds for s in samples) * 1000.0
-        observed = modelled = 0.0
-        for s in samples:
-            observed += s.seconds * 1000.0 - floor
-            modelled += modelled_ms(1.0, s.queued_tokens + s.prefill_tokens, s.decoding,
-                                    s.active_blocks, capacity)
-        if modelled <= 0.0 or observed <= 0.0:
-            return None
-        return observed / modelled
+        sums = self._scales.get(wid)
+        if sums is None:
+            sums = self._scales[wid] = _Scale()
+        if sums.count != count:
+            capacity = cand.worker.capacity.kv_blocks
+            sums.count = count
+            sums.n = len(samples)
+            sums.observed = sum(x.seconds for x in samples) * 1000.0
+            sums.modelled = sum(modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks,
+                                            capacity) for x in samples)
+            sums.floor = min((x.seconds for x in samples), default=0.0) * 1000.0
+        return sums
