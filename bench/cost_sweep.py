@@ -3,12 +3,12 @@
 Runs ``infera.sim`` (the real router and policies over the mock engine's classes, virtual time)
 on the bench workloads for the policies named, with the workers' records carrying their KV
 capacity as the mock engine's records do live (the simulator's records leave it out, and the
-kv-ttft cost reads it for the decode term). Prints one table per workload and a summary of
+kv-aware cost reads it for the decode term). Prints one table per workload and a summary of
 each policy's TTFT p50/p90 and hit ratio as ratios to round-robin, plus the geometric mean
 over workloads.
 
     .venv/bin/python bench/cost_sweep.py --quick --workers 4
-    .venv/bin/python bench/cost_sweep.py --quick --workers 16 --policies round-robin,kv-aware-blocks,kv-ttft
+    .venv/bin/python bench/cost_sweep.py --quick --workers 16 --policies kv-aware-blocks,kv-aware,kv-aware-h8
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from infera.sim.fleet import FleetConfig, Simulation
 from infera.sim.metrics import limits, summarize
 from infera.sim.trace import load_mooncake
 
-DEFAULT = "round-robin,least-load,kv-aware-blocks,kv-ttft,approx-prefix"
+DEFAULT = "round-robin,least-load,kv-aware-blocks,kv-aware,approx-prefix"
 
 
 def _variants() -> None:
@@ -39,7 +39,7 @@ def _variants() -> None:
     from infera.router.kv_ttft import KvTtftPolicy
 
     for h in (0, 1, 4, 8, 16, 32):
-        POLICIES[f"kv-ttft-h{h}"] = type(f"KvTtft_h{h}", (KvTtftPolicy,), {"horizon": h})
+        POLICIES[f"kv-aware-h{h}"] = type(f"KvTtft_h{h}", (KvTtftPolicy,), {"horizon": h})
 
 
 def run(w: Any, policy: str, workers: int, engine: EngineConfig, weight: float) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""KV-aware scoring by predicted time to first token (issue 14's cost).
+"""KV-aware scoring by predicted time to first token: the ``kv-aware`` policy (issue 14).
 
 cost(w) = scale(w) * (kv_overlap_weight * prefill_ms(w) + decode_ms(w)), in modelled ms:
 

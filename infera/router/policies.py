@@ -10,9 +10,8 @@ from infera.router.least_load import LeastLoadPolicy
 from infera.router.round_robin import RoundRobinPolicy
 
 POLICIES: dict[str, PolicyFactory] = {
-    "kv-aware": KvAwarePolicy,
-    "kv-aware-blocks": KvAwarePolicy,  # blocks of prefill left + blocks held by in-flight requests
-    "kv-ttft": KvTtftPolicy,  # predicted time to first token (issue 14)
+    "kv-aware": KvTtftPolicy,  # predicted time to first token (chosen by measurement: bench/README.md)
+    "kv-aware-blocks": KvAwarePolicy,  # the previous cost: blocks of prefill left + blocks held in flight
     "round-robin": RoundRobinPolicy,
     "least-load": LeastLoadPolicy,  # the decode leg of a prefill/decode pair
     "approx-prefix": ApproxPrefixPolicy,  # sglang-router cache_aware's approximate tree: no KV events needed

@@ -49,14 +49,16 @@ def test_two_prefixes_stay_on_their_own_workers() -> None:
 def test_the_router_sees_blocks_only_after_they_are_published_and_delivered() -> None:
     shared = _tokens(3, 64 * BLOCK)
     prompts = [shared + _tokens(200, 10), shared + _tokens(201, 10)]
+    # kv-aware-blocks reads only events (kv-aware also counts its own routing decisions as predictions)
+    events_only = "kv-aware-blocks"
     # the second request arrives 1 ms after the first: its blocks are not even computed yet
-    early = _run(_open_loop(prompts, gap=0.001))
+    early = _run(_open_loop(prompts, gap=0.001), policy=events_only)
     assert early.requests[1].overlap_blocks == 0
     # computed long ago but the events are still in flight (a 10 s delivery delay)
-    late = _run(_open_loop(prompts, gap=1.0), delay=10.0)
+    late = _run(_open_loop(prompts, gap=1.0), policy=events_only, delay=10.0)
     assert late.requests[1].overlap_blocks == 0
     # delivered: the router sees the whole shared prefix on the first worker
-    seen = _run(_open_loop(prompts, gap=1.0), delay=0.005)
+    seen = _run(_open_loop(prompts, gap=1.0), policy=events_only, delay=0.005)
     assert seen.requests[1].overlap_blocks == 64
     assert seen.requests[1].worker == seen.requests[0].worker
 
