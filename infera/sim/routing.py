@@ -129,7 +129,13 @@ class SimRouter:
         return Routed(wid, overlap, reason, ticket)
 
     def first_token(self, routed: Routed) -> None:
-        self.router.load.prefill_done(routed.ticket)
+        router = self.router
+        router.load.prefill_done(routed.ticket)
+        wid = routed.worker_id
+        # As Router._open_leg after the first chunk: an uncached prompt must bring events soon,
+        # or the worker counts as blind (its cache then predicted from routing decisions).
+        if routed.overlap_blocks < len(routed.ticket.hashes) and wid not in router._expect_events_since:
+            router._expect_events_since[wid] = self._clock()
 
     def finished(self, routed: Routed) -> None:
         self.router.load.end(routed.ticket)
