@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
         doc = run_workload(w, args, engine)
         docs.append(doc)
         print(report.table(doc) + "\n")
-        stem = args.name or f"sim-{w.name}-{args.workers}w"
+        stem = f"sim-{w.name}-{args.workers}w" if not args.name else (
+            args.name if len(loaded) == 1 else f"{args.name}-{w.name}")
         report.write_json(doc, Path(args.out_dir) / f"{stem}.json")
     if not args.no_plot:
         stem = args.name or f"sim-{'-'.join(d['name'] for d in docs)}-{args.workers}w"
