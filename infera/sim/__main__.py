@@ -78,8 +78,8 @@ def run_workload(w: Workload, args: argparse.Namespace, engine: EngineConfig) ->
         row["wall_seconds"] = time.perf_counter() - t0
         row["cpu_seconds"] = time.process_time() - c0  # the box is shared: CPU time is the fair speed figure
         rows.append(row)
-        print(f"  {w.name} {policy}: {row['wall_seconds']:.1f}s wall, {row['cpu_seconds']:.1f}s CPU, TTFT p90 {row['ttft_p90'] * 1000:.0f} ms, "
-              f"hit {row['hit_ratio']:.3f}", file=sys.stderr)
+        print(f"  {w.name} {policy}: {row['wall_seconds']:.1f}s wall, {row['cpu_seconds']:.1f}s CPU, "
+              f"TTFT p90 {row['ttft_p90'] * 1000:.0f} ms, hit {row['hit_ratio']:.3f}", file=sys.stderr)
     usable = (engine.num_blocks - 1) * args.workers
     return {
         "name": w.name, "label": w.label, "params": w.params, "workers": args.workers,
