@@ -75,7 +75,8 @@ def test_closed_loop_turns_start_after_the_previous_finished() -> None:
     assert len(result.requests) == w.n_requests
     starts = sorted(r.arrival for r in result.requests)
     assert starts[w.concurrency] > 0.0  # the sessions over the slots waited for a slot
-    assert all(r.first_token >= r.arrival and r.finished >= r.first_token for r in result.requests)
+    # nothing is scheduled before it arrived, though engines run ahead of the routing clock
+    assert all(r.finished >= r.first_token > r.admitted >= r.arrival for r in result.requests)
     # a conversation's later turns hit the cache (their history was computed before), more often
     # when the router follows the cache than when it rotates
     rr = summarize(_run(w, "round-robin", workers=3, blocks=2048))
