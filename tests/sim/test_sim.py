@@ -113,3 +113,18 @@ def test_fast_forwarding_decode_runs_changes_no_number(w: Workload) -> None:
         sim = Simulation(w, cfg)
         results.append((summarize(sim.run()), [e.steps for e in sim.engines]))
     assert results[0] == results[1]
+
+
+def test_the_command_line_writes_a_table_and_json(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from infera.sim.__main__ import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {i * 200}, "input_length": 900, "output_length": 40, '
+                             f'"hash_ids": [0, 1, {2 + i}]}}\n' for i in range(6)))
+    main(["--trace", str(trace), "--workers", "2", "--policies", "round-robin,kv-aware", "--block-size", "16",
+          "--out-dir", str(tmp_path), "--no-plot", "--name", "t"])
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert [p["policy"] for p in doc["policies"]] == ["round-robin", "kv-aware"]
+    assert "| kv-aware |" in capsys.readouterr().out
