@@ -24,7 +24,7 @@ from typing import Any
 from infera.protocols.kv_events import EventBatch
 from infera.sim.engine import INF, EngineConfig, SimEngine, SimRequest, Sink
 from infera.sim.routing import SimRouter, worker_ids
-from infera.sim.workload import Workload
+from infera.sim.workload import MIN_THINK, Workload
 
 DEFAULT_EVENT_DELAY = 0.005  # seconds from an engine publishing a batch to the router applying it
 
@@ -83,12 +83,13 @@ class Simulation:
         heapq.heappush(self._effects, (at, next(self._seq), 2, req, None))
         session, turn = self._session_of[req.index]
         s = self.workload.sessions[session]
+        think = max(s.think, MIN_THINK)  # never less than the lookahead: no arrival behind an engine's clock
         if turn + 1 < len(s.turns):
-            self._push_arrival(at + s.think, session, turn + 1)
+            self._push_arrival(at + think, session, turn + 1)
         else:
             self._active_sessions -= 1
             if self._waiting_sessions:
-                self._start_session(self._waiting_sessions.pop(0), at + s.think)
+                self._start_session(self._waiting_sessions.pop(0), at + think)
 
     def _apply_effects(self, until: float) -> None:
         effects = self._effects

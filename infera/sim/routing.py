@@ -9,7 +9,9 @@ The simulator does not model the router; it runs it. :class:`SimRouter` builds a
   ``Router._open_leg`` shapes a mixed leg: begin at routing with the uncached prompt tokens, the
   prompt's block hashes and the tail blocks, ``prefill_done`` at the first token, ``end`` at
   completion; plus the routing-time prediction in the index (``PREDICTION_TTL``);
-- feeds KV event batches through ``Router.on_kv_batch`` (the server's feed into the index).
+- feeds KV event batches through ``Router.on_kv_batch`` (the server's feed into the index), and
+  marks a worker as expecting events after an uncached first token, as ``_open_leg`` does (the
+  router's blindness rule: no events for ``events_stale_seconds`` after that -> predicted cache).
 
 When the router is split into router/{candidates,context,pick,legs}.py, re-point the three
 calls marked SEAM below at the new modules; nothing else in infera.sim touches the router.
@@ -18,10 +20,11 @@ calls marked SEAM below at the new modules; nothing else in infera.sim touches t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, cast
 
 from infera.discovery.base import FleetListener
+from infera.kv.index import PrefixIndex
 from infera.kv.load import Ticket
 from infera.kv.tokenizer import PromptRenderer
 from infera.protocols.kv_events import EventBatch
@@ -70,6 +73,22 @@ class _Events:
         pass
 
 
+class _VirtualIndex(PrefixIndex):
+    """The router's index, with predictions expiring on the simulator's clock.
+
+    Policies query without a clock (the index then reads ``time.monotonic()``); predictions are
+    stamped with the router's clock, which here is virtual, so the default must be virtual too.
+    """
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self._virtual_clock = clock
+
+    def overlaps(self, hashes: Sequence[int], now: float | None = None,
+                 use_predicted: bool | Collection[str] = False) -> dict[str, int]:
+        return super().overlaps(hashes, self._virtual_clock() if now is None else now, use_predicted)
+
+
 class _NoTransport:
     async def start(self) -> None:
         pass
@@ -106,7 +125,7 @@ class SimRouter:
         # The router refuses a tokenizing policy without a renderer; the simulator hands it token ids directly.
         renderer = cast(PromptRenderer, object())
         self.router = Router(_Fleet(records), cast(Any, _NoTransport()), cast(Any, _Events()), renderer, options,
-                             clock=clock)
+                             index=_VirtualIndex(clock), clock=clock)
         self.router._rng.seed(seed)
         self.block_size = block_size
         self._clock = clock
@@ -129,7 +148,13 @@ class SimRouter:
         return Routed(wid, overlap, reason, ticket)
 
     def first_token(self, routed: Routed) -> None:
-        self.router.load.prefill_done(routed.ticket)
+        router = self.router
+        router.load.prefill_done(routed.ticket)
+        wid = routed.worker_id
+        # As Router._open_leg after the first chunk: an uncached prompt must bring events soon,
+        # or the worker counts as blind (its cache then predicted from routing decisions).
+        if routed.overlap_blocks < len(routed.ticket.hashes) and wid not in router._expect_events_since:
+            router._expect_events_since[wid] = self._clock()
 
     def finished(self, routed: Routed) -> None:
         self.router.load.end(routed.ticket)

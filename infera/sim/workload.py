@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-MIN_THINK = 0.001  # seconds; closed loops need a positive gap (the driver's lookahead)
+MIN_THINK = 0.001  # seconds; a shorter think is taken as this (the driver needs a positive lookahead)
 
 
 @dataclasses.dataclass(slots=True)

@@ -80,7 +80,7 @@ def agentic(sessions: int = 24, turns: int = 12, system: int = 2000, max_tokens:
         for _ in range(turns):
             call = _tokens(r, max_tokens)
             session.append(Turn(history, call))
-            history = history + call + _tokens(r, r.randint(200, 1500))  # the tool's result
+            history = history + call + _tokens(r, r.randint(100, 800))  # the tool's result
         out.append(Session(rng.uniform(0.0, 2.0), session, think=rng.uniform(0.1, 0.6)))  # tool latency
     return Workload("agentic", "(d) agent sessions grow with tool results", out,
                     params={"sessions": sessions, "turns": turns, "system_tokens": system})

@@ -11,7 +11,7 @@ from infera.sim.fleet import FleetConfig, Simulation
 from infera.sim.metrics import limits, summarize
 from infera.sim.trace import load_mooncake
 from infera.sim.workload import Session, Turn, Workload
-from infera.sim.workloads import build
+from infera.sim.workloads import agentic, multiturn, tenants
 
 BLOCK = 16
 
@@ -65,23 +65,24 @@ def test_the_router_sees_blocks_only_after_they_are_published_and_delivered() ->
 
 @pytest.mark.parametrize("policy", ["kv-aware", "round-robin", "approx-prefix"])
 def test_two_runs_give_the_same_numbers(policy: str) -> None:
-    w = build("agentic", quick=True)
+    w = agentic(sessions=8, turns=4, system=600)
     one, two = (summarize(_run(w, policy, workers=3, blocks=2048)) for _ in range(2))
     assert one == two
     assert one["requests"] == w.n_requests and one["rejected"] == 0
 
 
 def test_closed_loop_turns_start_after_the_previous_finished() -> None:
-    w = build("multiturn", quick=True)
+    w = multiturn(slots=4, conversations=8, turns=4)
     result = _run(w, workers=3, blocks=2048)
     assert len(result.requests) == w.n_requests
     starts = sorted(r.arrival for r in result.requests)
     assert starts[w.concurrency] > 0.0  # the sessions over the slots waited for a slot
-    assert all(r.first_token >= r.arrival and r.finished >= r.first_token for r in result.requests)
+    # nothing is scheduled before it arrived, though engines run ahead of the routing clock
+    assert all(r.finished >= r.first_token > r.admitted >= r.arrival for r in result.requests)
     # a conversation's later turns hit the cache (their history was computed before), more often
     # when the router follows the cache than when it rotates
     rr = summarize(_run(w, "round-robin", workers=3, blocks=2048))
-    assert summarize(result)["hit_ratio"] > rr["hit_ratio"] > 0.5
+    assert summarize(result)["hit_ratio"] > rr["hit_ratio"]
 
 
 def test_limits_count_repeated_prefixes_and_shrink_with_capacity() -> None:
@@ -103,3 +104,29 @@ def test_mooncake_ids_map_to_equal_tokens(tmp_path) -> None:  # type: ignore[no-
     assert len(first.prompt) == 138 and len(second.prompt) == 129  # ceil(len / 8)
     assert first.prompt[:128] == second.prompt[:128] and first.prompt[128:] != second.prompt[128:129]
     assert len(first.output) == 2 and w.sessions[1].start == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("w", [agentic(sessions=8, turns=4, system=600), tenants(4, 60, rate=20.0, max_tokens=100)],
+                         ids=["agentic", "tenants"])
+def test_fast_forwarding_decode_runs_changes_no_number(w: Workload) -> None:
+    results = []
+    for ff in (True, False):
+        cfg = FleetConfig(workers=3, engine=EngineConfig(num_blocks=2048, block_size=BLOCK, fast_forward=ff))
+        sim = Simulation(w, cfg)
+        results.append((summarize(sim.run()), [e.steps for e in sim.engines]))
+    assert results[0] == results[1]
+
+
+def test_the_command_line_writes_a_table_and_json(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from infera.sim.__main__ import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {i * 200}, "input_length": 900, "output_length": 40, '
+                             f'"hash_ids": [0, 1, {2 + i}]}}\n' for i in range(6)))
+    main(["--trace", str(trace), "--workers", "2", "--policies", "round-robin,kv-aware", "--block-size", "16",
+          "--out-dir", str(tmp_path), "--no-plot", "--name", "t"])
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert [p["policy"] for p in doc["policies"]] == ["round-robin", "kv-aware"]
+    assert "| kv-aware |" in capsys.readouterr().out
