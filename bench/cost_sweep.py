@@ -46,9 +46,10 @@ def run(w: Any, policy: str, workers: int, engine: EngineConfig, weight: float) 
     sim = Simulation(w, FleetConfig(workers=workers, engine=engine, policy=policy, kv_overlap_weight=weight))
     for record in sim.router.router.fleet.workers().values():
         record.capacity = Capacity(kv_blocks=engine.num_blocks - 1, max_num_seqs=engine.max_num_seqs)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     row = summarize(sim.run())
     row["wall_seconds"] = time.perf_counter() - t0
+    row["cpu_seconds"] = time.process_time() - c0
     return row
 
 
