@@ -48,7 +48,8 @@ MODEL = "bench-model"
 ROUTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "round-robin": ("infera", "round-robin", ()), "infera kv-aware": ("infera", "kv-aware", ()),
     "sglang cache_aware": ("sglang-router", "cache_aware", ()), "vllm cache_aware": ("vllm-router", "cache_aware", ()),
-    "infera kv w=4": ("infera", "kv-aware", ("--kv-overlap-weight", "4"))}
+    "infera kv w=4": ("infera", "kv-aware", ("--kv-overlap-weight", "4")),
+    "infera kv-blocks": ("infera", "kv-aware-blocks", ())}
 DEFAULT_ROUTERS = ("round-robin", "infera kv-aware", "sglang cache_aware", "vllm cache_aware")
 FIT = 0.7  # share of the hot working set one engine's KV cache holds
 
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rate", type=float, default=20.0, help="workload (a) arrivals per second")
     ap.add_argument("--kv-blocks", type=int, default=None, help="override the KV blocks per engine")
     ap.add_argument("--cell-time-limit", type=float, default=150.0, help="seconds; a cell stops sending after it")
-    ap.add_argument("--workloads", default="tenants,multiturn,unique")
+    ap.add_argument("--workloads", default="tenants,multiturn,unique,agentic,burst")
     ap.add_argument("--routers", default=",".join(DEFAULT_ROUTERS), help="subset of " + ",".join(ROUTERS))
     ap.add_argument("--tokenizer", type=Path, default=None)
     ap.add_argument("--no-install", action="store_true", help="do not pip-install missing peers; skip them")

@@ -8,6 +8,11 @@
                assistant turns in the history are synthetic (the same for every policy), so the
                requests do not depend on which engine answered.
   unique   (c) no sharing at all: every prompt (~2k tokens) is new; closed loop, a fixed number of users.
+  agentic  (d) agent sessions: a shared ~1k-token tool preamble + a task of their own, then every turn
+               appends the agent's tool call (~40 tokens) and the tool's result (~250-650 tokens), so the
+               context grows from ~1.5k to ~5k tokens; closed loop, all sessions at once, short think time.
+  burst    (e) a fixed background of unique ~1k-token requests (open loop), and at t=1 s 40 requests at
+               once on one new long (~3k-token) prefix, each with its own question.
 
 A workload is a list of sessions (a session sends its requests one after another) with start times
 and a concurrency cap. ``hit_limit`` replays the prompts through an infinite prefix cache (full blocks,
@@ -106,10 +111,56 @@ def unique(users: int, n_requests: int, max_tokens: int, seed: int = 13) -> Work
                     [0.0] * n_requests, users, messages, max_tokens, {"users": users, "requests": n_requests})
 
 
+def agentic(n_sessions: int, turns: int, max_tokens: int, think: float = 0.1, seed: int = 14) -> Workload:
+    rng = random.Random(seed)
+    tools = "You are a coding agent. You call tools and read their results. Tools:\n" + "\n".join(
+        f"- tool_{k}(args): {_para(random.Random(seed + k), 28)}" for k in range(24))
+    messages: list[list[dict[str, str]]] = []
+    sessions: list[list[int]] = []
+    for s in range(n_sessions):
+        r = random.Random(seed * 2_003 + s)
+        history: list[dict[str, str]] = [{"role": "system", "content": tools},
+                                         {"role": "user", "content": f"Task {s}: " + _para(r, 250)}]
+        ids = []
+        for k in range(turns):
+            ids.append(len(messages))
+            messages.append(history)
+            call = f"Calling tool_{r.randrange(24)} for step {k}: " + _para(r, 30)
+            result = f"Result of step {k} of task {s}:\n" + _para(r, r.randint(180, 480))
+            history = [*history, {"role": "assistant", "content": call}, {"role": "user", "content": result}]
+        sessions.append(ids)
+    thinks = [think * (0.5 + rng.random()) for _ in sessions]
+    return Workload("agentic", "(d) agent sessions grow by tool results", sessions, [0.0] * n_sessions, thinks,
+                    n_sessions, messages, max_tokens, {"sessions": n_sessions, "turns": turns, "think_s": think})
+
+
+def burst(n_burst: int, n_background: int, rate: float, max_tokens: int, seed: int = 15) -> Workload:
+    rng = random.Random(seed)
+    prefix = "Shared context for a sudden burst. " + _para(random.Random(seed), 2200)
+    messages, starts = [], []
+    clock = 0.0
+    for i in range(n_background):
+        r = random.Random(seed * 131 + i)
+        messages.append([{"role": "system", "content": f"Background {i} {r.getrandbits(64):x}. " + _para(r, 150)},
+                         {"role": "user", "content": _para(r, 600)}])
+        clock += rng.expovariate(rate)
+        starts.append(clock)
+    for i in range(n_burst):
+        messages.append([{"role": "system", "content": prefix},
+                         {"role": "user", "content": f"Burst question {i}: " + _para(random.Random(seed * 7 + i), 60)}])
+        starts.append(1.0)
+    n = len(messages)
+    return Workload("burst", "(e) a burst on one new long prefix + background", [[i] for i in range(n)], starts,
+                    [0.0] * n, 1024, messages, max_tokens,
+                    {"burst": n_burst, "background": n_background, "background_rate_per_s": rate})
+
+
 def build(quick: bool, max_tokens: int, rate: float) -> list[Workload]:
     if quick:
-        return [tenants(16, 240, rate, max_tokens), multiturn(12, 24, 5, max_tokens), unique(12, 120, max_tokens)]
-    return [tenants(16, 720, rate, max_tokens), multiturn(12, 60, 6, max_tokens), unique(12, 360, max_tokens)]
+        return [tenants(16, 240, rate, max_tokens), multiturn(12, 24, 5, max_tokens), unique(12, 120, max_tokens),
+                agentic(24, 6, max_tokens), burst(40, 40, 8.0, max_tokens)]
+    return [tenants(16, 720, rate, max_tokens), multiturn(12, 60, 6, max_tokens), unique(12, 360, max_tokens),
+            agentic(24, 10, max_tokens), burst(40, 120, 8.0, max_tokens)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -152,8 +203,12 @@ def hot_blocks(w: Workload, token_ids: list[list[int]], reused_blocks: int) -> i
     tenants: every tenant's system prompt (all are hot all the time) = the reused blocks.
     multiturn: the live conversations' contexts: slots x the mean prompt length (blocks).
     unique: nothing is reused; what is in flight at once: users x the mean prompt length.
+    agentic: as multiturn (every session is live at once).
+    burst: the burst's prefix once per engine it may land on (4) plus the background in flight.
     """
-    if w.name in ("multiturn", "unique"):
+    if w.name == "burst":
+        return 4 * reused_blocks + 64 * 50
+    if w.name in ("multiturn", "unique", "agentic"):
         mean_blocks = sum(len(t) for t in token_ids) / max(len(token_ids), 1) / BLOCK
         return int(w.concurrency * mean_blocks)
     return reused_blocks

@@ -10,7 +10,7 @@ DISCOVERY_BACKENDS = ("static", "etcd", "kubernetes")
 REQUEST_TRANSPORTS = ("http", "nats")
 KV_EVENT_TRANSPORTS = ("zmq", "nats", "none")
 ROUTER_MODES = ("auto", "direct")
-ROUTER_POLICIES = ("kv-aware", "round-robin")
+ROUTER_POLICIES = ("kv-aware", "round-robin", "kv-aware-blocks")  # kv-aware-blocks: kv-aware's previous cost
 
 # A per-request nonce that Claude Code puts in the first system block; left in, it makes every
 # prompt unique at token 0 and defeats prefix caching on every engine.
@@ -91,8 +91,8 @@ class ServerSettings:
                                       "hints; empty = prewarm answers 503")
 
     def __post_init__(self) -> None:
-        if self.router_policy == "kv-aware" and self.router_mode == "auto" and not self.router_tokenizer_path:
-            raise ConfigError("--router-tokenizer-path is required for --router-policy kv-aware "
+        if self.router_policy != "round-robin" and self.router_mode == "auto" and not self.router_tokenizer_path:
+            raise ConfigError(f"--router-tokenizer-path is required for --router-policy {self.router_policy} "
                               "(or pass --router-policy round-robin)")
         if self.discovery_backend == "static" and not (self.worker_url or self.workers_file):
             raise ConfigError("--discovery-backend static needs --worker-url (repeatable) or --workers-file")

@@ -5,12 +5,31 @@ every path (finished, failed, cancelled by a client disconnect). The tracker kee
 worker: requests in flight, prompt tokens still waiting for prefill, and the KV blocks
 that active requests occupy. Blocks are counted once per worker however many active
 requests share them, so requests with a common prefix do not look like N times the load.
+
+It also keeps, per worker, the last :data:`TTFT_SAMPLES` times to first token the router
+observed (dispatch to first chunk) with the load the request met, so that a cost model can
+calibrate its prediction of each worker's speed online (:class:`TtftSample`).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+
+TTFT_SAMPLES = 32
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TtftSample:
+    """One observed time to first token and the work the router knew was ahead of it."""
+
+    seconds: float  # dispatch to first chunk
+    queued_tokens: int  # uncached prompt tokens already waiting on the worker at dispatch
+    prefill_tokens: int  # this request's own uncached prompt tokens
+    decoding: int  # requests past their first token on the worker at dispatch
+    active_blocks: int  # distinct blocks its in-flight requests held at dispatch
 
 
 @dataclasses.dataclass(slots=True)
@@ -18,7 +37,11 @@ class _WorkerLoad:
     in_flight: int = 0
     prefill_tokens: int = 0
     tail_blocks: int = 0
+    prefilling: int = 0
     block_refs: dict[int, int] = dataclasses.field(default_factory=dict)
+    ttfts: collections.deque[TtftSample] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=TTFT_SAMPLES))
+    ttft_count: int = 0  # samples ever taken (a reader caches what it derived from them by this)
 
 
 @dataclasses.dataclass(slots=True)
@@ -28,37 +51,55 @@ class Ticket:
     hashes: Sequence[int]  # the prompt's full-block hashes (router hashes), may be empty
     tail_blocks: int  # blocks beyond ``hashes``: the partial prompt block and expected output
     load: _WorkerLoad
+    started: float = 0.0
+    met: tuple[int, int, int] = (0, 0, 0)  # (queued tokens, decoding, active blocks) at dispatch
     prefilling: bool = True
     open: bool = True
 
 
 class LoadTracker:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._load: dict[str, _WorkerLoad] = {}
+        self._clock = clock
 
     def begin(self, worker_id: str, prefill_tokens: int, hashes: Sequence[int], tail_blocks: int) -> Ticket:
         load = self._load.get(worker_id)
         if load is None:
             load = self._load[worker_id] = _WorkerLoad()
+        met = (load.prefill_tokens, load.in_flight - load.prefilling, len(load.block_refs) + load.tail_blocks)
         load.in_flight += 1
+        load.prefilling += 1
         load.prefill_tokens += prefill_tokens
         load.tail_blocks += tail_blocks
         refs = load.block_refs
         for h in hashes:
             refs[h] = refs.get(h, 0) + 1
-        return Ticket(worker_id, prefill_tokens, hashes, tail_blocks, load)
+        return Ticket(worker_id, prefill_tokens, hashes, tail_blocks, load, self._clock(), met)
 
     def prefill_done(self, ticket: Ticket) -> None:
-        """The worker produced its first token: the prompt is no longer waiting for compute."""
+        """The worker produced its first token: the prompt is no longer waiting for compute.
+
+        The time since :meth:`begin` is kept as one of the worker's TTFT samples.
+        """
         if ticket.open and ticket.prefilling:
+            load = ticket.load
+            queued, decoding, active = ticket.met
+            load.ttfts.append(TtftSample(self._clock() - ticket.started, queued, ticket.prefill_tokens,
+                                         decoding, active))
+            load.ttft_count += 1
+            self._settle(ticket)
+
+    def _settle(self, ticket: Ticket) -> None:
+        if ticket.prefilling:
             ticket.prefilling = False
+            ticket.load.prefilling -= 1
             ticket.load.prefill_tokens -= ticket.prefill_tokens
 
     def end(self, ticket: Ticket) -> None:
         """Release everything the ticket holds. Idempotent."""
         if not ticket.open:
             return
-        self.prefill_done(ticket)
+        self._settle(ticket)  # a request that failed or was cancelled first is no TTFT sample
         ticket.open = False
         load = ticket.load
         load.in_flight -= 1
@@ -78,6 +119,16 @@ class LoadTracker:
     def prefill_tokens(self, worker_id: str) -> int:
         load = self._load.get(worker_id)
         return load.prefill_tokens if load else 0
+
+    def decoding(self, worker_id: str) -> int:
+        """In-flight requests past their first token: the worker's running decode batch, as routed."""
+        load = self._load.get(worker_id)
+        return load.in_flight - load.prefilling if load else 0
+
+    def ttft_samples(self, worker_id: str) -> tuple[int, Sequence[TtftSample]]:
+        """(samples ever taken, the last :data:`TTFT_SAMPLES` of them, oldest first)."""
+        load = self._load.get(worker_id)
+        return (load.ttft_count, load.ttfts) if load else (0, ())
 
     def active_blocks(self, worker_id: str) -> int:
         """Distinct prompt blocks plus tail blocks held by the worker's active requests."""

@@ -8,11 +8,13 @@ reason. Filtering, load accounting, tie-breaking and retries are the router's.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from infera.kv.hashing import block_hashes
 from infera.kv.index import PrefixIndex
+from infera.kv.load import LoadTracker
 from infera.protocols.worker import WorkerRecord
 
 
@@ -56,11 +58,16 @@ class Policy(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PolicyDeps:
-    """What a policy may read. ``blind`` tells whether a worker's KV events are missing or stale."""
+    """What a policy may read. ``blind`` tells whether a worker's KV events are missing or stale;
+    ``load`` is the router's own load accounting (read only: per worker the decode batch it routed
+    and the TTFTs it observed, for a cost that calibrates itself); None outside a router. ``clock``
+    is the router's clock, the one its predictions of cached blocks expire on."""
 
     index: PrefixIndex
     kv_overlap_weight: float
     blind: Callable[[str], bool]
+    load: LoadTracker | None = None
+    clock: Callable[[], float] = time.monotonic
 
 
 class PolicyFactory(Protocol):

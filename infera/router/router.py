@@ -116,7 +116,7 @@ class Router:
         self.renderer = renderer
         self.options = options
         self.index = index if index is not None else PrefixIndex()
-        self.load = LoadTracker()
+        self.load = LoadTracker(clock)
         self.stats = RouterStats()
         self._clock = clock
         self._rng = random.Random()
@@ -126,7 +126,7 @@ class Router:
         self._expect_events_since: dict[str, float] = {}
         self._last_event: dict[str, float] = {}
         self._blind_logged: set[str] = set()
-        deps = PolicyDeps(self.index, options.kv_overlap_weight, self.is_blind)
+        deps = PolicyDeps(self.index, options.kv_overlap_weight, self.is_blind, self.load, clock)
         self.policy: Policy = POLICIES[options.policy](deps)
         self.decode_policy: Policy = POLICIES[DECODE_POLICY](deps)
         self.disagg = DisaggRouter()

@@ -1,0 +1,99 @@
+"""Choose kv-aware's cost by measurement: candidate costs side by side in the fleet simulator.
+
+Runs ``infera.sim`` (the real router and policies over the mock engine's classes, virtual time)
+on the bench workloads for the policies named, with the workers' records carrying their KV
+capacity as the mock engine's records do live (the simulator's records leave it out, and the
+kv-aware cost reads it for the decode term). Prints one table per workload and a summary of
+each policy's TTFT p50/p90 and hit ratio as ratios to round-robin, plus the geometric mean
+over workloads.
+
+    .venv/bin/python bench/cost_sweep.py --quick --workers 4
+    .venv/bin/python bench/cost_sweep.py --quick --workers 16 --policies kv-aware-blocks,kv-aware,kv-aware-h8
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from infera.engine.mock.timing import StepTimeModel
+from infera.protocols.worker import Capacity
+from infera.router.policies import POLICIES
+from infera.sim import report, workloads
+from infera.sim.engine import EngineConfig
+from infera.sim.fleet import FleetConfig, Simulation
+from infera.sim.metrics import limits, summarize
+from infera.sim.trace import load_mooncake
+
+DEFAULT = "round-robin,least-load,kv-aware-blocks,kv-aware,approx-prefix"
+
+
+def _variants() -> None:
+    """Candidate costs under study, registered for this run only."""
+    from infera.router.kv_ttft import KvTtftPolicy
+
+    for h in (0, 1, 4, 8, 16, 32):
+        POLICIES[f"kv-aware-h{h}"] = type(f"KvTtft_h{h}", (KvTtftPolicy,), {"horizon": h})
+
+
+def run(w: Any, policy: str, workers: int, engine: EngineConfig, weight: float) -> dict[str, Any]:
+    sim = Simulation(w, FleetConfig(workers=workers, engine=engine, policy=policy, kv_overlap_weight=weight))
+    for record in sim.router.router.fleet.workers().values():
+        record.capacity = Capacity(kv_blocks=engine.num_blocks - 1, max_num_seqs=engine.max_num_seqs)
+    t0, c0 = time.perf_counter(), time.process_time()
+    row = summarize(sim.run())
+    row["wall_seconds"] = time.perf_counter() - t0
+    row["cpu_seconds"] = time.process_time() - c0
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default="tenants,multiturn,unique,agentic,burst")
+    ap.add_argument("--policies", default=DEFAULT)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--kv-blocks", type=int, default=2048)
+    ap.add_argument("--kv-overlap-weight", type=float, default=1.0)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seed", type=int, default=0, help="workload seed")
+    ap.add_argument("--trace", default="", help="a Mooncake trace instead of the workloads")
+    ap.add_argument("--scale", type=int, default=8, help="trace: divide lengths and the 512-token block by this")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--limit", type=int, default=0, help="trace: first N requests only")
+    args = ap.parse_args(argv)
+    _variants()
+    engine = EngineConfig(num_blocks=args.kv_blocks, block_size=args.block_size, timing=StepTimeModel())
+    policies = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise SystemExit(f"unknown policies {unknown} (known: {', '.join(POLICIES)})")
+    summary: dict[str, list[tuple[float, float, float]]] = {p: [] for p in policies}
+    names = ["trace"] if args.trace else args.workloads.split(",")
+    for name in names:
+        w = (load_mooncake(args.trace, args.scale, 1.0, args.limit, args.seed) if args.trace
+             else workloads.build(name, args.quick, args.seed))
+        rows = [run(w, p, args.workers, engine, args.kv_overlap_weight) for p in policies]
+        doc = {"name": w.name, "label": w.label, "workers": args.workers, "requests": w.n_requests,
+               "engine": {"num_blocks": engine.num_blocks, "block_size": engine.block_size},
+               "limits": limits(w, engine.block_size, (engine.num_blocks - 1) * args.workers), "policies": rows}
+        print(report.table(doc) + "\n")
+        base = next((r for r in rows if r["policy"] == "round-robin"), rows[0])
+        for p, r in zip(policies, rows, strict=True):
+            summary[p].append((r["ttft_p50"] / base["ttft_p50"], r["ttft_p90"] / base["ttft_p90"],
+                               r["hit_ratio"]))
+    print(f"{'policy':<18}" + "".join(f"{n[:9]:>24}" for n in names) + f"{'geomean p50/p90':>18}")
+    for p, cells in summary.items():
+        g50 = math.exp(sum(math.log(max(c[0], 1e-9)) for c in cells) / len(cells))
+        g90 = math.exp(sum(math.log(max(c[1], 1e-9)) for c in cells) / len(cells))
+        print(f"{p:<18}" + "".join(f"  {c[0]:5.2f} {c[1]:5.2f} hit {c[2]:5.3f}" for c in cells)
+              + f"{g50:>9.2f} {g90:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""KV-aware scoring by predicted time to first token: the ``kv-aware`` policy (issue 14).
+
+cost(w) = scale(w) * (kv_overlap_weight * prefill_ms(w) + decode_ms(w)), in modelled ms:
+
+- prefill_ms: the prefill work ahead of this request on w (the uncached prompt tokens of the
+  requests routed there that have no first token yet) plus its own uncached part. Its cached
+  part counts confirmed blocks (KV events) and the blocks that requests already routed to w
+  will have stored by the time it runs (the index's predictions, for every worker, not only
+  those whose events are missing). Tokens become time by the shape of the mock engine's step
+  model (a*T^2 + b*T + c per step of at most :data:`STEP_TOKENS` tokens).
+- decode_ms, the decode load: (1) every step that computes the prompt also decodes w's running
+  batch, a*u^2 + b*u + c ms at the worker's KV usage u (active blocks over capacity; nothing
+  while w decodes nothing); (2) :data:`DECODE_HORIZON` steps of this request's own output at
+  the usage it leaves w at, so that among equal prefill costs the emptier worker wins; (3) when
+  w lacks the free blocks to admit it, the wait for running requests to free them.
+- scale(w): the worker's own speed, calibrated online from the TTFTs the router observed on
+  it (:meth:`infera.kv.load.LoadTracker.ttft_samples`): observed over modelled time for its
+  last samples, plus the fleet's fastest request per sample (the fixed cost no model covers), relative
+  to the fleet's median, bounded to 1/2..2 and
+  typical within 1.5x of the median (a shared host's noise must not move load).
+
+So a session stays where its blocks are until the queue there costs more than recomputing
+its prompt elsewhere, a burst on a new prefix spreads while a second copy of the prefix is
+faster than waiting behind the first, and with nothing cached it is least-work-first.
+The previous cost (blocks of prefill plus blocks held by in-flight requests) is
+``kv-aware-blocks`` (:mod:`infera.router.kv_aware`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from infera.kv.load import LoadTracker
+from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores
+from infera.router.kv_aware import OTHER_TIER_CREDIT, TIER_CREDIT
+
+STEP_TOKENS = 8192  # prompt tokens one engine step computes (vLLM's default max_num_batched_tokens)
+MAX_RELATIVE_SCALE = 2.0  # a worker counts at most this much slower or faster than the fleet's median
+SCALE_DEAD_BAND = 1.5  # closer to the median than this factor: typical (noise, not a slower worker)
+MIN_SAMPLES = 8  # TTFT samples before a worker's own speed counts
+DECODE_HORIZON = 2  # decode steps of its own output counted at the KV usage it leaves w at (chosen
+# by bench/cost_sweep.py: 0-32 tried; 2 kept sessions sticky and spread load best on its workloads)
+UNKNOWN_USAGE = 0.5  # KV usage assumed for a worker whose record does not say its capacity
+# The shape and default constants of an engine step's time in ms, as the mock engine's
+# StepTimeModel (infera.engine.mock.timing, a layer the router may not import): prefill
+# a*T^2 + b*T + c for T prompt tokens in the step, decode a*u^2 + b*u + c for KV usage u.
+PREFILL = (4.21e-7, 0.0152, 16.5)
+DECODE = (-25.74, 54.01, 5.74)
+DECODE_FLOOR_MS = 1.0
+
+
+def _step_prefill_ms(tokens: float) -> float:
+    a, b, c = PREFILL
+    return a * tokens * tokens + b * tokens + c
+
+
+def prefill_ms(tokens: float) -> float:
+    """Modelled ms to prefill ``tokens`` uncached tokens, in steps of at most STEP_TOKENS."""
+    if tokens <= 0:
+        return 0.0
+    full, rest = divmod(tokens, STEP_TOKENS)
+    return full * _step_prefill_ms(STEP_TOKENS) + (_step_prefill_ms(rest) if rest else 0.0)
+
+
+def decode_ms(tokens: float, decoding: int, active_blocks: int, capacity: int) -> float:
+    """Modelled ms the decoding batch adds to the steps that prefill ``tokens``."""
+    if decoding <= 0:
+        return 0.0
+    usage = min(1.0, active_blocks / capacity) if capacity > 0 else UNKNOWN_USAGE
+    steps = max(1, -(-int(tokens) // STEP_TOKENS))
+    a, b, c = DECODE
+    return steps * max(DECODE_FLOOR_MS, a * usage * usage + b * usage + c)
+
+
+def memory_wait_ms(blocks: int, capacity: int, max_tokens: int) -> float:
+    """Modelled ms before the worker has the KV blocks to admit the request.
+
+    ``blocks``: what its in-flight requests hold plus what this one needs. The overflow must
+    wait for running requests to finish: that share of the batch, each decoding about
+    ``max_tokens`` steps of a full cache (this request's output length stands for theirs).
+    """
+    if capacity <= 0 or blocks <= capacity:
+        return 0.0
+    a, b, c = DECODE
+    return (blocks - capacity) / capacity * max_tokens * (a + b + c)
+
+
+def modelled_ms(weight: float, tokens: float, decoding: int, active_blocks: int, capacity: int) -> float:
+    return weight * prefill_ms(tokens) + decode_ms(tokens, decoding, active_blocks, capacity)
+
+
+class _Scale:
+    """Sums over one worker's recent TTFT samples (refreshed when it has new ones)."""
+
+    __slots__ = ("count", "floor", "modelled", "n", "observed")
+
+    def __init__(self) -> None:
+        self.count = -1
+        self.n = 0
+        self.observed = self.modelled = self.floor = 0.0  # ms
+
+
+class KvTtftPolicy:
+    needs_tokens = True
+    horizon = DECODE_HORIZON
+
+    def __init__(self, deps: PolicyDeps) -> None:
+        self._index = deps.index
+        self._weight = deps.kv_overlap_weight
+        self._load = deps.load if deps.load is not None else LoadTracker()
+        self._clock = deps.clock
+        self._scales: dict[str, _Scale] = {}
+
+    def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
+        overlaps: list[int] = []
+        by_size: dict[int, dict[str, int]] = {}
+        for cand in candidates:
+            size = cand.worker.kv_block_size
+            found = by_size.get(size)
+            if found is None:
+                found = self._index.overlaps(ctx.hashes(size), now=self._clock(), use_predicted=True)
+                by_size[size] = found
+            overlaps.append(found.get(cand.worker.instance_id, 0))
+        scales = self._relative_scales(candidates)
+        costs: list[float] = []
+        for cand, overlap, scale in zip(candidates, overlaps, scales, strict=True):
+            wid = cand.worker.instance_id
+            size = cand.worker.kv_block_size
+            credit: float = overlap
+            if overlap:
+                lower = self._index.lower_tier_blocks(wid, ctx.hashes(size), overlap)
+                for medium, count in lower.items():
+                    credit -= count * (1.0 - TIER_CREDIT.get(medium, OTHER_TIER_CREDIT))
+            own = max(0.0, ctx.prompt_tokens - credit * size)
+            decoding = self._load.decoding(wid)
+            ms = modelled_ms(self._weight, cand.prefill_tokens + own, decoding,
+                             cand.active_blocks, cand.worker.capacity.kv_blocks)
+            after = cand.active_blocks + -(-int(own) // size) + -(-ctx.max_tokens // size)
+            capacity = cand.worker.capacity.kv_blocks
+            ms += memory_wait_ms(after, capacity, ctx.max_tokens)
+            ms += self.horizon * decode_ms(1, 1, after, capacity)
+            costs.append(scale * ms)
+        best_overlap = max(overlaps, default=0)
+        if best_overlap == 0:
+            reason = "no-hit"
+        else:
+            cheapest = min(range(len(costs)), key=costs.__getitem__)
+            reason = "cache-hit" if overlaps[cheapest] == best_overlap else "load"
+        return Scores(costs=costs, reason=reason, overlap_blocks=overlaps)
+
+    def _relative_scales(self, candidates: Sequence[Candidate]) -> list[float]:
+        """Each worker's speed relative to the fleet's median (1.0 = typical; 2.0 = twice as slow).
+
+        Bounded by :data:`MAX_RELATIVE_SCALE` either way, and 1.0 within :data:`SCALE_DEAD_BAND`
+        of the median, so that the noise of a shared host cannot starve or flood a worker; a worker
+        with fewer than :data:`MIN_SAMPLES` samples is typical.
+        """
+        sums = [self._sums(c) for c in candidates]
+        floors = [x.floor for x in sums if x.n >= MIN_SAMPLES]
+        if not floors:
+            return [1.0] * len(candidates)
+        fixed = min(floors)  # the fleet's fastest request: the fixed cost no model covers
+        raw = [x.observed / (x.modelled + x.n * fixed) if x.n >= MIN_SAMPLES and x.modelled + x.n * fixed > 0
+               else None for x in sums]
+        known = sorted(r for r in raw if r is not None and r > 0.0)
+        if not known:
+            return [1.0] * len(candidates)
+        mid = known[len(known) // 2]
+        out = []
+        for r in raw:
+            rel = r / mid if r is not None and r > 0.0 else 1.0
+            if 1.0 / SCALE_DEAD_BAND <= rel <= SCALE_DEAD_BAND:
+                rel = 1.0
+            out.append(min(MAX_RELATIVE_SCALE, max(1.0 / MAX_RELATIVE_SCALE, rel)))
+        return out
+
+    def _sums(self, cand: Candidate) -> _Scale:
+        """Observed and modelled TTFT over the worker's last samples, and its fastest one."""
+        wid = cand.worker.instance_id
+        count, samples = self._load.ttft_samples(wid)
+        sums = self._scales.get(wid)
+        if sums is None:
+            sums = self._scales[wid] = _Scale()
+        if sums.count != count:
+            capacity = cand.worker.capacity.kv_blocks
+            sums.count = count
+            sums.n = len(samples)
+            sums.observed = sum(x.seconds for x in samples) * 1000.0
+            sums.modelled = sum(modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks,
+                                            capacity) for x in samples)
+            sums.floor = min((x.seconds for x in samples), default=0.0) * 1000.0
+        return sums
