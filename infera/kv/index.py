@@ -347,11 +347,6 @@ class PrefixIndex:
         worker = self._workers.get(worker_id)
         return len(worker.blocks) if worker is not None else 0
 
-    def last_event_at(self, worker_id: str) -> float | None:
-        """Wall-clock seconds when the worker's last batch was applied; None if never."""
-        worker = self._workers.get(worker_id)
-        return worker.last_applied_at if worker is not None else None
-
     def cache_view(self, worker_id: str, max_hashes: int = CACHE_VIEW_MAX_HASHES) -> dict[str, Any]:
         """A JSON-able summary of one worker's cache, for the admin API."""
         worker = self._workers.get(worker_id) or _Worker()
