@@ -12,3 +12,10 @@ POLICIES: dict[str, PolicyFactory] = {
     "round-robin": RoundRobinPolicy,
     "least-load": LeastLoadPolicy,  # the decode leg of a prefill/decode pair
 }
+
+DECODE_ONLY = frozenset({"least-load"})  # registered for the decode leg of a pair, not a --router-policy
+
+
+def selectable() -> tuple[str, ...]:
+    """The ``--router-policy`` choices: every registered policy but the decode leg's."""
+    return tuple(name for name in POLICIES if name not in DECODE_ONLY)

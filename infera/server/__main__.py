@@ -19,7 +19,7 @@ from infera.discovery.kubernetes import KubernetesFleet
 from infera.discovery.static import StaticFleet
 from infera.kv.index import PrefixIndex
 from infera.kv.tokenizer import PromptRenderer
-from infera.router.policies import POLICIES
+from infera.router.policies import POLICIES, selectable
 from infera.router.router import Router, RouterOptions
 from infera.server.app import build_app, install_operations
 from infera.server.nodelay import NoDelayHttpToolsProtocol
@@ -88,6 +88,12 @@ KV_EVENT_SOURCES: dict[str, Callable[[ServerSettings], KvEventSource]] = {
 }
 
 
+def registry_choices() -> dict[str, tuple[str, ...]]:
+    """The server's flag choices, from the registries themselves (a test checks the config's lists agree)."""
+    return {"router_policy": selectable(), "discovery_backend": tuple(FLEETS),
+            "request_transport": tuple(REQUEST_TRANSPORTS), "kv_event_transport": (*KV_EVENT_SOURCES, "none")}
+
+
 class DefaultWorkerHeader:
     """Direct mode: a request naming no worker in x-worker-instance-id goes to ``worker``.
 
@@ -143,7 +149,8 @@ def build(settings: ServerSettings) -> FastAPI:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = load(ServerSettings, argv, prog="python -m infera.server",
-                    description="infera frontend: OpenAI-compatible API and KV-aware router")
+                    description="infera frontend: OpenAI-compatible API and KV-aware router",
+                    choices=registry_choices())
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         app = build(settings)
