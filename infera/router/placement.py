@@ -38,6 +38,11 @@ class Placement:
             if role is None or r == role:
                 self._load.end(ticket)
 
+    def answered(self) -> None:
+        """The worker(s) sent their first byte: the prompt no longer waits for compute (load model)."""
+        for ticket in self.tickets.values():
+            self._load.prefill_done(ticket)
+
     def failed(self, worker_id: str, retryable: bool = False) -> None:
         """``worker_id`` failed before its first byte, which ends this attempt: release every ticket
         and, unless ``retryable`` (the worker is healthy and only busy, e.g. it answered 429), avoid

@@ -15,12 +15,13 @@ on another worker, up to ``max_retries`` times. The parts, each in its own modul
 **Placement API** (also for the GAIE endpoint picker, which sends the request itself):
 ``placement = await router.place(req)`` returns the chosen worker (``placement.worker``;
 for a pair also ``placement.prefill`` and ``placement.connector``) with a load ticket per
-worker already held. The caller must end it: ``placement.release()`` once the response
-has ended however it ended (idempotent), or ``placement.failed(worker_id, retryable)`` when
-a worker failed before its first byte (``retryable``: it was only busy, e.g. a 429, so it
-is not cooled down). ``place`` raises a :class:`RoutingError` subclass. ``dispatch`` uses
-the same ``place``. ``router.preview(model, tokens)`` answers "whom would you pick" and
-records nothing.
+worker already held. The caller calls ``placement.answered()`` at the first byte, and
+must end it: ``placement.release()`` once the response has ended however it ended
+(idempotent), or ``placement.failed(worker_id, retryable)`` when a worker failed before its
+first byte (``retryable``: it was only busy, e.g. a 429, so it is not cooled down).
+``place`` raises a :class:`RoutingError` subclass. ``dispatch`` uses the same ``place``.
+``router.preview(model, tokens)`` answers "whom would you pick" and records nothing;
+``router.view`` is the read API (workers with load and cache state, models, stats).
 """
 
 from __future__ import annotations

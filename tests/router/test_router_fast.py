@@ -264,6 +264,7 @@ async def test_a_placement_holds_load_until_released_once() -> None:
     assert placement.kind == "mixed" and placement.prefill is None
     held = {w.record.instance_id: w.in_flight for w in router.view.workers()}
     assert held[placement.worker.instance_id] == 1
+    placement.answered()
     placement.release()
     placement.release()
     assert idle(router, transport) and transport.calls == []
