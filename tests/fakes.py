@@ -3,8 +3,9 @@
 ``FakeTransport`` answers each worker as its script says: ``ok`` (an SSE or JSON answer),
 ``fail`` (502 before the first byte), ``busy`` (429: the worker is at its max pending),
 ``silent`` (headers, then no first byte: the first-byte timeout fires), ``hang`` (never
-answers: only cancellation ends it), or an ``(status, body)`` tuple relayed as is. It counts
-open responses, so a test can assert that every path released what it opened.
+answers: only cancellation ends it), ``endless`` (one SSE chunk, then nothing until
+closed), or an ``(status, body)`` tuple relayed as is. It counts open responses, so a test
+can assert that every path released what it opened.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class FakeTransport:
             return self._response(status, "application/json", [data])
         if action == "silent":
             return self._response(200, "text/event-stream", [], stall=True)
+        if action == "endless":
+            return self._response(200, "text/event-stream", sse(self.text)[:1], stall_after=True)
         if payload.get("stream"):
             return self._response(200, "text/event-stream", sse(*self.text.split()))
         if path == "/v1/completions":
@@ -128,7 +131,8 @@ class FakeTransport:
             return self._response(200, "application/json", [data])
         return self._response(200, "application/json", [chat_json(self.text)])
 
-    def _response(self, status: int, content_type: str, chunks: list[bytes], stall: bool = False) -> UpstreamResponse:
+    def _response(self, status: int, content_type: str, chunks: list[bytes], stall: bool = False,
+                  stall_after: bool = False) -> UpstreamResponse:
         self.open += 1
         closed = False
         gate = asyncio.Event()
@@ -140,6 +144,8 @@ class FakeTransport:
                 if closed:
                     return
                 yield chunk
+            if stall_after:
+                await gate.wait()
 
         def close() -> None:
             nonlocal closed

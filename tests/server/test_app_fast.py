@@ -3,6 +3,7 @@ response shapes of both APIs, streamed and not (the fast tier)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -199,3 +200,39 @@ async def test_models_health_workers_and_metrics(one: tuple[App, httpx.AsyncClie
     await client.post("/v1/chat/completions", json=CHAT)
     text = (await client.get("/metrics")).text
     assert 'infera_routing_decisions_total{policy="round-robin"' in text
+
+
+# ---- client disconnects ----------------------------------------------------------------------------
+
+async def leave_after_first_chunk(app: App, path: str, body: dict[str, Any]) -> list[bytes]:
+    """Call the ASGI app directly; the client disconnects once the first body chunk arrives."""
+    got_body = asyncio.Event()
+    sent: list[bytes] = []
+    request = [{"type": "http.request", "body": orjson.dumps(body), "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if request:
+            return request.pop()
+        await got_body.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            sent.append(message["body"])
+            got_body.set()
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"host", b"infera")],
+             "client": ("127.0.0.1", 1), "server": ("infera", 80)}
+    await asyncio.wait_for(app.app(scope, receive, send), timeout=10)
+    return sent
+
+
+@pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions", {**CHAT, "stream": True}),
+                                            ("/v1/messages", {**MESSAGES, "stream": True})])
+async def test_a_client_that_leaves_mid_stream_releases_the_worker(path: str, body: dict[str, Any]) -> None:
+    app = App(worker("w1"), script={"w1": "endless"})
+    sent = await leave_after_first_chunk(app, path, body)
+    assert sent  # the stream had started
+    assert app.idle()
