@@ -9,11 +9,14 @@ more than ``stale_seconds`` ago and no batch has arrived since (its events stopp
 
 :meth:`IndexFeed.blind` is a pure query (metrics scrape it). The log line that says a
 worker went blind, or that its events flow again, is written by :meth:`IndexFeed.tick`,
-which the router calls on every decision, and by the batch that ends the blindness.
+which runs on every decision and on a timer while the feed is started, and by the batch
+that ends the blindness.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -39,6 +42,7 @@ class IndexFeed:
         self._clock = clock
         self._expect_since: dict[str, float] = {}  # worker -> when it served an uncached prompt, no batch since
         self._blind_logged: set[str] = set()
+        self._ticker: asyncio.Task[None] | None = None
         fleet.subscribe(self._on_change)
         if events is not None:
             events.bind(self.on_batch, self.on_gap)
@@ -51,6 +55,22 @@ class IndexFeed:
         """Watch the workers that were in the fleet before the feed subscribed to its changes."""
         for worker in self._fleet.workers().values():
             self._on_change(FleetChange("add", worker))
+        if self._events is not None and self._ticker is None:
+            self._ticker = asyncio.ensure_future(self._tick_forever())
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+
+    async def _tick_forever(self) -> None:
+        """A silence is noticed (and logged) without waiting for the next decision."""
+        interval = min(1.0, max(0.1, self._stale / 2))
+        while True:
+            await asyncio.sleep(interval)
+            self.tick()
 
     def _on_change(self, change: FleetChange) -> None:
         worker = change.worker

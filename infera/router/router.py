@@ -2,15 +2,11 @@
 
 ``dispatch(req, headers)`` = **place** (context -> candidates -> pick, holding load) ->
 **legs** (send, wait for the first byte) -> on a failure before the first byte, place again
-on another worker, up to ``max_retries`` times. The parts, each in its own module:
-
-- :mod:`infera.kv.feed` keeps the prefix index fed from KV events and knows which workers
-  the router is blind to; :mod:`.candidates` filters by model, role, connector, record
-  capabilities and health (cooldown); :mod:`.context` turns the request into tokens and
-  block hashes; :mod:`.pick` asks the policy and breaks ties; :mod:`.legs` makes the
-  transport calls under load tickets (mixed, or a prefill+decode pair via :mod:`.disagg`);
-  :mod:`.direct` checks the workers direct-mode headers name; :mod:`.errors` says why a
-  request cannot be routed; :mod:`.view` is the read API the server's handlers use.
+on another worker, up to ``max_retries`` times. The parts: :mod:`infera.kv.feed` (KV events
+into the index, blindness), :mod:`.candidates` (model, role, connector, capabilities,
+cooldown), :mod:`.context` (tokens, hashes), :mod:`.pick` (policy, temperature, ties),
+:mod:`.legs` (transport calls under load tickets; pairs via :mod:`.disagg`), :mod:`.direct`
+(direct-mode headers), :mod:`.errors` (why not), :mod:`.view` (the handlers' read API).
 
 **Placement API** (also for the GAIE endpoint picker, which sends the request itself):
 ``placement = await router.place(req)`` returns the chosen worker (``placement.worker``;
@@ -19,9 +15,8 @@ worker already held. The caller calls ``placement.answered()`` at the first byte
 must end it: ``placement.release()`` once the response has ended however it ended
 (idempotent), or ``placement.failed(worker_id, retryable)`` when a worker failed before its
 first byte (``retryable``: it was only busy, e.g. a 429, so it is not cooled down).
-``place`` raises a :class:`RoutingError` subclass. ``dispatch`` uses the same ``place``.
-``router.preview(model, tokens)`` answers "whom would you pick" and records nothing;
-``router.view`` is the read API (workers with load and cache state, models, stats).
+``place`` raises a :class:`RoutingError` subclass; ``dispatch`` uses the same ``place``.
+``router.preview(model, tokens)`` answers "whom would you pick" and records nothing.
 """
 
 from __future__ import annotations
@@ -97,6 +92,9 @@ class Router:
 
     async def start(self) -> None:
         await self._feed.start()
+
+    async def stop(self) -> None:
+        await self._feed.stop()
 
     def _on_change(self, change: FleetChange) -> None:
         if change.kind == "remove":  # the feed and the candidates release their own state

@@ -136,7 +136,7 @@ def build(settings: ServerSettings) -> FastAPI:
     router = Router(fleet, transport, events, renderer, options, index=index)
     transports = [http] if transport is http else [http, transport]
     on_start = [*(t.start for t in transports), *([events.start] if events else []), fleet.start, router.start]
-    on_stop = [fleet.stop, *([events.stop] if events else []), *(t.stop for t in reversed(transports))]
+    on_stop = [router.stop, fleet.stop, *([events.stop] if events else []), *(t.stop for t in reversed(transports))]
     app = build_app(router, max_body_bytes=settings.max_body_bytes, strip_patterns=settings.strip_prompt_pattern,
                     on_start=on_start, on_stop=on_stop)
     install_operations(app, router, strip_patterns=settings.strip_prompt_pattern,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -324,3 +326,22 @@ async def test_every_piece_of_worker_state_goes_when_it_leaves(renderer: PromptR
         assert not router._feed.blind(wid) or router.view.worker(wid) is None
         assert wid not in router._feed.index.workers()
         assert not router._feed.holds(wid)
+    await router.stop()
+
+
+async def test_a_silent_worker_is_logged_by_the_ticker_never_by_a_query(renderer: PromptRenderer,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="infera.kv.feed")
+    router, _, _ = make(worker("a", events=True), policy="kv-aware", renderer=renderer, events=FakeEvents(),
+                        events_stale_seconds=0.05)
+    await drain(router, chat_request("an uncached prompt " * 30))
+    deadline = time.monotonic() + 5
+    while not router.view.workers()[0].kv_events_stale:  # the query (a metrics scrape) sees it...
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    assert "no KV events" not in caplog.text  # ...and logs nothing
+    await router.start()  # the feed's ticker notices the silence without another decision
+    while "no KV events" not in caplog.text:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    await router.stop()
