@@ -177,18 +177,19 @@ def run(tok: Path, quick: bool = False, n: int = 200) -> dict[str, Any]:
         reqs = [RouteRequest("chat", "/v1/chat/completions", bodies[i], orjson.loads(bodies[i]), MODEL, 8)
                 for i in range(n)]
 
-        def route(i: int) -> object:
-            ctx = router._context(reqs[i])
-            return router._pick(ctx, router._candidates(MODEL, set()))
+        def route(i: int) -> object:  # the stages of Router.place, without holding load
+            ctx = router._context.build(reqs[i])
+            return router._picker.pick(ctx, router._candidates.pool(MODEL, "mixed", "chat"), router._policy,
+                                       "kv-aware")
 
         route(0)
-        extra["Router._context + _candidates + _pick"] = _time_stage(route, n, repeats)
+        extra["context + candidates + pick"] = _time_stage(route, n, repeats)
 
         def bookkeeping(i: int) -> None:
-            t = router.load.begin("w0", 100, hashes[i], 2)
-            router.index.predict("w0", hashes[i], ttl=120.0, now=1.0)
-            router.load.prefill_done(t)
-            router.load.end(t)
+            t = router._load.begin("w0", 100, hashes[i], 2)
+            index.predict("w0", hashes[i], ttl=120.0, now=1.0)
+            router._load.prefill_done(t)
+            router._load.end(t)
 
         extra["after pick: load ticket + index.predict"] = _time_stage(bookkeeping, n, repeats)
     except Exception as exc:

@@ -92,21 +92,22 @@ def run(tok: Path, quick: bool) -> dict[str, Any]:
             router = Router(_Fleet(workers), transport=None, events=None, renderer=renderer,  # type: ignore[arg-type]
                             options=RouterOptions(policy=policy), index=index)
 
-            def decide(i: int, r: Any = router, rq: list[Any] = reqs) -> object:
-                ctx = r._context(rq[i])
-                return r._pick(ctx, r._candidates(MODEL, set()))
+            def decide(i: int, r: Any = router, rq: list[Any] = reqs, name: str = policy) -> object:
+                ctx = r._context.build(rq[i])  # the stages of Router.place, without holding load
+                return r._picker.pick(ctx, r._candidates.pool(MODEL, "mixed", "chat"), r._policy, name)
 
             decide(0)
             row[f"{policy}_decision_us"] = _time_stage(decide, n, repeats)["median_us"]
             if policy == "kv-aware":
-                ctxs = [router._context(r) for r in reqs]
+                ctxs = [router._context.build(r) for r in reqs]
                 for c in ctxs:
                     c.hashes(synth.BLOCK)
-                picks = [router._pick(c, router._candidates(MODEL, set()))[0].instance_id for c in ctxs]
+                pool = router._candidates.pool(MODEL, "mixed", "chat")
+                picks = [router._picker.pick(c, pool, router._policy, policy).worker.instance_id for c in ctxs]
                 found = [index.overlaps(c.hashes(synth.BLOCK)) for c in ctxs]
 
                 def pick(i: int, r: Any = router, cs: list[Any] = ctxs) -> object:
-                    return r._pick(cs[i], r._candidates(MODEL, set()))
+                    return r._picker.pick(cs[i], r._candidates.pool(MODEL, "mixed", "chat"), r._policy, "kv-aware")
 
                 row["kv-aware_pick_us"] = _time_stage(pick, n, repeats)["median_us"]
                 row["mean_best_overlap_blocks"] = sum(max(f.values(), default=0) for f in found) / n

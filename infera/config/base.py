@@ -86,7 +86,8 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
-def build_parser(cls: type[Any], prog: str, description: str) -> argparse.ArgumentParser:
+def build_parser(cls: type[Any], prog: str, description: str,
+                 choices: Mapping[str, Sequence[str]] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
@@ -98,8 +99,9 @@ def build_parser(cls: type[Any], prog: str, description: str) -> argparse.Argume
             shown = " ".join(map(str, shown))
         text = f"{meta.help} [default: {shown}; env: {envs}]"
         kwargs: dict[str, Any] = {"dest": f.name, "help": text, "default": argparse.SUPPRESS}
-        if meta.choices:
-            kwargs["choices"] = meta.choices
+        allowed = _choices(f, meta, choices)
+        if allowed:
+            kwargs["choices"] = allowed
         if isinstance(f.default, bool):
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
@@ -113,11 +115,22 @@ def build_parser(cls: type[Any], prog: str, description: str) -> argparse.Argume
     return parser
 
 
+def _choices(f: dataclasses.Field[Any], meta: Option,
+             override: Mapping[str, Sequence[str]] | None) -> tuple[str, ...] | None:
+    if override is not None and f.name in override:
+        return tuple(override[f.name])
+    return meta.choices
+
+
 def load(cls: type[T], argv: Sequence[str] | None, environ: Mapping[str, str] | None = None, *,
-         prog: str = "infera", description: str = "") -> T:
-    """Resolve ``cls`` from argv > environ > field defaults. Exits with usage on bad flags."""
+         prog: str = "infera", description: str = "", choices: Mapping[str, Sequence[str]] | None = None) -> T:
+    """Resolve ``cls`` from argv > environ > field defaults. Exits with usage on bad flags.
+
+    ``choices`` replaces a field's declared choices (by field name): a process passes its
+    registries' names, so a plugin registered by name is selectable without a second list.
+    """
     environ = os.environ if environ is None else environ
-    parser = build_parser(cls, prog, description)
+    parser = build_parser(cls, prog, description, choices)
     ns = vars(parser.parse_args(list(argv) if argv is not None else None))
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -144,8 +157,9 @@ def load(cls: type[T], argv: Sequence[str] | None, environ: Mapping[str, str] | 
                 value = conv(raw)
         except (TypeError, ValueError) as exc:
             parser.error(f"{source}: {exc}")
-        if meta.choices and not meta.repeat and value not in meta.choices:
-            parser.error(f"{source}: {value!r} is not one of {', '.join(meta.choices)}")
+        allowed = _choices(f, meta, choices)
+        if allowed and not meta.repeat and value not in allowed:
+            parser.error(f"{source}: {value!r} is not one of {', '.join(allowed)}")
         values[f.name] = value
     try:
         return cls(**values)

@@ -135,9 +135,10 @@ class LoadTracker:
         load = self._load.get(worker_id)
         return len(load.block_refs) + load.tail_blocks if load else 0
 
-    def forget(self, worker_id: str) -> None:
-        """Drop a worker that left the fleet; its open tickets end harmlessly."""
-        self._load.pop(worker_id, None)
+    def holds(self, worker_id: str) -> bool:
+        """Whether any load is recorded for ``worker_id``."""
+        return worker_id in self._load
 
-    def snapshot(self) -> dict[str, int]:
-        return {w: load.in_flight for w, load in self._load.items()}
+    def forget(self, worker_id: str) -> None:
+        """Drop a worker that left the fleet; its open tickets end harmlessly (on the dropped record)."""
+        self._load.pop(worker_id, None)

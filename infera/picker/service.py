@@ -19,9 +19,10 @@ import grpclib.server
 
 from infera.picker import wire
 from infera.picker.metrics import PickerMetrics
-from infera.picker.placement import Placement, Placer, RoutingError
+from infera.picker.placement import Placement, Placer, RoutingError, status_of
 from infera.picker.requests import BadRequest, error_json, route_request
 from infera.protocols.worker import WorkerRecord
+from infera.router.errors import NoWorkers
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +128,9 @@ class Flow:
         try:
             reply = self._pick(phase)
         except RoutingError as exc:
-            self.s.metrics.picks.labels("unavailable" if exc.status == 503 else "refused").inc()
-            status, body = error_json(self.path, exc.status, str(exc))
+            status = status_of(exc)
+            self.s.metrics.picks.labels("unavailable" if status == 503 else "refused").inc()
+            status, body = error_json(self.path, status, str(exc))
             return wire.immediate(status, body, str(exc))
         except BadRequest as exc:
             self.s.metrics.picks.labels("bad_request").inc()
@@ -149,10 +151,9 @@ class Flow:
         allowed = self._allowed()
         req = route_request(self.path, bytes(self.body), s.patterns)
         if req is None:  # no prompt to place (e.g. /v1/models): any allowed worker's sidecar answers it
-            workers = sorted((w for w in s.placer.workers().values() if allowed is None or allowed(w)),
-                             key=lambda w: (s.placer.router.load.in_flight(w.instance_id), w.instance_id))
+            workers = s.placer.least_loaded(allowed)
             if not workers:
-                raise RoutingError(503, "no workers are available")
+                raise NoWorkers("no workers are available")
             s.metrics.picks.labels("passthrough").inc()
             return self._route(workers[0], None, workers[1:1 + s.fallbacks], phase)
         placement = s.placer.place(req, allowed, s.fallbacks)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RECORD_VERSION = 1
 
 Role = Literal["mixed", "prefill", "decode"]
+
+# Engines whose prefill/decode workers take chat only as a text completion (record capability default).
+CHAT_AS_COMPLETION_ENGINES = ("atom",)
 
 
 class KvEventEndpoint(BaseModel):
@@ -58,3 +61,13 @@ class WorkerRecord(BaseModel):
     gateway_target: str | None = Field(default=None, description="ip:port a GAIE gateway sends this worker's "
                                        "requests to (its pod's frontend sidecar); None = the engine's host with "
                                        "the picker's --target-port")
+    serves_chat: bool | None = Field(default=None, description="takes requests on /v1/chat/completions; False: "
+                                     "chat only as a text completion (e.g. an ATOM prefill/decode worker, whose "
+                                     "KV-transfer parameters go on /v1/completions only); absent: derived")
+
+    @model_validator(mode="after")
+    def _derive_capabilities(self) -> WorkerRecord:
+        """Records from workers that predate a capability get it derived from their engine and role."""
+        if self.serves_chat is None:
+            self.serves_chat = not (self.engine in CHAT_AS_COMPLETION_ENGINES and self.role != "mixed")
+        return self

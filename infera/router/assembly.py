@@ -119,5 +119,6 @@ def assemble(settings: ServerSettings) -> Assembly:
     transports = [http] if transport is http else [http, transport]
     on_start: list[Hook] = [*(t.start for t in transports), *([events.start] if events else []), fleet.start,
                             router.start]
-    on_stop: list[Hook] = [fleet.stop, *([events.stop] if events else []), *(t.stop for t in reversed(transports))]
+    on_stop: list[Hook] = [router.stop, fleet.stop, *([events.stop] if events else []),
+                           *(t.stop for t in reversed(transports))]
     return Assembly(router, http, on_start, on_stop)

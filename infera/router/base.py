@@ -17,6 +17,11 @@ from infera.kv.index import PrefixIndex
 from infera.kv.load import LoadTracker
 from infera.protocols.worker import WorkerRecord
 
+# A cached block held only below the device must be copied back first: the share of its prefill it
+# still saves, per medium (NVIDIA Dynamo weighs host-memory blocks 0.75), and for any other tier.
+TIER_CREDIT = {"CPU": 0.75}
+OTHER_TIER_CREDIT = 0.5
+
 
 @dataclasses.dataclass(slots=True)
 class RoutingContext:

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores
-
-TIER_CREDIT = {"CPU": 0.75}  # fraction of a block's prefill saved when it sits in that tier
-OTHER_TIER_CREDIT = 0.5  # any other tier below the device (disk, remote): slower still
+from infera.router.base import OTHER_TIER_CREDIT, TIER_CREDIT, Candidate, PolicyDeps, RoutingContext, Scores
 
 
 class KvAwarePolicy:

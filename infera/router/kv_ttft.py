@@ -31,8 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from infera.kv.load import LoadTracker
-from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores
-from infera.router.kv_aware import OTHER_TIER_CREDIT, TIER_CREDIT
+from infera.router.base import OTHER_TIER_CREDIT, TIER_CREDIT, Candidate, PolicyDeps, RoutingContext, Scores
 
 STEP_TOKENS = 8192  # prompt tokens one engine step computes (vLLM's default max_num_batched_tokens)
 MAX_RELATIVE_SCALE = 2.0  # a worker counts at most this much slower or faster than the fleet's median

@@ -16,3 +16,10 @@ POLICIES: dict[str, PolicyFactory] = {
     "least-load": LeastLoadPolicy,  # the decode leg of a prefill/decode pair
     "approx-prefix": ApproxPrefixPolicy,  # sglang-router cache_aware's approximate tree: no KV events needed
 }
+
+DECODE_ONLY = frozenset({"least-load"})  # registered for the decode leg of a pair, not a --router-policy
+
+
+def selectable() -> tuple[str, ...]:
+    """The ``--router-policy`` choices: every registered policy but the decode leg's."""
+    return tuple(name for name in POLICIES if name not in DECODE_ONLY)

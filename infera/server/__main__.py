@@ -13,11 +13,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from infera.config import load
 from infera.config.base import ConfigError
 from infera.config.server import ServerSettings
-from infera.router.assembly import assemble
+from infera.router.assembly import FLEETS, KV_EVENT_SOURCES, REQUEST_TRANSPORTS, assemble
+from infera.router.policies import selectable
 from infera.server.app import build_app, install_operations
 from infera.server.nodelay import NoDelayHttpToolsProtocol
 
 log = logging.getLogger("infera.server")
+
+
+def registry_choices() -> dict[str, tuple[str, ...]]:
+    """The server's flag choices, from the registries themselves (a test checks the config's lists agree)."""
+    return {"router_policy": selectable(), "discovery_backend": tuple(FLEETS),
+            "request_transport": tuple(REQUEST_TRANSPORTS), "kv_event_transport": (*KV_EVENT_SOURCES, "none")}
 
 
 class DefaultWorkerHeader:
@@ -54,7 +61,8 @@ def build(settings: ServerSettings) -> FastAPI:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = load(ServerSettings, argv, prog="python -m infera.server",
-                    description="infera frontend: OpenAI-compatible API and KV-aware router")
+                    description="infera frontend: OpenAI-compatible API and KV-aware router",
+                    choices=registry_choices())
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         app = build(settings)

@@ -33,9 +33,9 @@ class AdminHandlers:
         return api
 
     async def health(self) -> JsonResponse:
-        cooling = self.router.cooling_down()
-        count = sum(1 for wid in self.router.fleet.workers() if wid not in cooling)
-        body = {"status": "ok" if count else "no_workers", "workers": count, "models": self.router.models()}
+        view = self.router.view
+        count = sum(1 for w in view.workers() if w.cooldown_seconds <= 0)  # can take a request now
+        body = {"status": "ok" if count else "no_workers", "workers": count, "models": view.models()}
         return JsonResponse(body, status_code=200 if count else 503)
 
     async def livez(self) -> JsonResponse:
@@ -45,21 +45,13 @@ class AdminHandlers:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def workers(self) -> JsonResponse:
-        router = self.router
-        cooling = router.cooling_down()
-        out = []
-        for wid, record in sorted(router.fleet.workers().items()):
-            out.append({
-                **record.model_dump(mode="json"),
-                "in_flight": router.load.in_flight(wid),
-                "kv_blocks_indexed": router.index.block_count(wid),
-                "kv_events_stale": router.events_stale(wid),
-                "cooldown_seconds": round(max(0.0, cooling.get(wid, 0.0)), 3),
-            })
+        out = [{**w.record.model_dump(mode="json"), "in_flight": w.in_flight, "kv_blocks_indexed": w.kv_blocks_indexed,
+                "kv_events_stale": w.kv_events_stale, "cooldown_seconds": round(w.cooldown_seconds, 3)}
+               for w in self.router.view.workers()]
         return JsonResponse({"object": "list", "data": out})
 
     async def cache_view(self, worker_id: str) -> JsonResponse:
-        if worker_id not in self.router.fleet.workers():
+        view = self.router.view.cache_view(worker_id)
+        if view is None:
             return openai_error(404, f"no worker {worker_id!r} in the fleet", "not_found_error", "worker_id")
-        view = self.router.index.cache_view(worker_id)
-        return JsonResponse({"worker_id": worker_id, "kv_events_stale": self.router.events_stale(worker_id), **view})
+        return JsonResponse({"worker_id": worker_id, **view})

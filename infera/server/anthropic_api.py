@@ -14,11 +14,11 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from infera.protocols.anthropic import (
     CountTokensRequest,
@@ -26,48 +26,39 @@ from infera.protocols.anthropic import (
     TranslationError,
     ValidationError,
     describe_error,
-    error_body,
 )
 from infera.protocols.anthropic_convert import from_openai, openai_messages, openai_tools, strip_system, to_openai
 from infera.protocols.anthropic_stream import PING, SseDecoder, StreamError, StreamTranslator, encode, error_event
-from infera.router.router import RoutedResponse, Router, RouteRequest, RoutingError
+from infera.router.errors import RoutingError
+from infera.router.router import RoutedResponse, Router, RouteRequest
+from infera.server.errors import ANTHROPIC_PREFIX as PATH
+from infera.server.errors import anthropic_error, anthropic_routing_error, anthropic_status, routing_status
+from infera.server.intake import IntakeError, take
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
+    PREFILL_HEADER,
     WORKER_HEADER,
-    BodyTooLarge,
     cancel,
     collect_or_disconnect,
     dispatch_or_disconnect,
     forward_headers,
-    read_body,
-    wait_disconnect,
+    worker_headers,
 )
-from infera.server.responses import JsonResponse
+from infera.server.responses import JsonResponse, SseResponse, until_disconnect
 from infera.transport.base import UpstreamError
+
+__all__ = ["PATH", "AnthropicHandlers", "anthropic_error", "anthropic_status"]
 
 log = logging.getLogger(__name__)
 
-PATH = "/v1/messages"
 ENGINE_PATH = "/v1/chat/completions"
-KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error",
-         529: "overloaded_error"}
 
 Req = TypeVar("Req", bound=CountTokensRequest)
 
 
-def anthropic_status(status: int) -> tuple[int, str]:
-    """The status and error type Anthropic uses for a failure we saw as ``status``."""
-    if status == 503:
-        return 529, "overloaded_error"  # no worker can take it: Anthropic's "overloaded"
-    if status in KINDS:
-        return status, KINDS[status]
-    return (400, "invalid_request_error") if 400 <= status < 500 else (500, "api_error")
-
-
-def anthropic_error(status: int, message: str) -> JsonResponse:
-    status, kind = anthropic_status(status)
-    return JsonResponse(error_body(kind, message), status_code=status)
+def describe(exc: ValidationError, payload: dict[str, Any]) -> tuple[str, str | None]:
+    """An Anthropic schema violation as (message, no param)."""
+    return describe_error(exc, payload), None
 
 
 def _engine_message(body: bytes) -> str:
@@ -104,37 +95,31 @@ class AnthropicHandlers:
 
     async def _parse(self, request: Request, schema: type[Req]) -> Req | Response:
         try:
-            body = await read_body(request, self.max_body)
-        except BodyTooLarge:
-            return anthropic_error(413, f"request body exceeds {self.max_body} bytes")
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            return anthropic_error(400, f"malformed JSON body: {exc}")
-        if not isinstance(payload, dict):
-            return anthropic_error(400, "the request body must be a JSON object")
-        try:
-            parsed = schema.model_validate(payload)
-        except ValidationError as exc:
-            return anthropic_error(400, describe_error(exc, payload))
-        if parsed.model not in self.router.models():
-            if not self.router.fleet.workers():
+            parsed = (await take(request, self.max_body, schema, describe, self._strip)).parsed
+        except IntakeError as exc:
+            return anthropic_error(exc.status, str(exc))
+        view = self.router.view
+        if parsed.model not in view.models():
+            if not view.has_workers():
                 return anthropic_error(503, "no workers are available")
-            return anthropic_error(404, f"model: {parsed.model} (served here: {', '.join(self.router.models())})")
-        strip_system(parsed, self.patterns)
+            return anthropic_error(404, f"model: {parsed.model} (served here: {', '.join(view.models())})")
         return parsed
+
+    def _strip(self, payload: dict[str, Any], parsed: Any) -> bool:
+        strip_system(parsed, self.patterns)
+        return False  # the parsed request is what is translated and forwarded
 
     async def count_tokens(self, request: Request) -> Response:
         parsed = await self._parse(request, CountTokensRequest)
         if isinstance(parsed, Response):
             return parsed
-        renderer = self.router.renderer
-        if renderer is None:
+        if not self.router.can_tokenize:
             return anthropic_error(500, "count_tokens needs the router's tokenizer (--router-tokenizer-path)")
         final_assistant = parsed.messages[-1].role == "assistant"
+        prompt = {"messages": openai_messages(parsed), "tools": openai_tools(parsed),
+                  "chat_template_kwargs": {"add_generation_prompt": not final_assistant}}
         try:
-            ids = renderer.chat_token_ids(openai_messages(parsed), tools=openai_tools(parsed),
-                                          add_generation_prompt=not final_assistant)
+            ids = self.router.tokens("chat", prompt)
         except Exception as exc:  # the chat template refused the conversation
             return anthropic_error(400, f"cannot render the prompt: {exc}")
         return JsonResponse({"input_tokens": len(ids)})
@@ -146,7 +131,7 @@ class AnthropicHandlers:
         except Exception as exc:
             log.exception("anthropic request failed")
             response = anthropic_error(500, f"internal error: {type(exc).__name__}")
-        if not isinstance(response, StreamingResponse):
+        if not isinstance(response, SseResponse):
             self.metrics.requests.labels(PATH, str(response.status_code)).inc()
             self.metrics.e2e.labels(PATH).observe(time.perf_counter() - started)
         return response
@@ -157,7 +142,8 @@ class AnthropicHandlers:
             return parsed
         body = to_openai(parsed)
         req = RouteRequest(kind="chat", path=ENGINE_PATH, body=orjson.dumps(body), payload=body, model=parsed.model,
-                           max_tokens=parsed.max_tokens, worker_hint=request.headers.get(WORKER_HEADER))
+                           max_tokens=parsed.max_tokens, worker_hint=request.headers.get(WORKER_HEADER),
+                           prefill_hint=request.headers.get(PREFILL_HEADER))
         message_id = "msg_" + uuid.uuid4().hex[:24]
         headers = forward_headers(request)
         if parsed.stream:
@@ -167,7 +153,7 @@ class AnthropicHandlers:
         if routed is None:
             return Response(status_code=499)
         if isinstance(routed, RoutingError):
-            return anthropic_error(routed.status, str(routed))
+            return anthropic_routing_error(routed)
         self.metrics.ttft.labels(PATH).observe(time.perf_counter() - started)
         try:
             collected = await collect_or_disconnect(request, routed)
@@ -182,7 +168,7 @@ class AnthropicHandlers:
                                   stop_sequences=parsed.stop_sequences)
         except (orjson.JSONDecodeError, TranslationError) as exc:
             return anthropic_error(502, f"the worker's response cannot be translated: {exc}")
-        return JsonResponse(message, headers={"x-infera-worker": routed.worker_id})
+        return JsonResponse(message, headers=worker_headers(routed))
 
     # ---- streaming -----------------------------------------------------------------------
 
@@ -191,10 +177,10 @@ class AnthropicHandlers:
         """Answer with an HTTP error if routing fails quickly; once the first token is late, commit
         to the stream (message_start, pings) and report any failure as an ``error`` event."""
         dispatch = asyncio.ensure_future(self.router.dispatch(req, headers))
-        watcher = asyncio.ensure_future(wait_disconnect(request))
+        watcher = asyncio.ensure_future(until_disconnect(request.receive))
         try:
             done, _ = await asyncio.wait((dispatch, watcher), timeout=self.ping_after,
-                                        return_when=asyncio.FIRST_COMPLETED)
+                                         return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             await cancel(dispatch)
             raise
@@ -204,11 +190,11 @@ class AnthropicHandlers:
             await cancel(dispatch)
             return Response(status_code=499)
         if not dispatch.done():
-            return StreamingResponse(self._events(translator, dispatch, started), media_type="text/event-stream")
+            return self._sse(translator, dispatch, started, {})
         try:
             routed = dispatch.result()
         except RoutingError as exc:
-            return anthropic_error(exc.status, str(exc))
+            return anthropic_routing_error(exc)
         if routed.status != 200 or not routed.content_type.startswith("text/event-stream"):
             try:
                 collected = await collect_or_disconnect(request, routed)
@@ -216,11 +202,25 @@ class AnthropicHandlers:
                 return anthropic_error(exc.status, f"the worker failed: {exc}")
             status = routed.status if routed.status != 200 else 502
             return anthropic_error(status, _engine_message(collected or b"the worker did not stream"))
-        return StreamingResponse(self._events(translator, dispatch, started), media_type="text/event-stream",
-                                 headers={"x-infera-worker": routed.worker_id})
+        return self._sse(translator, dispatch, started, worker_headers(routed))
+
+    def _sse(self, translator: StreamTranslator, dispatch: asyncio.Future[RoutedResponse], started: float,
+             headers: dict[str, str]) -> SseResponse:
+        gone: list[bool] = []
+
+        def client_left() -> None:
+            gone.append(True)
+            if not dispatch.done():
+                dispatch.cancel()
+            elif not dispatch.cancelled() and dispatch.exception() is None:
+                dispatch.result().close()
+
+        return SseResponse(self._events(translator, dispatch, started, gone), headers=headers,
+                           on_disconnect=client_left)
 
     async def _events(self, translator: StreamTranslator, dispatch: asyncio.Future[RoutedResponse],
-                      started: float) -> AsyncIterator[bytes]:
+                      started: float, gone: list[bool]) -> AsyncIterator[bytes]:
+        """``gone`` becomes non-empty when the client disconnected (the dispatch or upstream is then ended)."""
         status = "200"
         routed: RoutedResponse | None = None
         try:
@@ -241,21 +241,26 @@ class AnthropicHandlers:
                 out = b"".join(encode(e) for data in decoder.feed(chunk) for e in translator.feed(data))
                 if out:
                     yield out
-            yield b"".join(encode(e) for e in translator.finish())
+            if not gone:
+                yield b"".join(encode(e) for e in translator.finish())
         except StreamError as exc:
             status = "stream_error"
             yield encode(error_event(exc.kind, str(exc)))
         except UpstreamError as exc:
+            if gone:
+                return
             status = "stream_error"
             yield encode(error_event("api_error", f"the worker failed mid-stream: {exc}"))
         except asyncio.CancelledError:
             status = "499"
+            if gone and dispatch.cancelled():
+                return  # the client left while the request waited for a worker
             raise
         finally:
             if routed is not None:
                 routed.close()
             await cancel(dispatch)
-            self.metrics.requests.labels(PATH, status).inc()
+            self.metrics.requests.labels(PATH, "499" if gone else status).inc()
             self.metrics.e2e.labels(PATH).observe(time.perf_counter() - started)
 
     async def _routed(self, dispatch: asyncio.Future[RoutedResponse]) -> RoutedResponse:
@@ -263,7 +268,7 @@ class AnthropicHandlers:
         try:
             routed = dispatch.result()
         except RoutingError as exc:
-            raise StreamError(str(exc), anthropic_status(exc.status)[1]) from exc
+            raise StreamError(str(exc), anthropic_status(routing_status(exc)[0])[1]) from exc
         if routed.status == 200 and routed.content_type.startswith("text/event-stream"):
             return routed
         try:

@@ -1,4 +1,8 @@
-"""Error responses in the OpenAI shape, and the handlers that make every failure use it."""
+"""Error responses in the shape of the API the client called, and the handlers that make every failure use it.
+
+The router's errors (:mod:`infera.router.errors`) carry meaning only; :func:`routing_status`
+gives each its HTTP status, and :func:`openai_error` / :func:`anthropic_error` its body.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infera.protocols.anthropic import error_body as anthropic_error_body
 from infera.protocols.openai import error_body
-from infera.server.anthropic_api import PATH as ANTHROPIC_PREFIX
-from infera.server.anthropic_api import anthropic_status
+from infera.router.errors import BadDirectHeaders, NotServable, RoutingError, UpstreamFailed
 from infera.server.responses import JsonResponse
+
+ANTHROPIC_PREFIX = "/v1/messages"
 
 STATUS_KINDS = {
     400: "invalid_request_error",
@@ -26,10 +31,46 @@ STATUS_KINDS = {
     504: "timeout_error",
 }
 
+ANTHROPIC_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error",
+                   529: "overloaded_error"}
+
+
+def routing_status(exc: RoutingError) -> tuple[int, str]:
+    """The HTTP status and OpenAI error type of a routing failure."""
+    if isinstance(exc, UpstreamFailed):
+        return exc.status, "upstream_error"
+    if isinstance(exc, BadDirectHeaders | NotServable):
+        return 400, "invalid_request_error"
+    return 503, "service_unavailable"  # NoWorkers, UnknownWorker: nobody can take it now
+
 
 def openai_error(status: int, message: str, kind: str | None = None, param: str | None = None) -> JsonResponse:
     return JsonResponse(error_body(message, kind or STATUS_KINDS.get(status, "server_error"), param, status),
-                          status_code=status)
+                        status_code=status)
+
+
+def openai_routing_error(exc: RoutingError) -> JsonResponse:
+    status, kind = routing_status(exc)
+    return openai_error(status, str(exc), kind)
+
+
+def anthropic_status(status: int) -> tuple[int, str]:
+    """The status and error type Anthropic uses for a failure we saw as ``status``."""
+    if status == 503:
+        return 529, "overloaded_error"  # no worker can take it: Anthropic's "overloaded"
+    if status in ANTHROPIC_KINDS:
+        return status, ANTHROPIC_KINDS[status]
+    return (400, "invalid_request_error") if 400 <= status < 500 else (500, "api_error")
+
+
+def anthropic_error(status: int, message: str) -> JsonResponse:
+    status, kind = anthropic_status(status)
+    return JsonResponse(anthropic_error_body(kind, message), status_code=status)
+
+
+def anthropic_routing_error(exc: RoutingError) -> JsonResponse:
+    return anthropic_error(routing_status(exc)[0], str(exc))
 
 
 def api_error(request: Request, status: int, message: str) -> JsonResponse:

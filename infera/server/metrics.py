@@ -8,7 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from infera.router.router import OVERLAP_BUCKETS, Router
+from infera.router.router import Router
+from infera.router.view import OVERLAP_BUCKETS
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -35,11 +36,11 @@ class _RouterCollector(Collector):
         self._router = router
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
-        router = self._router
-        workers = router.fleet.workers()
+        view = self._router.view
+        workers = view.workers()
         fleet = GaugeMetricFamily("infera_fleet_workers", "Routable workers by role", labels=["role"])
         for role in ("mixed", "prefill", "decode"):
-            fleet.add_metric([role], sum(1 for w in workers.values() if w.role == role))
+            fleet.add_metric([role], sum(1 for w in workers if w.record.role == role))
         yield fleet
 
         in_flight = GaugeMetricFamily("infera_worker_in_flight", "Requests in flight per worker", labels=["worker"])
@@ -50,35 +51,34 @@ class _RouterCollector(Collector):
                                   labels=["worker"])
         cooling = GaugeMetricFamily("infera_worker_cooldown_seconds", "Seconds a failed worker is avoided for",
                                     labels=["worker"])
-        cool = router.cooling_down()
-        for wid in sorted(workers):
-            in_flight.add_metric([wid], router.load.in_flight(wid))
-            blocks.add_metric([wid], router.index.block_count(wid))
-            stale.add_metric([wid], 1.0 if router.events_stale(wid) else 0.0)
-            cooling.add_metric([wid], max(0.0, cool.get(wid, 0.0)))
+        for w in workers:
+            wid = [w.record.instance_id]
+            in_flight.add_metric(wid, w.in_flight)
+            blocks.add_metric(wid, w.kv_blocks_indexed)
+            stale.add_metric(wid, 1.0 if w.kv_events_stale else 0.0)
+            cooling.add_metric(wid, w.cooldown_seconds)
         yield in_flight
         yield blocks
         yield stale
         yield cooling
 
+        stats = view.stats()
         batches = CounterMetricFamily("infera_kv_event_batches", "KV-event batches received", labels=["worker"])
-        for wid, n in sorted(router.stats.kv_batches.items()):
-            batches.add_metric([wid], n)
+        for wid_, n in sorted(stats.kv_batches.items()):
+            batches.add_metric([wid_], n)
         yield batches
         gaps = CounterMetricFamily("infera_kv_event_gaps", "KV-event batches lost for good", labels=["worker"])
-        for wid, n in sorted(router.stats.kv_gaps.items()):
-            gaps.add_metric([wid], n)
+        for wid_, n in sorted(stats.kv_gaps.items()):
+            gaps.add_metric([wid_], n)
         yield gaps
 
         decisions = CounterMetricFamily("infera_routing_decisions", "Routing decisions by policy and reason",
                                         labels=["policy", "reason"])
-        for (policy, reason), n in sorted(router.stats.decisions.items()):
+        for (policy, reason), n in sorted(stats.decisions.items()):
             decisions.add_metric([policy, reason], n)
         yield decisions
-        yield CounterMetricFamily("infera_request_retries", "Attempts on an alternate worker",
-                                  value=router.stats.retries)
+        yield CounterMetricFamily("infera_request_retries", "Attempts on an alternate worker", value=stats.retries)
 
-        stats = router.stats
         overlap = HistogramMetricFamily("infera_routed_prompt_overlap_fraction",
                                         "Fraction of a routed prompt's blocks cached on the chosen worker")
         overlap.add_metric([], [(_bound(b), float(n)) for b, n in zip(OVERLAP_BUCKETS, stats.overlap_buckets,

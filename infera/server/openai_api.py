@@ -20,19 +20,26 @@ from infera.protocols.openai import (
     first_error,
     strip_system_nonces,
 )
-from infera.router.router import PREFILL_HEADER, RoutedResponse, Router, RouteRequest, RoutingError
-from infera.server.errors import openai_error
+from infera.router.errors import RoutingError
+from infera.router.router import RoutedResponse, Router, RouteRequest
+from infera.server.errors import openai_error, openai_routing_error
+from infera.server.intake import IntakeError, take
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
+    PREFILL_HEADER,
     WORKER_HEADER,
-    BodyTooLarge,
     collect_or_disconnect,
     dispatch_or_disconnect,
     forward_headers,
-    read_body,
+    worker_headers,
 )
 from infera.server.responses import JsonResponse, SseResponse
 from infera.transport.base import UpstreamError
+
+
+def describe(exc: ValidationError, payload: dict[str, Any]) -> tuple[str, str | None]:
+    """An OpenAI schema violation as (message, param)."""
+    return first_error(exc)
 
 
 class OpenAIHandlers:
@@ -54,7 +61,8 @@ class OpenAIHandlers:
 
     async def list_models(self) -> JsonResponse:
         created = int(time.time())
-        data = [{"id": m, "object": "model", "created": created, "owned_by": "infera"} for m in self.router.models()]
+        data = [{"id": m, "object": "model", "created": created, "owned_by": "infera"}
+                for m in self.router.view.models()]
         return JsonResponse({"object": "list", "data": data})
 
     async def chat(self, request: Request) -> Response:
@@ -73,28 +81,19 @@ class OpenAIHandlers:
 
     async def _route(self, request: Request, kind: Literal["chat", "completion"], path: str,
                      started: float) -> Response:
+        schema: type[ChatCompletionRequest | CompletionRequest] = (
+            ChatCompletionRequest if kind == "chat" else CompletionRequest)
+        strip = self._strip if kind == "chat" else None
         try:
-            body = await read_body(request, self.max_body)
-        except BodyTooLarge:
-            return openai_error(413, f"request body exceeds {self.max_body} bytes")
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            return openai_error(400, f"malformed JSON body: {exc}")
-        if not isinstance(payload, dict):
-            return openai_error(400, "the request body must be a JSON object")
-        schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
-        try:
-            parsed = schema.model_validate(payload)
-        except ValidationError as exc:
-            message, param = first_error(exc)
-            return openai_error(400, message, param=param)
-        if parsed.model not in self.router.models():
-            if not self.router.fleet.workers():
+            intake = await take(request, self.max_body, schema, describe, strip)
+        except IntakeError as exc:
+            return openai_error(exc.status, str(exc), param=exc.param)
+        body, payload, parsed = intake.body, intake.payload, intake.parsed
+        view = self.router.view
+        if parsed.model not in view.models():
+            if not view.has_workers():
                 return openai_error(503, "no workers are available")
             return openai_error(404, f"The model '{parsed.model}' does not exist", "not_found_error", "model")
-        if kind == "chat" and strip_system_nonces(payload, self.patterns):
-            body = orjson.dumps(payload)
         req = RouteRequest(kind=kind, path=path, body=body, payload=payload, model=parsed.model,
                            max_tokens=parsed.output_limit(), worker_hint=request.headers.get(WORKER_HEADER),
                            prefill_hint=request.headers.get(PREFILL_HEADER))
@@ -102,11 +101,9 @@ class OpenAIHandlers:
         if routed is None:
             return Response(status_code=499)
         if isinstance(routed, RoutingError):
-            return openai_error(routed.status, str(routed), routed.kind)
+            return openai_routing_error(routed)
         self.metrics.ttft.labels(path).observe(time.perf_counter() - started)
-        out_headers = {"x-infera-worker": routed.worker_id}
-        if routed.prefill_worker_id:
-            out_headers["x-infera-prefill-worker"] = routed.prefill_worker_id
+        out_headers = worker_headers(routed)
         if routed.content_type.startswith("text/event-stream"):
             gone: list[bool] = []
 
@@ -124,6 +121,9 @@ class OpenAIHandlers:
             return Response(status_code=499)
         return Response(collected, status_code=routed.status, media_type=routed.content_type,
                         headers=out_headers)
+
+    def _strip(self, payload: dict[str, Any], parsed: Any) -> bool:
+        return strip_system_nonces(payload, self.patterns)
 
     async def _relay(self, routed: RoutedResponse, path: str, started: float,
                      gone: list[bool]) -> AsyncIterator[bytes]:

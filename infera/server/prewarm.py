@@ -17,17 +17,15 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from infera.kv.hashing import block_hashes
 from infera.protocols.kvd import make_hint
 from infera.protocols.openai import ValidationError, first_error, strip_system_nonces
-from infera.protocols.worker import WorkerRecord
-from infera.router.base import Candidate, RoutingContext
 from infera.router.router import Router
 from infera.server.errors import openai_error
+from infera.server.intake import IntakeError, take
 from infera.server.responses import JsonResponse
 from infera.transport.kvd import KvdClient, KvdUnavailable
 
@@ -60,48 +58,32 @@ class PrewarmHandlers:
     async def prewarm(self, request: Request) -> JsonResponse:
         if self.kvd is None:
             return openai_error(503, "prewarm needs a KV daemon: start the server with --kvd-socket-path")
-        body = await request.body()
-        if len(body) > MAX_PREWARM_BODY:
-            return openai_error(413, f"request body exceeds {MAX_PREWARM_BODY} bytes")
         try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            return openai_error(400, f"malformed JSON body: {exc}")
-        if not isinstance(payload, dict):
-            return openai_error(400, "the request body must be a JSON object")
-        try:
-            req = PrewarmRequest.model_validate(payload)
-        except ValidationError as exc:
-            message, param = first_error(exc)
-            return openai_error(400, message, param=param)
+            intake = await take(request, MAX_PREWARM_BODY, PrewarmRequest, describe, self._strip)
+        except IntakeError as exc:
+            return openai_error(exc.status, str(exc), param=exc.param)
+        req, payload = intake.parsed, intake.payload
         if (req.messages is None) == (req.prompt is None):
             return openai_error(400, "give exactly one of messages or prompt", param="messages")
         if req.messages is not None and not req.messages:
             return openai_error(400, "messages must not be empty", param="messages")
-        renderer = self.router.renderer
-        if renderer is None:
+        router = self.router
+        if not router.can_tokenize:
             return openai_error(503, "prewarm needs the router's tokenizer: start the server with "
                                      "--router-tokenizer-path")
-        if req.model not in self.router.models():
+        if req.model not in router.view.models():
             return openai_error(404, f"The model '{req.model}' does not exist", "not_found_error", "model")
         try:
-            if req.messages is not None:
-                strip_system_nonces(payload, self.patterns)  # as the chat path does before routing
-                tokens = renderer.chat_token_ids(list(payload["messages"]), tools=req.tools,
-                                                 **(req.chat_template_kwargs or {}))
-            elif isinstance(req.prompt, str):
-                tokens = renderer.encode(req.prompt, add_special_tokens=True)
-            else:
-                tokens = list(req.prompt or [])
+            tokens = router.tokens("chat" if req.messages is not None else "completion", payload)
         except Exception as exc:  # a template that rejects the conversation
             return openai_error(400, f"cannot render the prompt: {exc}", param="messages")
         if req.worker is not None:
-            worker = self.router.fleet.workers().get(req.worker)
+            worker = router.view.worker(req.worker)
             if worker is None or worker.model != req.model:
                 return openai_error(404, f"no worker {req.worker!r} serving {req.model!r} in the fleet",
                                     "not_found_error", "worker")
         else:
-            picked = self._pick(req.model, tokens)
+            picked = router.preview(req.model, tokens)  # what the policy would pick now; nothing recorded
             if picked is None:
                 return openai_error(503, f"no worker serves model {req.model!r}")
             worker = picked
@@ -118,26 +100,12 @@ class PrewarmHandlers:
                 return openai_error(503, str(exc))
         return JsonResponse(answer, status_code=202, headers={"x-infera-worker": worker.instance_id})
 
-    def _pick(self, model: str, tokens: list[int]) -> WorkerRecord | None:
-        """The worker a cache-aware policy would pick for this prompt now (a preview: nothing is
-        recorded). Ties go to the least busy, then the emptiest cache, then the lowest id (the
-        router breaks the last tie at random). Decode workers never prefill, so never warm.
-        """
-        router = self.router
-        cooling = router.cooling_down()
-        eligible = sorted((w for w in router.fleet.workers().values() if w.model == model and w.role != "decode"),
-                          key=lambda w: w.instance_id)
-        pool = [w for w in eligible if w.instance_id not in cooling] or eligible
-        if not pool:
-            return None
-        load = router.load
-        cands = [Candidate(w, load.in_flight(w.instance_id), load.prefill_tokens(w.instance_id),
-                           load.active_blocks(w.instance_id)) for w in pool]
-        if router.policy.needs_tokens:
-            ctx = RoutingContext(model=model, token_ids=tokens, prompt_tokens=len(tokens), max_tokens=1)
-            costs = router.policy.score(ctx, cands).costs
-        else:  # a cache-blind policy (and maybe a stateful one, like a rotation): do not consult it
-            costs = [0.0] * len(cands)
-        best = min(range(len(pool)), key=lambda i: (costs[i], cands[i].in_flight,
-                                                     router.index.block_count(pool[i].instance_id)))
-        return pool[best]
+    def _strip(self, payload: dict[str, Any], parsed: Any) -> bool:
+        """System-prompt nonces go as on the chat path; the hint carries tokens, so the body stays."""
+        if isinstance(parsed, PrewarmRequest) and parsed.messages is not None:
+            strip_system_nonces(payload, self.patterns)
+        return False
+
+
+def describe(exc: ValidationError, payload: dict[str, Any]) -> tuple[str, str | None]:
+    return first_error(exc)

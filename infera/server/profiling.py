@@ -60,7 +60,7 @@ class ProfilingHandlers:
         names = body.pop("workers", None)
         if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
             return openai_error(400, "workers must be a list of worker instance ids", param="workers")
-        fleet = self.router.fleet.workers()
+        fleet = self.router.view.records()
         if names is None:
             targets: list[tuple[str, WorkerRecord | None]] = sorted(fleet.items())
         else:

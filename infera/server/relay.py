@@ -1,5 +1,5 @@
-"""What every inference endpoint shares, whatever API it speaks: bounded body reads, routing that
-gives up when the client leaves, and collecting a whole response the same way.
+"""What every inference endpoint shares, whatever API it speaks: routing that gives up when the
+client leaves, and collecting a whole response the same way.
 
 Errors stay protocol neutral here (:class:`RoutingError`, :class:`UpstreamError`); each API
 module renders them in its own shape.
@@ -11,30 +11,14 @@ import asyncio
 
 from fastapi import Request
 
-from infera.router.router import RoutedResponse, Router, RouteRequest, RoutingError
+from infera.router.errors import RoutingError
+from infera.router.router import RoutedResponse, Router, RouteRequest
+from infera.server.responses import until_disconnect
 from infera.transport.base import UpstreamError
 
 FORWARD_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate")
 WORKER_HEADER = "x-worker-instance-id"
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing more than ``limit`` bytes without reading them all."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
+PREFILL_HEADER = "x-prefill-instance-id"
 
 
 def forward_headers(request: Request) -> dict[str, str]:
@@ -47,11 +31,12 @@ def forward_headers(request: Request) -> dict[str, str]:
     return headers
 
 
-async def wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+def worker_headers(routed: RoutedResponse) -> dict[str, str]:
+    """The response headers naming the worker (and, for a pair, the prefill worker) that served it."""
+    out = {"x-infera-worker": routed.worker_id}
+    if routed.prefill_worker_id:
+        out["x-infera-prefill-worker"] = routed.prefill_worker_id
+    return out
 
 
 async def dispatch_or_disconnect(router: Router, request: Request, req: RouteRequest,
@@ -62,7 +47,7 @@ async def dispatch_or_disconnect(router: Router, request: Request, req: RouteReq
     and no third task on the hot path.
     """
     dispatch = asyncio.ensure_future(router.dispatch(req, headers))
-    watcher = asyncio.ensure_future(wait_disconnect(request))
+    watcher = asyncio.ensure_future(until_disconnect(request.receive))
     watcher.add_done_callback(lambda w: None if w.cancelled() else dispatch.cancel())
     try:
         return await dispatch
@@ -94,7 +79,7 @@ async def collect_or_disconnect(request: Request, routed: RoutedResponse) -> byt
 
     Raises :class:`UpstreamError` when the worker fails before the body is complete.
     """
-    watcher = asyncio.ensure_future(wait_disconnect(request))
+    watcher = asyncio.ensure_future(until_disconnect(request.receive))
     watcher.add_done_callback(lambda w: None if w.cancelled() else routed.close())
     try:
         body = b"".join([chunk async for chunk in routed.chunks()])

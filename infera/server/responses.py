@@ -1,4 +1,5 @@
-"""A JSON response rendered with orjson (FastAPI's JsonResponse is deprecated)."""
+"""The server's responses: JSON rendered with orjson, and the one SSE response; and the one
+wait for a client's disconnect that every relay uses."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class SseResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        watcher = asyncio.ensure_future(until_disconnect(receive))
         on_disconnect = self._on_disconnect
         if on_disconnect is not None:
             watcher.add_done_callback(lambda w: None if w.cancelled() else on_disconnect())
@@ -53,6 +54,7 @@ class SseResponse(Response):
                 await aclose()
 
 
-async def _until_disconnect(receive: Receive) -> None:
+async def until_disconnect(receive: Receive) -> None:
+    """Return when the client has gone away (the ASGI ``http.disconnect`` message)."""
     while (await receive())["type"] != "http.disconnect":
         pass

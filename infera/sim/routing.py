@@ -1,36 +1,29 @@
 """The one seam between the simulator and the router: every routing decision goes through here.
 
 The simulator does not model the router; it runs it. :class:`SimRouter` builds a real
-:class:`infera.router.router.Router` over a fixed fleet (no transport is ever called) and:
-
-- picks with ``Router._candidates`` + ``Router._pick``: the configured policy's scores, the
-  temperature and the server's tie-break (least in flight, then emptiest cache, then chance);
-- holds load tickets on ``Router.load`` (the same :class:`infera.kv.load.LoadTracker`) shaped as
-  ``Router._open_leg`` shapes a mixed leg: begin at routing with the uncached prompt tokens, the
-  prompt's block hashes and the tail blocks, ``prefill_done`` at the first token, ``end`` at
-  completion; plus the routing-time prediction in the index (``PREDICTION_TTL``);
-- feeds KV event batches through ``Router.on_kv_batch`` (the server's feed into the index), and
-  marks a worker as expecting events after an uncached first token, as ``_open_leg`` does (the
-  router's blindness rule: no events for ``events_stale_seconds`` after that -> predicted cache).
-
-When the router is split into router/{candidates,context,pick,legs}.py, re-point the three
-calls marked SEAM below at the new modules; nothing else in infera.sim touches the router.
+:class:`infera.router.router.Router` over a fixed fleet (no transport is ever called) and uses its
+placement API, the same one the GAIE endpoint picker uses: ``Router.place_now`` runs the context,
+candidates and pick (the configured policy, temperature and tie-break) and holds the load tickets
+with the routing-time predictions; ``Placement.answered`` at the first token (prefill done, the
+blindness rule's "events owed"), ``Placement.release`` at completion. KV event batches reach the
+router through the event-source seam (``bind``), as a real transport delivers them, only late.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, cast
 
 from infera.discovery.base import FleetListener
 from infera.kv.index import PrefixIndex
-from infera.kv.load import Ticket
 from infera.kv.tokenizer import PromptRenderer
 from infera.protocols.kv_events import EventBatch
 from infera.protocols.worker import KvEventEndpoint, WorkerRecord
-from infera.router.base import RoutingContext
-from infera.router.router import PREDICTION_TTL, Router, RouterOptions
+from infera.router.context import RouteRequest
+from infera.router.placement import Placement
+from infera.router.router import Router, RouterOptions
 
 MODEL = "sim"
 
@@ -57,8 +50,11 @@ class _Fleet:
 class _Events:
     """Stands for the KV-event transport: the simulator delivers batches itself, late."""
 
-    def bind(self, sink: Any, on_gap: Any) -> None:
-        pass
+    def __init__(self) -> None:
+        self.sink: Callable[[str, EventBatch], None] | None = None
+
+    def bind(self, sink: Callable[[str, EventBatch], None], on_gap: Any) -> None:
+        self.sink = sink
 
     async def start(self) -> None:
         pass
@@ -104,8 +100,7 @@ class _NoTransport:
 class Routed:
     worker_id: str
     overlap_blocks: int  # the router's view of the cached prefix on that worker, in blocks
-    reason: str
-    ticket: Ticket
+    placement: Placement
 
 
 def worker_ids(n: int) -> list[str]:
@@ -124,43 +119,27 @@ class SimRouter:
         options = RouterOptions(policy=policy, kv_overlap_weight=kv_overlap_weight, temperature=temperature)
         # The router refuses a tokenizing policy without a renderer; the simulator hands it token ids directly.
         renderer = cast(PromptRenderer, object())
-        self.router = Router(_Fleet(records), cast(Any, _NoTransport()), cast(Any, _Events()), renderer, options,
-                             index=_VirtualIndex(clock), clock=clock)
-        self.router._rng.seed(seed)
+        self._events = _Events()
+        self.router = Router(_Fleet(records), cast(Any, _NoTransport()), cast(Any, self._events), renderer, options,
+                             index=_VirtualIndex(clock), clock=clock, rng=random.Random(seed))
         self.block_size = block_size
         self._clock = clock
 
     def route(self, token_ids: list[int], max_tokens: int) -> Routed:
-        router = self.router
-        ctx = RoutingContext(model=MODEL, token_ids=token_ids, prompt_tokens=len(token_ids), max_tokens=max_tokens)
-        candidates = router._candidates(MODEL, set())  # SEAM: candidates
-        worker, reason, overlap = router._pick(ctx, candidates)  # SEAM: pick (policy, temperature, tie-break)
-        wid = worker.instance_id
-        size = worker.kv_block_size
-        # SEAM: legs. As Router._open_leg does for a mixed leg.
-        hashes = ctx.hashes(size)
-        prefill_tokens = max(0, len(token_ids) - overlap * size)
-        tail_blocks = -(-(len(token_ids) - len(hashes) * size + max_tokens) // size)
-        ticket = router.load.begin(wid, prefill_tokens, hashes, tail_blocks)
-        if hashes:
-            router.stats.observe_overlap(overlap / len(hashes))
-            router.index.predict(wid, hashes, ttl=PREDICTION_TTL, now=self._clock())
-        return Routed(wid, overlap, reason, ticket)
+        req = RouteRequest(kind="completion", path="/v1/completions", body=b"", model=MODEL,
+                           payload={"prompt": token_ids}, max_tokens=max_tokens)
+        placement = self.router.place_now(req)
+        return Routed(placement.worker.instance_id, placement.overlap, placement)
 
     def first_token(self, routed: Routed) -> None:
-        router = self.router
-        router.load.prefill_done(routed.ticket)
-        wid = routed.worker_id
-        # As Router._open_leg after the first chunk: an uncached prompt must bring events soon,
-        # or the worker counts as blind (its cache then predicted from routing decisions).
-        if routed.overlap_blocks < len(routed.ticket.hashes) and wid not in router._expect_events_since:
-            router._expect_events_since[wid] = self._clock()
+        routed.placement.answered()
 
     def finished(self, routed: Routed) -> None:
-        self.router.load.end(routed.ticket)
+        routed.placement.release()
 
     def deliver(self, worker_id: str, batch: EventBatch) -> None:
-        self.router.on_kv_batch(worker_id, batch)
+        assert self._events.sink is not None, "the router binds its event source when it is built"
+        self._events.sink(worker_id, batch)
 
     def decisions(self) -> dict[str, int]:
-        return {reason: n for (_, reason), n in self.router.stats.decisions.items()}
+        return {reason: n for (_, reason), n in self.router.view.stats().decisions.items()}

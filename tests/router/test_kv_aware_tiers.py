@@ -6,8 +6,8 @@ from infera.kv.hashing import block_hashes
 from infera.kv.index import PrefixIndex
 from infera.protocols.kv_events import BlockRemoved, BlockStored, EventBatch
 from infera.protocols.worker import WorkerRecord
-from infera.router.base import Candidate, PolicyDeps, RoutingContext
-from infera.router.kv_aware import TIER_CREDIT, KvAwarePolicy
+from infera.router.base import TIER_CREDIT, Candidate, PolicyDeps, RoutingContext
+from infera.router.kv_aware import KvAwarePolicy
 
 BS = 4
 TOKENS = list(range(100, 132))  # 8 blocks

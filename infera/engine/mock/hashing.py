@@ -15,11 +15,6 @@ from collections.abc import Sequence
 NONE_HASH: bytes = hashlib.sha256(pickle.dumps("vllm-none-hash", protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-def block_digest(parent: bytes, block_tokens: Sequence[int]) -> bytes:
-    """The 32-byte digest of one full block given its parent's digest (``NONE_HASH`` for the first)."""
-    return hashlib.sha256(pickle.dumps((parent, tuple(block_tokens), None), protocol=pickle.HIGHEST_PROTOCOL)).digest()
-
-
 def event_hash(digest: bytes) -> int:
     """The id a KV event carries for a block: the digest's last 8 bytes, big-endian, unsigned."""
     return int.from_bytes(digest[-8:], "big")

@@ -1,0 +1,136 @@
+"""The index feed: fleet changes -> KV-event subscriptions -> batches into the prefix index.
+
+It watches every worker that joins (the event source subscribes to its KV events), feeds
+each decoded batch into the :class:`PrefixIndex`, drops a worker's view when batches were
+lost for good (the view may miss removals), and forgets everything about a worker that
+leaves. It also knows when the router is **blind** to a worker's cache: the worker
+publishes no events, the router follows none, or the worker served an uncached prompt
+more than ``stale_seconds`` ago and no batch has arrived since (its events stopped).
+
+:meth:`IndexFeed.blind` is a pure query (metrics scrape it). The log line that says a
+worker went blind, or that its events flow again, is written by :meth:`IndexFeed.tick`,
+which runs on every decision and on a timer while the feed is started, and by the batch
+that ends the blindness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from infera.discovery.base import FleetChange, FleetView
+from infera.kv.index import PrefixIndex
+from infera.protocols.kv_events import EventBatch
+from infera.transport.base import KvEventSource
+
+log = logging.getLogger(__name__)
+
+
+class IndexFeed:
+    def __init__(self, fleet: FleetView, events: KvEventSource | None, index: PrefixIndex,
+                 stale_seconds: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.index = index
+        self.batches: Counter[str] = Counter()  # batches received, per worker
+        self.gaps: Counter[str] = Counter()  # batches lost for good, per worker
+        self._fleet = fleet
+        self._events = events
+        self._stale = stale_seconds
+        self._clock = clock
+        self._expect_since: dict[str, float] = {}  # worker -> when it served an uncached prompt, no batch since
+        self._blind_logged: set[str] = set()
+        self._ticker: asyncio.Task[None] | None = None
+        fleet.subscribe(self._on_change)
+        if events is not None:
+            events.bind(self.on_batch, self.on_gap)
+
+    @property
+    def follows_events(self) -> bool:
+        return self._events is not None
+
+    async def start(self) -> None:
+        """Watch the workers that were in the fleet before the feed subscribed to its changes."""
+        for worker in self._fleet.workers().values():
+            self._on_change(FleetChange("add", worker))
+        if self._events is not None and self._ticker is None:
+            self._ticker = asyncio.ensure_future(self._tick_forever())
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+
+    async def _tick_forever(self) -> None:
+        """A silence is noticed (and logged) without waiting for the next decision."""
+        interval = min(1.0, max(0.1, self._stale / 2))
+        while True:
+            await asyncio.sleep(interval)
+            self.tick()
+
+    def _on_change(self, change: FleetChange) -> None:
+        worker = change.worker
+        if change.kind != "remove":
+            if self._events is not None:
+                self._events.watch(worker)
+            return
+        wid = worker.instance_id
+        if self._events is not None:
+            self._events.unwatch(wid)
+        self.index.remove_worker(wid)
+        self._expect_since.pop(wid, None)
+        self._blind_logged.discard(wid)
+        self.batches.pop(wid, None)
+        self.gaps.pop(wid, None)
+
+    def on_batch(self, worker_id: str, batch: EventBatch) -> None:
+        """Feed one decoded batch of a worker's KV events into the index."""
+        self.index.apply(worker_id, batch)
+        self.batches[worker_id] += 1
+        self._expect_since.pop(worker_id, None)
+        if worker_id in self._blind_logged:
+            self._blind_logged.discard(worker_id)
+            log.info("worker %s: KV events flow again", worker_id)
+
+    def on_gap(self, worker_id: str, lost: int) -> None:
+        """Batches were lost for good: the worker's view may miss removals, so drop it."""
+        self.gaps[worker_id] += lost
+        self.index.remove_worker(worker_id)
+
+    def expect_events(self, worker_id: str) -> None:
+        """The worker computed an uncached prompt: its events should follow within ``stale_seconds``."""
+        worker = self._fleet.workers().get(worker_id)
+        if worker is not None and worker.kv_events is not None and worker_id not in self._expect_since:
+            self._expect_since[worker_id] = self._clock()
+
+    def blind(self, worker_id: str) -> bool:
+        """True when the router cannot see this worker's cache through events (no side effects)."""
+        worker = self._fleet.workers().get(worker_id)
+        if worker is None or worker.kv_events is None or self._events is None:
+            return True
+        since = self._expect_since.get(worker_id)
+        return since is not None and self._clock() - since >= self._stale
+
+    def events_stale(self, worker_id: str) -> bool:
+        """For metrics: the router follows KV events, and this worker's are missing or stale."""
+        return self._events is not None and self.blind(worker_id)
+
+    def holds(self, worker_id: str) -> bool:
+        """Whether any state about ``worker_id`` is held here (for tests of what leaving releases)."""
+        return (worker_id in self._expect_since or worker_id in self._blind_logged or worker_id in self.batches
+                or worker_id in self.gaps)
+
+    def tick(self) -> None:
+        """Log the workers whose events went silent since the last tick (once per silence)."""
+        if not self._expect_since:
+            return
+        now = self._clock()
+        for wid, since in self._expect_since.items():
+            if wid not in self._blind_logged and now - since >= self._stale and self.blind(wid):
+                self._blind_logged.add(wid)
+                log.warning("worker %s: no KV events for %.1fs although it served uncached prompts; predicting "
+                            "its cache from routing decisions until events return", wid, now - since)

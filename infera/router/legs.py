@@ -1,0 +1,151 @@
+"""Legs: the transport calls of a placed request, each under its load ticket, up to the first byte.
+
+A mixed placement is one leg; a prefill+decode placement is two, run by
+:class:`DisaggRouter` as the pair's connector shapes them. A leg returns once the worker's
+first body chunk is in (:func:`first_chunk`, bounded by the first-byte timeout). A failure
+before it becomes :class:`LegFailed` naming the role, so the router retries that pool; the
+ticket ends on every failure path and, after success, when the response ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+from infera.kv.feed import IndexFeed
+from infera.kv.load import LoadTracker, Ticket
+from infera.protocols.worker import WorkerRecord
+from infera.router.base import RoutingContext
+from infera.router.candidates import Candidates
+from infera.router.connector import Pair
+from infera.router.connectors import CONNECTORS
+from infera.router.context import RouteRequest
+from infera.router.disagg import DisaggRouter, Leg, LegFailed
+from infera.router.errors import NoWorkers
+from infera.router.pick import RouterStats
+from infera.router.placement import Placement
+from infera.router.response import RoutedResponse
+from infera.transport.base import RequestTransport, UpstreamError, UpstreamResponse
+
+PREDICTION_TTL = 120.0  # seconds a routing decision is remembered as a predicted cache entry
+
+
+async def first_chunk(upstream: UpstreamResponse, worker_id: str) -> bytes:
+    """The response's first body chunk (b"" for an empty body), or :class:`UpstreamError`.
+
+    The transport bounds the wait as the reference defines it for it (HTTP: the first-byte
+    timeout; NATS: the idle timeout, and the request's wall-clock cap from its start)."""
+    try:
+        return await anext(upstream.body)
+    except StopAsyncIteration:
+        return b""
+    except UpstreamError:
+        raise
+    except Exception as exc:
+        raise UpstreamError(f"worker {worker_id} failed before its first byte: {exc}") from exc
+
+
+class Legs:
+    def __init__(self, transport: RequestTransport, load: LoadTracker, feed: IndexFeed, candidates: Candidates,
+                 stats: RouterStats, clock: Callable[[], float] = time.monotonic) -> None:
+        self._transport = transport
+        self._load = load
+        self._stats = stats
+        self._clock = clock
+        self._feed = feed
+        self._candidates = candidates
+        self._disagg = DisaggRouter()
+
+    def hold(self, worker: WorkerRecord, role: str, ctx: RoutingContext, overlap: int) -> Ticket:
+        """Begin the load ticket of one leg and remember the prompt as predicted on the worker.
+
+        ``role`` shapes the ticket: a mixed worker computes the uncached prompt and decodes;
+        a prefill worker computes the uncached prompt and samples one token; a decode worker
+        receives the prompt's KV (no compute) and decodes.
+        """
+        wid = worker.instance_id
+        size = worker.kv_block_size
+        hashes = ctx.hashes(size) if ctx.token_ids else []
+        max_tokens = 1 if role == "prefill" else ctx.max_tokens
+        prefill_tokens = 0 if role == "decode" else max(0, ctx.prompt_tokens - overlap * size)
+        tail_blocks = -(-(ctx.prompt_tokens - len(hashes) * size + max_tokens) // size)
+        ticket = self._load.begin(wid, prefill_tokens, hashes, tail_blocks)
+        if hashes:
+            if role != "decode":
+                self._stats.observe_overlap(overlap / len(hashes))
+            self._feed.index.predict(wid, hashes, ttl=PREDICTION_TTL, now=self._clock())
+        return ticket
+
+    def place(self, kind: Literal["mixed", "pd"], workers: dict[str, WorkerRecord], connector: str | None,
+              ctx: RoutingContext, overlap: int, named: frozenset[str], room: int,
+              fallbacks: list[WorkerRecord] | None = None) -> Placement:
+        """A placement on ``workers`` (by role) with a load ticket held per worker."""
+        tickets = {role: self.hold(w, role, ctx, overlap if role != "decode" else 0) for role, w in workers.items()}
+        return Placement(kind, workers.get("decode") or workers["mixed"], workers.get("prefill"), connector, ctx,
+                         overlap, tickets, named, room, self._load, self._failed, self._answered, self._moved,
+                         fallbacks or [])
+
+    def _answered(self, placement: Placement) -> None:
+        for role, worker in placement.workers().items():
+            self._served(placement, worker, role)
+
+    def _served(self, placement: Placement, worker: WorkerRecord, role: str) -> None:
+        """A worker's first byte: it is healthy; one that computed an uncached prompt owes KV events."""
+        self._candidates.served(worker.instance_id)
+        if role != "decode" and placement.overlap < len(placement.tickets[role].hashes):
+            self._feed.expect_events(worker.instance_id)
+
+    def _moved(self, placement: Placement, worker: WorkerRecord) -> None:
+        role = "decode" if placement.prefill is not None else "mixed"
+        self._load.end(placement.tickets[role])
+        self._candidates.failed(placement.worker.instance_id)
+        placement.tickets[role] = self.hold(worker, role, placement.ctx, 0)
+        placement.worker = worker
+
+    def _failed(self, worker_id: str, retryable: bool) -> None:
+        if not retryable:  # busy (429) is not a fault: no cooldown
+            self._candidates.failed(worker_id)
+
+    async def run(self, placement: Placement, req: RouteRequest, headers: Mapping[str, str]) -> RoutedResponse:
+        """Send the placed request; raises :class:`LegFailed` for the leg that failed before the first byte."""
+        if placement.prefill is None:
+            worker = placement.worker
+            try:
+                leg = await self.open(placement, worker, "mixed", req.path, req.body, headers, req.started)
+            except UpstreamError as exc:
+                raise LegFailed("mixed", worker, exc) from exc
+            return RoutedResponse(worker.instance_id, leg.upstream, leg.first, leg.release)
+        connector = CONNECTORS.get(placement.connector or "")
+        if connector is None:
+            raise NoWorkers(f"no connector {placement.connector!r} (known: {', '.join(sorted(CONNECTORS))})")
+
+        async def open_leg(worker: WorkerRecord, role: str, body: bytes) -> Leg:
+            return await self.open(placement, worker, role, req.path, body, headers, req.started)
+
+        pair = Pair(placement.prefill, placement.worker, placement.room)
+        return await self._disagg.run(connector, pair, req.payload, open_leg)
+
+    async def open(self, placement: Placement, worker: WorkerRecord, role: str, path: str, body: bytes,
+                   headers: Mapping[str, str], started: float | None = None) -> Leg:
+        """Send one leg and wait for its first chunk; its ticket ends here on failure, else on release."""
+        ticket = placement.tickets[role]
+        wid = worker.instance_id
+        upstream: UpstreamResponse | None = None
+        try:
+            upstream = await self._transport.send(worker, path, body, headers, started=started)
+            first = await first_chunk(upstream, wid)
+        except BaseException:
+            if upstream is not None:
+                upstream.close()
+            self._load.end(ticket)
+            raise
+        self._load.prefill_done(ticket)
+        self._served(placement, worker, role)
+        opened = upstream
+
+        def release() -> None:
+            opened.close()
+            self._load.end(ticket)
+
+        return Leg(worker, upstream, first, release)

@@ -1,0 +1,73 @@
+"""One intake path for every JSON endpoint: bounded read, JSON object, schema, nonce strip.
+
+Each API renders an :class:`IntakeError` in its own shape (OpenAI, Anthropic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import orjson
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+Describe = Callable[[ValidationError, dict[str, Any]], tuple[str, str | None]]
+"""``(error, payload) -> (message, param)``: how an API words a schema violation."""
+
+Strip = Callable[[dict[str, Any], Any], bool]
+"""``(payload, parsed) -> changed``: remove per-request nonces from the prompt; True when the
+payload changed (the forwarded body is then re-encoded from it)."""
+
+
+class IntakeError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+@dataclasses.dataclass(slots=True)
+class Intake(Generic[M]):
+    body: bytes  # what is forwarded (re-encoded when nonces were stripped)
+    payload: dict[str, Any]
+    parsed: M
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing more than ``limit`` bytes without reading them all."""
+    declared = request.headers.get("content-length")
+    too_large = IntakeError(413, f"request body exceeds {limit} bytes")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def take(request: Request, limit: int, schema: type[M], describe: Describe,
+               strip: Strip | None = None) -> Intake[M]:
+    """Read, parse and validate a request; raises :class:`IntakeError` with the client's status."""
+    body = await read_body(request, limit)
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise IntakeError(400, f"malformed JSON body: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise IntakeError(400, "the request body must be a JSON object")
+    try:
+        parsed = schema.model_validate(payload)
+    except ValidationError as exc:
+        message, param = describe(exc, payload)
+        raise IntakeError(400, message, param) from exc
+    if strip is not None and strip(payload, parsed):
+        body = orjson.dumps(payload)
+    return Intake(body, payload, parsed)
