@@ -26,8 +26,8 @@ hashes, so ``infera.kv.hashing.block_hashes`` hashes only the new blocks (the ha
 block k depends only on tokens 0..k).
 
 Memory is bounded by ``max_bytes`` (default 64 MiB, least recently used prompts go
-first), counted as text bytes + 40 bytes a token id + 48 bytes a block hash; a prompt
-that a later one extends is dropped as soon as no cut points at it any more, so a
+first), counted as text bytes + 40 bytes a token id (block hashes, one per 16+ tokens,
+add under 10%); a prompt that a later one extends as a whole is dropped at once, so a
 growing conversation holds one entry.
 """
 
@@ -37,6 +37,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from itertools import count, repeat
 
 import xxhash
 
@@ -44,21 +45,20 @@ from infera.kv.hashing import PromptIds
 
 DEFAULT_MAX_BYTES = 64 << 20
 MIN_CHARS = 1024  # shorter prompts are cheaper to encode than to look up
+TAIL_PROBES = 8  # seen cuts looked for from the end before a full scan
 _BYTES_PER_ID = 40  # list slot + int object
-_BYTES_PER_HASH = 48
 
 _xxh3 = xxhash.xxh3_64_intdigest
 
 
 class _Entry:
-    __slots__ = ("cuts", "data", "hashes", "ids", "refs", "size")
+    __slots__ = ("cuts", "data", "hashes", "ids", "size")
 
     def __init__(self, data: bytes, ids: list[int], cuts: list[tuple[int, int, int]]) -> None:
         self.data = data
         self.ids = ids
         self.cuts = cuts  # (byte offset, key, ids before it), ascending
         self.hashes: dict[int, list[int]] = {}  # block size -> chained block hashes, filled by block_hashes
-        self.refs = 0  # keys in the index that point here
         self.size = len(data) + _BYTES_PER_ID * len(ids)
 
 
@@ -105,14 +105,16 @@ class PromptCache:
         if len(text) < self.min_chars:
             return self._encode(text)
         data = text.encode("utf-8", "surrogatepass")
-        matches = self._matches(data)
         n = len(data)
-        # usable cuts of this text: the next character cannot merge back (ASCII or end of text)
-        usable = [e for e, _ in matches if e == n or data[e] < 0x80]
+        scanned: list[tuple[int, bytes]] | None = None
         with self._lock:
-            found = self._longest(data, usable)
-            if found is not None:
+            found = self._tail_hit(data)
+            if found is None:  # no recent turn: the longest seen cut anywhere (shared system prompt)
+                scanned = self._matches(data, 0)
+                found = self._longest(data, [e for e, _ in scanned if e == n or data[e] < 0x80])
+            if found is not None and id(found[0]) in self._lru:
                 self._lru.move_to_end(id(found[0]))
+        k = -1
         if found is None:
             base, start, before, hashes = None, 0, [], None
             ids = self._encode(text)
@@ -123,10 +125,11 @@ class PromptCache:
             rest = self._encode(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
             ids = base.ids[:n_ids] + rest
             hashes = {size: h[: n_ids // size] for size, h in base.hashes.items()}
-        entry = self._entry(data, ids, matches, start, before)
+        new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
+        entry = self._entry(data, ids, new, start, before)
         if entry is not None:
             with self._lock:
-                self._store(entry)
+                self._store(entry, base if base is not None and k == len(base.cuts) - 1 else None)
                 if base is not None:
                     self.hits += 1
                     self.reused_tokens += before[-1][2]
@@ -137,40 +140,69 @@ class PromptCache:
         out.sink = entry.hashes if entry is not None else None
         return out
 
+    def clear(self) -> None:
+        """Forget every prompt (the counters stay)."""
+        with self._lock:
+            self._keys.clear()
+            self._lru.clear()
+            self._bytes = 0
+
     # -- internals -----------------------------------------------------------------------
 
-    def _matches(self, data: bytes) -> list[tuple[int, bytes]]:
-        """(end offset, token) of each boundary token in ``data``, leftmost-longest as the codecs split."""
+    def _matches(self, data: bytes, start: int) -> list[tuple[int, bytes]]:
+        """(end offset, token) of each boundary token in ``data[start:]``, leftmost-longest.
+
+        ``start`` is 0 or a cut: no token spans a cut (none contains another), so scanning
+        from it finds what a scan from 0 finds past it.
+        """
+        return [(m.end(), m.group()) for m in self._regex.finditer(data, start)]
+
+    def _tail_hit(self, data: bytes) -> tuple[_Entry, int] | None:
+        """A seen cut among the last few of ``data``, found scanning backwards (the next turn's case).
+
+        Only for ChatML-like tokens (``<...>``). Candidates are only probes: a hit is a
+        registered cut at the same offset with the same bytes before it, which makes it real.
+        """
         if self._delims is None:
-            return [(m.end(), m.group()) for m in self._regex.finditer(data)]
+            return None
         first, last = self._delims
         names = self._names
-        out: list[tuple[int, bytes]] = []
-        find = data.find
-        i = find(first)
-        while i >= 0:  # a token starting at i can only end at the next ``last``
-            j = find(last, i + 1)
-            if j < 0:
-                break
-            token = data[i : j + 1]
-            if token in names:
-                out.append((j + 1, token))
-                i = find(first, j + 1)
-            else:
-                i = find(first, i + 1)
-        return out
+        n = len(data)
+        view = memoryview(data)
+        hi = n
+        probes = 0
+        for _ in range(4 * TAIL_PROBES):
+            j = data.rfind(last, 0, hi)
+            i = data.rfind(first, 0, j) if j > 0 else -1
+            if i < 0:
+                return None
+            hi = j
+            end = j + 1
+            if (end < n and data[end] >= 0x80) or data[i:end] not in names:
+                continue
+            hit = self._hit(view, end)
+            if hit is not None:
+                return hit
+            probes += 1
+            if probes == TAIL_PROBES:
+                return None
+        return None
+
+    def _hit(self, view: memoryview, end: int) -> tuple[_Entry, int] | None:
+        hit = self._keys.get(_xxh3(view[:end]))
+        if hit is not None and hit[0].cuts[hit[1]][0] == end and hit[0].data.startswith(view[:end]):
+            return hit
+        return None
 
     def _longest(self, data: bytes, usable: list[int]) -> tuple[_Entry, int] | None:
         """The entry and cut index of the longest usable cut of ``data`` seen before."""
         view = memoryview(data)
-        keys = self._keys
         lo, hi = 0, len(usable)  # binary search: cuts seen form a prefix of the usable ones
         best: tuple[_Entry, int] | None = None
         while lo < hi:
             mid = (lo + hi) // 2
-            end = usable[mid]
-            hit = keys.get(_xxh3(view[:end]))
-            if hit is not None and hit[0].cuts[hit[1]][0] == end and hit[0].data.startswith(view[:end]):
+            hit = self._hit(view, usable[mid])
+            if hit is not None:
                 best = hit
                 lo = mid + 1
             else:
@@ -205,18 +237,13 @@ class PromptCache:
                 cuts.append((end, stream.intdigest(), pos + 1))
         return _Entry(data, ids, cuts)
 
-    def _store(self, entry: _Entry) -> None:
+    def _store(self, entry: _Entry, superseded: _Entry | None) -> None:
+        """Point every cut of ``entry`` at it; drop ``superseded`` (all its cuts are ``entry``'s now)."""
         keys = self._keys
         lru = self._lru
-        for k, cut in enumerate(entry.cuts):
-            old = keys.get(cut[1])
-            keys[cut[1]] = (entry, k)
-            if old is not None:
-                prev = old[0]
-                prev.refs -= 1
-                if prev.refs == 0 and lru.pop(id(prev), None) is not None:
-                    self._bytes -= prev.size  # a later prompt covers all of it
-        entry.refs += len(entry.cuts)
+        keys.update(zip([cut[1] for cut in entry.cuts], zip(repeat(entry), count()), strict=False))
+        if superseded is not None and lru.pop(id(superseded), None) is not None:
+            self._bytes -= superseded.size
         lru[id(entry)] = entry
         self._bytes += entry.size
         while self._bytes > self.max_bytes and len(lru) > 1:
