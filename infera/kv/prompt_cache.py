@@ -44,7 +44,7 @@ import xxhash
 from infera.kv.hashing import PromptIds
 
 DEFAULT_MAX_BYTES = 64 << 20
-MIN_CHARS = 1024  # shorter prompts are cheaper to encode than to look up
+MIN_CHARS = 6000  # ~1.5k tokens: shorter prompts cost less encoded directly (bench/prompt_sweep.py)
 TAIL_PROBES = 8  # seen cuts looked for from the end before a full scan
 _BYTES_PER_ID = 40  # list slot + int object
 

@@ -92,6 +92,7 @@ def test_a_growing_conversation_encodes_only_its_new_turns(qwen_tokenizer_dir: P
     renderer = PromptRenderer.from_dir(qwen_tokenizer_dir)
     cache = renderer.prompt_cache
     assert cache is not None
+    cache.min_chars = 0
     conversation = _conversation(10)
     for k in range(2, len(conversation) + 1, 2):
         ids = renderer.chat_token_ids(conversation[:k])
@@ -106,6 +107,7 @@ def test_memory_stays_within_the_bound(tiny_tokenizer_dir: Path) -> None:
     cache = renderer.prompt_cache
     assert cache is not None
     cache.max_bytes = 300_000
+    cache.min_chars = 0
     for i in range(60):
         messages = [{"role": "system", "content": f"session {i} " + "x y z " * 400}, {"role": "user", "content": "hi"}]
         assert renderer.chat_token_ids(messages) == renderer.encode(renderer.render_chat(messages))
@@ -127,6 +129,8 @@ def test_a_combining_mark_after_a_special_token_is_not_cut_there(qwen_tokenizer_
 
 def test_edited_ids_are_hashed_from_scratch(tiny_tokenizer_dir: Path) -> None:
     renderer = PromptRenderer.from_dir(tiny_tokenizer_dir)
+    assert renderer.prompt_cache is not None
+    renderer.prompt_cache.min_chars = 0
     messages = _conversation(3)
     renderer.chat_token_ids(messages[:2])
     ids = renderer.chat_token_ids(messages)
