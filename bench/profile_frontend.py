@@ -8,6 +8,11 @@ frontend process (idle threads excluded) for ``--seconds``; the script prints th
 functions by inclusive and by own share and writes an SVG flame graph.
 
     .venv/bin/python bench/profile_frontend.py --label before   # bench/plots/frontend_flame_before.svg
+
+``--chunk-cost`` instead measures the streamed relay's cost per SSE chunk, without py-spy:
+the same requests with ``max_tokens`` 64, all non-streamed then all streamed (one chunk a
+token), frontend CPU per request each way; (streamed - non-streamed) / 64 is what a chunk
+costs beyond receiving the same tokens in one body.
 """
 
 from __future__ import annotations
@@ -42,15 +47,35 @@ from bench.conversations import chat_body_from, multi_turn_conversation
 MODEL = "bench-model"
 
 
-def _bodies(sessions: int, turns: int) -> dict[bool, list[bytes]]:
+def _bodies(sessions: int, turns: int, max_tokens: int = 16) -> dict[bool, list[bytes]]:
     """Turn t of every session, in turn order: each request extends one the router saw before."""
     out: dict[bool, list[bytes]] = {False: [], True: []}
     convs = [multi_turn_conversation(s, turns) for s in range(sessions)]
     for t in range(turns):
         for s in range(sessions):
             for stream in (False, True):
-                out[stream].append(chat_body_from(convs[s][t], MODEL, stream, 16))
+                out[stream].append(chat_body_from(convs[s][t], MODEL, stream, max_tokens))
     return out
+
+
+CHUNK_TOKENS = 64
+
+
+async def _chunk_cost(url: str, front: Any, bodies: dict[bool, list[bytes]], rounds: int = 3) -> dict[str, float]:
+    """Frontend CPU µs per request, non-streamed and streamed, alternating, medians over rounds."""
+    import statistics
+
+    per: dict[bool, list[float]] = {False: [], True: []}
+    async with make_session(16) as session:
+        for _ in range(rounds):
+            for stream in (False, True):
+                c0 = front.cpu()
+                res = await run_load(session, [url], bodies[stream], 4, len(bodies[stream]), 60.0)
+                if res.errors:
+                    raise RuntimeError(f"load errors: {res.first_error}")
+                per[stream].append((front.cpu() - c0) / max(res.ok, 1) * 1e6)
+    non, st = statistics.median(per[False]), statistics.median(per[True])
+    return {"nonstream_us": non, "stream_us": st, "chunks": CHUNK_TOKENS, "per_chunk_us": (st - non) / CHUNK_TOKENS}
 
 
 def _top(raw: Path, n: int) -> dict[str, list[tuple[str, float]]]:
@@ -94,6 +119,7 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=16)
     ap.add_argument("--turns", type=int, default=16)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--chunk-cost", action="store_true", help="measure the relay's cost per SSE chunk instead")
     args = ap.parse_args()
     pyspy = shutil.which("py-spy", path=str(Path(PYTHON).parent)) or shutil.which("py-spy")
     if pyspy is None:
@@ -110,8 +136,14 @@ def main() -> None:
         front = frontend("frontend", tok, "kv-aware", engines, log_dir).start()
         procs.append(front)
         front.wait_ready("/health", 90, frontend_ready(len(engines)))
-        bodies = _bodies(args.sessions, args.turns)
         url = front.url + "/v1/chat/completions"
+        if args.chunk_cost:
+            cost = asyncio.run(_chunk_cost(url, front, _bodies(args.sessions, 4, CHUNK_TOKENS)))
+            print(f"frontend CPU per request: non-streamed {cost['nonstream_us']:.0f} µs, streamed "
+                  f"{cost['stream_us']:.0f} µs ({CHUNK_TOKENS} chunks): {cost['per_chunk_us']:.1f} µs per chunk")
+            print(f"results: {write_results('chunk_cost', cost)}")
+            return
+        bodies = _bodies(args.sessions, args.turns)
         asyncio.run(_drive(url, bodies, 3.0))  # warm up
         raw = log_dir / "profile.txt"
         PLOTS.mkdir(parents=True, exist_ok=True)
