@@ -52,13 +52,16 @@ _xxh3 = xxhash.xxh3_64_intdigest
 
 
 class _Entry:
-    __slots__ = ("cuts", "data", "hashes", "ids", "size")
+    __slots__ = ("cuts", "data", "hashes", "holder", "ids", "size")
 
     def __init__(self, data: bytes, ids: list[int], cuts: list[tuple[int, int, int]]) -> None:
         self.data = data
         self.ids = ids
         self.cuts = cuts  # (byte offset, key, ids before it), ascending
         self.hashes: dict[int, list[int]] = {}  # block size -> chained block hashes, filled by block_hashes
+        # what the index's keys hold: a prompt that extends this one as a whole takes the
+        # holder over, so the cuts they share move to it in O(1)
+        self.holder = [self]
         self.size = len(data) + _BYTES_PER_ID * len(ids)
 
 
@@ -84,7 +87,7 @@ class PromptCache:
         self._id_of = {t.encode("utf-8"): i for t, i in boundaries.items()}
         self.max_bytes = max_bytes
         self.min_chars = MIN_CHARS  # shorter prompts are encoded directly
-        self._keys: dict[int, tuple[_Entry, int]] = {}  # cut key -> (entry, index into entry.cuts)
+        self._keys: dict[int, tuple[list[_Entry], int]] = {}  # cut key -> (entry holder, index into its cuts)
         self._lru: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry
         self._bytes = 0
         self._lock = threading.Lock()
@@ -190,8 +193,11 @@ class PromptCache:
 
     def _hit(self, view: memoryview, end: int) -> tuple[_Entry, int] | None:
         hit = self._keys.get(_xxh3(view[:end]))
-        if hit is not None and hit[0].cuts[hit[1]][0] == end and hit[0].data.startswith(view[:end]):
-            return hit
+        if hit is None:
+            return None
+        entry, k = hit[0][0], hit[1]
+        if entry.cuts[k][0] == end and entry.data.startswith(view[:end]):
+            return entry, k
         return None
 
     def _longest(self, data: bytes, usable: list[int]) -> tuple[_Entry, int] | None:
@@ -238,12 +244,18 @@ class PromptCache:
         return _Entry(data, ids, cuts)
 
     def _store(self, entry: _Entry, superseded: _Entry | None) -> None:
-        """Point every cut of ``entry`` at it; drop ``superseded`` (all its cuts are ``entry``'s now)."""
+        """Index the cuts of ``entry``; ``superseded`` (whose cuts all start ``entry``'s) hands over."""
         keys = self._keys
         lru = self._lru
-        keys.update(zip([cut[1] for cut in entry.cuts], zip(repeat(entry), count()), strict=False))
-        if superseded is not None and lru.pop(id(superseded), None) is not None:
+        first = 0
+        if superseded is not None and superseded.holder[0] is superseded and id(superseded) in lru:
+            del lru[id(superseded)]
             self._bytes -= superseded.size
+            entry.holder = superseded.holder
+            entry.holder[0] = entry  # the shared cuts' keys now find ``entry``
+            first = len(superseded.cuts)
+        cuts = entry.cuts
+        keys.update(zip([cut[1] for cut in cuts[first:]], zip(repeat(entry.holder), count(first)), strict=False))
         lru[id(entry)] = entry
         self._bytes += entry.size
         while self._bytes > self.max_bytes and len(lru) > 1:
@@ -251,5 +263,5 @@ class PromptCache:
             self._bytes -= victim.size
             for _, key, _ in victim.cuts:
                 hit = keys.get(key)
-                if hit is not None and hit[0] is victim:
+                if hit is not None and hit[0] is victim.holder:
                     del keys[key]
