@@ -158,7 +158,24 @@ class PromptCache:
         ``start`` is 0 or a cut: no token spans a cut (none contains another), so scanning
         from it finds what a scan from 0 finds past it.
         """
-        return [(m.end(), m.group()) for m in self._regex.finditer(data, start)]
+        if self._delims is None:
+            return [(m.end(), m.group()) for m in self._regex.finditer(data, start)]
+        first, last = self._delims  # memchr-fast: cost grows with the tokens, not the bytes
+        names = self._names
+        out: list[tuple[int, bytes]] = []
+        find = data.find
+        i = find(first, start)
+        while i >= 0:
+            j = find(last, i + 1)
+            if j < 0:
+                break
+            token = data[i : j + 1]
+            if token in names:
+                out.append((j + 1, token))
+                i = find(first, j + 1)
+            else:
+                i = find(first, i + 1)
+        return out
 
     def _tail_hit(self, data: bytes) -> tuple[_Entry, int] | None:
         """A seen cut among the last few of ``data``, found scanning backwards (the next turn's case).
