@@ -70,7 +70,7 @@ async def _chunk_cost(url: str, front: Any, bodies: dict[bool, list[bytes]], rou
         for _ in range(rounds):
             for stream in (False, True):
                 c0 = front.cpu()
-                res = await run_load(session, [url], bodies[stream], 4, len(bodies[stream]), 60.0)
+                res = await run_load(session, [url], bodies[stream], 4, 8 * len(bodies[stream]), 120.0)
                 if res.errors:
                     raise RuntimeError(f"load errors: {res.first_error}")
                 per[stream].append((front.cpu() - c0) / max(res.ok, 1) * 1e6)
