@@ -15,7 +15,10 @@ render + tokenize + hash + query + score is 500 µs. For reference it also times
 else the frontend does per request (JSON parse + request validation, the router's
 ``_context`` + ``_pick`` as a whole, and the bookkeeping after the pick).
 
-    .venv/bin/python bench/routing_cpu.py [--quick]
+Then the prompt stage alone vs prompt length (1k-32k tokens) and turn number, without
+and with the prompt cache (bench/prompt_sweep.py; table + bench/plots/prompt_cpu.png).
+
+    .venv/bin/python bench/routing_cpu.py [--quick] [--no-sweep]
 """
 
 from __future__ import annotations
@@ -230,9 +233,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tokenizer", type=Path, default=None)
+    ap.add_argument("--no-sweep", action="store_true", help="skip the prompt length / turn sweep")
+    ap.add_argument("--baseline", default="80628ba", help="git ref whose infera/ is the sweep's 'before'")
     args = ap.parse_args()
-    res = run(args.tokenizer or default_tokenizer_dir(), quick=args.quick)
+    tok = args.tokenizer or default_tokenizer_dir()
+    res = run(tok, quick=args.quick)
     print_report(res)
+    if not args.no_sweep:
+        from bench import prompt_sweep
+        from infera.kv.tokenizer import PromptRenderer
+
+        sweep = prompt_sweep.run(PromptRenderer.from_dir(tok), quick=args.quick)
+        res["prompt_sweep"] = prompt_sweep.merge(sweep, prompt_sweep.baseline(args.baseline, tok, args.quick))
+        prompt_sweep.print_report(res["prompt_sweep"])
+        print(f"plot: {prompt_sweep.plot(res['prompt_sweep'])}")
     print(f"results: {write_results('routing_cpu', res)}")
 
 

@@ -100,8 +100,29 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+_DICT_ATTRS = frozenset(dir(dict))
+
+
+class _ChatTemplateEnv(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with a fast path for ``message.role`` on a plain dict.
+
+    Jinja first tries ``getattr(message, "role")``, which for a dict raises (an exception a
+    lookup, most of a template's time), then falls back to ``message["role"]``. A plain
+    dict has exactly the attributes ``dir(dict)`` names, so any other name goes straight to
+    the item lookup: the same value or the same undefined, without the exception.
+    """
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRS:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
 def make_env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _ChatTemplateEnv(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
@@ -219,8 +240,12 @@ def normalize_messages(messages: Sequence[dict[str, Any]], fmt: ContentFormat) -
     Pure: the caller's dicts are not modified.
     """
     out: list[dict[str, Any]] = []
+    plain = fmt == "string"
     for message in messages:
         role = message["role"]
+        if plain and len(message) == 2 and role is not None and type(message.get("content")) is str:
+            out.append({"role": role, "content": message["content"]})  # what the steps below give it
+            continue
         msg: dict[str, Any] = {"role": role, "content": _parts_to_content(message.get("content"), fmt)}
         if role == "assistant":
             calls = message.get("tool_calls")

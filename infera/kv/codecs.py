@@ -22,6 +22,9 @@ BYTE_LEVEL_SPECIALS = {"<|im_start|>": 256, "<|im_end|>": 257, "<|endoftext|>": 
 
 class Codec(Protocol):
     vocab_size: int
+    # Added tokens (-> id) the codec splits text on before anything else, each section then
+    # encoded on its own; empty when the codec does not guarantee that (see kv.prompt_cache).
+    boundaries: dict[str, int]
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]: ...
 
@@ -33,8 +36,10 @@ class Codec(Protocol):
 class HfCodec:
     """A ``tokenizers.Tokenizer``, with transformers' explicit add_bos/add_eos override."""
 
-    def __init__(self, tok: Tokenizer, bos_id: int | None, eos_id: int | None, explicit: bool) -> None:
+    def __init__(self, tok: Tokenizer, bos_id: int | None, eos_id: int | None, explicit: bool,
+                 boundaries: dict[str, int] | None = None) -> None:
         self._tok = tok
+        self.boundaries = dict(boundaries or {})
         self._encode = tok.encode
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         # transformers >= 5 replaces the post-processor when tokenizer_config.json sets
@@ -87,6 +92,7 @@ class TiktokenCodec:
         self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")").split if names else None
         self._segments: dict[str, list[int]] = {}
         self.vocab_size = hf.vocab_size
+        self.boundaries = nested_free(spec.specials)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         if add_special_tokens:
@@ -118,6 +124,43 @@ class TiktokenCodec:
 
     def token_to_id(self, token: str) -> int | None:
         return self._hf.token_to_id(token)
+
+
+def nested_free(tokens: dict[str, int]) -> dict[str, int]:
+    """``tokens``, or {} when one contains another (a cut after the inner one could split the outer)."""
+    if any(a != b and a in b for a in tokens for b in tokens):
+        return {}
+    return dict(tokens)
+
+
+_SECTION_SAFE_PRE = frozenset({"ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit"})
+
+
+def hf_boundaries(data: dict[str, Any], split_special_tokens: bool) -> dict[str, int]:
+    """Added tokens a parsed tokenizer.json splits on first, with sections encoded independently.
+
+    True of ``tokenizers`` when added tokens are matched on the raw text (not normalised,
+    no lstrip/rstrip/single_word) and nothing depends on a section's place in the text
+    (no normaliser but NFC, pre-tokenizers from a position-free set: not Metaspace, whose
+    ``prepend_scheme="first"`` treats the first section differently). {} otherwise.
+    """
+    if split_special_tokens:
+        return {}
+    normalizer = data.get("normalizer")
+    if normalizer is not None and normalizer.get("type") != "NFC":
+        return {}
+    pre = data.get("pre_tokenizer") or {}
+    pres = pre.get("pretokenizers", ()) if pre.get("type") == "Sequence" else ([pre] if pre else [])
+    if any(p.get("type") not in _SECTION_SAFE_PRE for p in pres):
+        return {}
+    tokens: dict[str, int] = {}
+    for added in data.get("added_tokens", ()):
+        if added.get("lstrip") or added.get("rstrip") or added.get("single_word"):
+            return {}
+        if added.get("normalized") and normalizer is not None:
+            return {}
+        tokens[added["content"]] = added["id"]
+    return nested_free(tokens)
 
 
 @dataclasses.dataclass(slots=True)
@@ -217,6 +260,7 @@ class ByteCodec:
         self._by_id = {i: t for t, i in specials.items()}
         self._split = re.compile("(" + "|".join(re.escape(t) for t in specials) + ")")
         self.vocab_size = 256 + len(specials)
+        self.boundaries = nested_free(specials)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         ids: list[int] = []

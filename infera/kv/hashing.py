@@ -21,6 +21,24 @@ import xxhash
 _xxh3 = xxhash.xxh3_64_intdigest
 
 
+class PromptIds(list[int]):
+    """Token ids that know the block hashes of a leading part already hashed (see kv.prompt_cache).
+
+    ``origin``: the ids as the cache holds them; both fields below are trusted only while
+    these ids still equal it (a caller that edits the list in place gets a plain hashing).
+    ``known_hashes``: block size -> hashes of leading full blocks of ``origin`` (chain from 0).
+    ``sink``: where ``block_hashes`` stores the full result for later prompts.
+    """
+
+    __slots__ = ("known_hashes", "origin", "sink")
+
+    def __init__(self, ids: Sequence[int] = ()) -> None:
+        super().__init__(ids)
+        self.origin: list[int] | None = None
+        self.known_hashes: dict[int, list[int]] | None = None
+        self.sink: dict[int, list[int]] | None = None
+
+
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> list[int]:
     """Chained hashes of the full blocks of ``token_ids``; a partial tail block is ignored.
 
@@ -33,10 +51,25 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> 
     n_blocks = len(token_ids) // block_size
     if n_blocks == 0:
         return []
-    n_tokens = n_blocks * block_size
+    if parent == 0 and type(token_ids) is PromptIds and token_ids.origin == token_ids:
+        known = token_ids.known_hashes.get(block_size, []) if token_ids.known_hashes else []
+        k = min(len(known), n_blocks)
+        out = known[:k] + _chain(token_ids, k, n_blocks, block_size, known[k - 1] if k else 0)
+        if token_ids.sink is not None:
+            token_ids.sink[block_size] = list(out)  # the caller may keep and change ``out``
+        return out
+    return _chain(token_ids, 0, n_blocks, block_size, parent)
+
+
+def _chain(token_ids: Sequence[int], first: int, n_blocks: int, block_size: int, parent: int) -> list[int]:
+    """Hashes of blocks ``first..n_blocks-1``, chained from ``parent``."""
+    if first >= n_blocks:
+        return []
+    n_tokens = (n_blocks - first) * block_size
+    lo = first * block_size
     # struct.pack is the fastest list -> uint32 bytes path in CPython (about 9 ns a token,
     # array('I') about 13); the format string is cached by the struct module.
-    body = token_ids if n_tokens == len(token_ids) else token_ids[:n_tokens]
+    body = token_ids if lo == 0 and n_tokens == len(token_ids) else token_ids[lo : lo + n_tokens]
     view = memoryview(struct.pack(f"<{n_tokens}I", *body))
     step = block_size * 4
     out: list[int] = []

@@ -47,7 +47,16 @@ from infera.kv.chat_template import (
     make_env,
     normalize_messages,
 )
-from infera.kv.codecs import BYTE_LEVEL_SPECIALS, ByteCodec, Codec, HfCodec, TiktokenCodec, tiktoken_spec
+from infera.kv.codecs import (
+    BYTE_LEVEL_SPECIALS,
+    ByteCodec,
+    Codec,
+    HfCodec,
+    TiktokenCodec,
+    hf_boundaries,
+    tiktoken_spec,
+)
+from infera.kv.prompt_cache import DEFAULT_MAX_BYTES, PromptCache
 from infera.kv.tokenizer_source import TokenizerNotFoundError, resolve_tokenizer_dir
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -105,7 +114,11 @@ def _templates_from_dir(root: Path, config: dict[str, Any]) -> dict[str, str]:
 
 
 class PromptRenderer:
-    """Chat template + tokenizer of one model; immutable after construction, safe to share."""
+    """Chat template + tokenizer of one model; safe to share between threads.
+
+    Chat prompts are tokenized through a ``PromptCache`` (``prompt_cache_bytes``, 0 = off)
+    when the codec allows it, so a prompt that extends one seen before costs its new part.
+    """
 
     def __init__(
         self,
@@ -113,8 +126,13 @@ class PromptRenderer:
         templates: dict[str, str],
         special_tokens: dict[str, str],
         name: str = "",
+        prompt_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self._codec = codec
+        self._prompts = (
+            PromptCache(self._encode_plain, codec.boundaries, prompt_cache_bytes)
+            if codec.boundaries and prompt_cache_bytes > 0 else None
+        )
         self._env = make_env()
         self._templates = dict(templates)
         self._compiled = {n: self._env.from_string(t) for n, t in templates.items()}
@@ -166,10 +184,11 @@ class PromptRenderer:
         bos_id = tok.token_to_id(bos) if config.get("add_bos_token") and bos is not None else None
         eos_id = tok.token_to_id(eos) if config.get("add_eos_token") and eos is not None else None
         templates = {"default": chat_template} if chat_template is not None else _templates_from_dir(root, config)
-        hf = HfCodec(tok, bos_id, eos_id, explicit)
+        data = json.loads(tok_path.read_text(encoding="utf-8"))
+        hf = HfCodec(tok, bos_id, eos_id, explicit, hf_boundaries(data, bool(config.get("split_special_tokens"))))
         codec: Codec = hf
         if fast and not config.get("split_special_tokens") and importlib.util.find_spec("tiktoken") is not None:
-            spec = tiktoken_spec(json.loads(tok_path.read_text(encoding="utf-8")))
+            spec = tiktoken_spec(data)
             if spec is not None:
                 codec = TiktokenCodec(hf, spec)
         return cls(codec, templates, special, name=str(root))
@@ -199,6 +218,11 @@ class PromptRenderer:
     def uses_tiktoken(self) -> bool:
         """True when plain encoding runs on tiktoken (see ``from_dir``)."""
         return isinstance(self._codec, TiktokenCodec)
+
+    @property
+    def prompt_cache(self) -> PromptCache | None:
+        """The chat prompts' token cache, or None when the codec cannot reuse prefixes."""
+        return self._prompts
 
     @property
     def has_chat_template(self) -> bool:
@@ -272,11 +296,22 @@ class PromptRenderer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._codec.decode(ids, skip_special_tokens)
 
+    def _encode_plain(self, text: str) -> list[int]:
+        return self._codec.encode(text, False)
+
     def chat_token_ids(
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         **kw: Any,
     ) -> list[int]:
-        """``encode(render_chat(messages, tools, **kw))`` without added special tokens, as vLLM does."""
-        return self._codec.encode(self.render_chat(messages, tools, **kw), False)
+        """``encode(render_chat(messages, tools, **kw))`` without added special tokens, as vLLM does.
+
+        The ids of a leading part seen in an earlier prompt are reused (see ``PromptCache``);
+        the result is the same list either way (a ``PromptIds`` that also carries known block
+        hashes for ``infera.kv.hashing.block_hashes``). Callers must not rely on its type.
+        """
+        text = self.render_chat(messages, tools, **kw)
+        if self._prompts is not None:
+            return self._prompts.encode(text)
+        return self._codec.encode(text, False)

@@ -1,0 +1,225 @@
+"""The prompt stage's CPU per request vs prompt length and vs turn number, without and with
+the prompt cache (infera.kv.prompt_cache), in one run.
+
+Each request is the next turn of a conversation whose previous turn the router has just
+seen (the multi-turn case): ``chat_token_ids`` (render + tokenize) then ``block_hashes``
+(block 16), as the kv-aware router does. "before" is the same renderer with the prompt
+cache bypassed (tiktoken's own per-segment cache stays on, as it was before); "after" has
+it on. Conversations: a ~500-token system prompt, then user/assistant turns of ~150
+tokens each, as many as the target length needs; "unique" times a single-turn prompt of
+the same length, new text every time, that nothing can be reused for (the cold case).
+
+CPU time of this process per request, median over repeats; every repeat starts from an
+empty cache, warms it with each session's previous turn (untimed), then times the turn.
+
+``baseline(ref)`` runs the same sweep on the infera code of git ``ref`` (exported to a
+temp dir, in a subprocess), so the one run also has the figures from before this work.
+
+    .venv/bin/python bench/prompt_sweep.py --infera-root DIR --json OUT   # used by baseline()
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import PLOTS, PYTHON, REPO, _text
+
+BLOCK = 16
+LENGTHS = (1000, 2000, 4000, 8000, 16000, 32000)
+TURNS = (1, 2, 4, 8, 12, 16, 24, 32)
+SESSIONS = 12
+
+
+def _session(seed: int, turns: int) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    messages = [{"role": "system", "content": "Rules:\n" + _text(rng, 400)}]
+    for t in range(turns):
+        messages.append({"role": "user", "content": f"Turn {t}: " + _text(rng, 60)})
+        messages.append({"role": "assistant", "content": _text(rng, 60)})
+    messages.append({"role": "user", "content": f"Turn {turns}: " + _text(rng, 60)})
+    return messages
+
+
+def _turns_for(renderer: Any, tokens: int) -> int:
+    """Turns that make a ~``tokens``-token prompt (about 150 tokens a turn)."""
+    lo, hi = 0, 1
+    while len(renderer.chat_token_ids(_session(0, hi))) < tokens:
+        lo, hi = hi, hi * 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(renderer.chat_token_ids(_session(0, mid))) < tokens:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+Pairs = list[tuple[list[dict[str, str]], list[dict[str, str]]]]
+
+
+def _time_turn(renderer: Any, cached: bool, sessions: Pairs | list[Pairs], repeats: int) -> dict[str, float]:
+    """µs of CPU per request for the second list of each pair after the first was seen.
+
+    ``sessions`` may be one list of pairs per repeat (prompts that must be new each time).
+    """
+    from infera.kv.hashing import block_hashes
+
+    cache = getattr(renderer, "prompt_cache", None)  # None in code from before the cache
+    per: list[float] = []
+    render: list[float] = []
+    per_repeat = sessions if isinstance(sessions[0], list) else [sessions] * repeats
+    for rep in range(repeats):
+        sessions = per_repeat[rep]
+        if cache is not None:
+            cache.clear()
+            cache.min_chars = 0 if cached else 1 << 60
+        for prev, _cur in sessions:
+            block_hashes(renderer.chat_token_ids(prev), BLOCK)
+        gc.collect()
+        gc.disable()
+        t0 = time.process_time_ns()
+        for _prev, cur in sessions:
+            block_hashes(renderer.chat_token_ids(cur), BLOCK)
+        t1 = time.process_time_ns()
+        for _prev, cur in sessions:
+            renderer.render_chat(cur)
+        t2 = time.process_time_ns()
+        gc.enable()
+        per.append((t1 - t0) / len(sessions) / 1e3)
+        render.append((t2 - t1) / len(sessions) / 1e3)
+    return {"us": statistics.median(per), "render_us": statistics.median(render)}
+
+
+def run(renderer: Any, quick: bool = False) -> dict[str, Any]:
+    repeats = 3 if quick else 5
+    lengths = LENGTHS[:4] if quick else LENGTHS
+    turns = TURNS[:5] if quick else TURNS
+    by_length: list[dict[str, Any]] = []
+    for target in lengths:
+        n = _turns_for(renderer, target)
+        pairs = [(_session(s, max(n - 1, 0)), _session(s, n)) for s in range(SESSIONS)]
+        unique = [[([{"role": "user", "content": "x"}],  # new text every repeat: nothing cached anywhere
+                    [{"role": "user", "content": _text(random.Random(f"{target}-{rep}-{s}"), int(target / 1.2))}])
+                   for s in range(SESSIONS)] for rep in range(2 * repeats)]
+        row = {"target_tokens": target, "tokens": len(renderer.chat_token_ids(pairs[0][1])), "turns": n,
+               "before": _time_turn(renderer, False, pairs, repeats),
+               "after": _time_turn(renderer, True, pairs, repeats),
+               "unique_before": _time_turn(renderer, False, unique[:repeats], repeats),
+               "unique_after": _time_turn(renderer, True, unique[repeats:], repeats)}
+        by_length.append(row)
+    by_turn: list[dict[str, Any]] = []
+    for t in turns:
+        pairs = [(_session(s, t - 1), _session(s, t)) for s in range(SESSIONS)]
+        by_turn.append({"turn": t, "tokens": len(renderer.chat_token_ids(pairs[0][1])),
+                        "before": _time_turn(renderer, False, pairs, repeats),
+                        "after": _time_turn(renderer, True, pairs, repeats)})
+    return {"by_length": by_length, "by_turn": by_turn, "sessions": SESSIONS, "repeats": repeats,
+            "block_size": BLOCK}
+
+
+def baseline(ref: str, tok: Path, quick: bool) -> dict[str, Any]:
+    """The sweep on infera as of git ``ref`` (its "before" column: no cache, old render)."""
+    with tempfile.TemporaryDirectory(prefix="infera-baseline-") as tmp:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "infera"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        out = Path(tmp) / "sweep.json"
+        subprocess.run([PYTHON, str(Path(__file__).resolve()), "--infera-root", tmp, "--tokenizer", str(tok),
+                        "--json", str(out), *(["--quick"] if quick else [])], check=True)
+        res: dict[str, Any] = json.loads(out.read_text())
+        res["ref"] = ref
+        return res
+
+
+def merge(now: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """``now`` with the baseline's cache-off figures as "base" in every row."""
+    for rows, key in (("by_length", "target_tokens"), ("by_turn", "turn")):
+        old = {r[key]: r for r in base[rows]}
+        for r in now[rows]:
+            if r[key] in old:
+                r["base"] = old[r[key]]["before"]
+                r["unique_base"] = old[r[key]].get("unique_before")
+    now["baseline_ref"] = base.get("ref")
+    return now
+
+
+def print_report(res: dict[str, Any]) -> None:
+    nan = {"us": float("nan"), "render_us": float("nan")}
+    print(f"prompt stage (render + tokenize + hash) per request, CPU µs; next turn of a conversation. "
+          f"before = {res.get('baseline_ref', '?')}; no-cache = this code, prompt cache off; after = cache on")
+    print(f"{'tokens':>7}{'turns':>6}{'before':>9}{'no-cache':>9}{'after':>9}{'ratio':>7}{'render':>8}"
+          f"{'unique: before':>16}{'after':>7}")
+    for r in res["by_length"]:
+        b = r.get("base") or nan
+        ub = r.get("unique_base") or nan
+        print(f"{r['tokens']:>7}{r['turns']:>6}{b['us']:>9.0f}{r['before']['us']:>9.0f}{r['after']['us']:>9.0f}"
+              f"{b['us'] / r['after']['us']:>6.1f}x{r['after']['render_us']:>8.0f}"
+              f"{ub['us']:>16.0f}{r['unique_after']['us']:>7.0f}")
+    print(f"{'turn':>7}{'tokens':>7}{'before':>9}{'no-cache':>9}{'after':>9}{'ratio':>7}{'render':>8}")
+    for r in res["by_turn"]:
+        b = r.get("base") or nan
+        print(f"{r['turn']:>7}{r['tokens']:>7}{b['us']:>9.0f}{r['before']['us']:>9.0f}{r['after']['us']:>9.0f}"
+              f"{b['us'] / r['after']['us']:>6.1f}x{r['after']['render_us']:>8.0f}")
+
+
+def plot(res: dict[str, Any], out: Path = PLOTS / "prompt_cpu.png") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = [r["tokens"] for r in res["by_length"]]
+    for key, label in (("base", "before"), ("before", "render fixes, no prompt cache"),
+                       ("after", "after (prompt cache)")):
+        if all(key in r for r in res["by_length"]):
+            a.plot(xs, [r[key]["us"] for r in res["by_length"]], marker="o", label=label)
+    a.plot(xs, [r["after"]["render_us"] for r in res["by_length"]], ls="--", label="of which render")
+    a.plot(xs, [r["unique_after"]["us"] for r in res["by_length"]], ls=":", label="unique prompt (no reuse)")
+    a.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="CPU µs per request",
+          title="next turn vs prompt length")
+    ts = [r["turn"] for r in res["by_turn"]]
+    for key, label in (("base", "before"), ("before", "no prompt cache"), ("after", "after")):
+        if all(key in r for r in res["by_turn"]):
+            b.plot(ts, [r[key]["us"] for r in res["by_turn"]], marker="o", label=label)
+    b.plot(ts, [r["after"]["render_us"] for r in res["by_turn"]], ls="--", label="of which render")
+    b.set(xlabel="turn", ylabel="CPU µs per request", title="growing conversation (~150 tokens a turn)")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--infera-root", type=Path, required=True)
+    ap.add_argument("--tokenizer", type=Path, required=True)
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    sys.path.insert(0, str(args.infera_root))
+    from infera.kv.tokenizer import PromptRenderer
+
+    renderer = PromptRenderer.from_dir(args.tokenizer)
+    args.json.write_text(json.dumps(run(renderer, quick=args.quick)))
+
+
+if __name__ == "__main__":
+    main()

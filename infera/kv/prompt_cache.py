@@ -1,0 +1,284 @@
+"""Token ids of rendered prompts, reused for the same leading text: prompt work ~ what is new.
+
+A chat prompt is mostly text the router tokenized a moment ago: a shared system prompt,
+the same tool list, a session's earlier turns. ``PromptCache.encode(text)`` finds the
+longest prefix of ``text`` that an earlier prompt also started with, ending right after
+a *boundary token* (an added token such as ``<|im_start|>``), takes that prefix's ids
+from the earlier prompt and encodes only the rest.
+
+Why that is exact: the codec splits text on its boundary tokens before anything else and
+encodes each section on its own (tiktoken, ``tokenizers`` with plain added tokens, the
+byte codec; ``Codec.boundaries`` is empty for any codec without that guarantee, and the
+cache is then bypassed). So ``ids(a + b) == ids(a) + ids(b)`` when ``a`` ends with a
+boundary token, provided the character after it cannot change ``a`` under the codec's
+normaliser: a cut is used only where the next character is ASCII or the text ends there
+(NFC composes ``>`` with U+0338). No boundary token may contain another (checked by the
+codecs), so a cut never falls inside a longer added token. A reuse is confirmed by
+comparing the prefix bytes, so a hash collision costs a miss, never a wrong id.
+
+Lookup: the utf-8 bytes of every cut point are keyed by xxh3-64 of the text before it.
+Every stored prompt registers all its cuts, so "this cut was seen" is monotone in the
+cut's position and a binary search finds the longest seen cut in about log2(cuts)
+hashes. Registration is one streaming pass over the text.
+
+Block hashes ride along: the returned ``PromptIds`` carries the matched prompt's block
+hashes, so ``infera.kv.hashing.block_hashes`` hashes only the new blocks (the hash of
+block k depends only on tokens 0..k).
+
+Memory is bounded by ``max_bytes`` (default 64 MiB, least recently used prompts go
+first), counted as text bytes + 40 bytes a token id (block hashes, one per 16+ tokens,
+add under 10%); a prompt that a later one extends as a whole is dropped at once, so a
+growing conversation holds one entry.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from itertools import count, repeat
+
+import xxhash
+
+from infera.kv.hashing import PromptIds
+
+DEFAULT_MAX_BYTES = 64 << 20
+MIN_CHARS = 6000  # ~1.5k tokens: shorter prompts cost less encoded directly (bench/prompt_sweep.py)
+TAIL_PROBES = 8  # seen cuts looked for from the end before a full scan
+_BYTES_PER_ID = 40  # list slot + int object
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+class _Entry:
+    __slots__ = ("cuts", "data", "hashes", "holder", "ids", "size")
+
+    def __init__(self, data: bytes, ids: list[int], cuts: list[tuple[int, int, int]]) -> None:
+        self.data = data
+        self.ids = ids
+        self.cuts = cuts  # (byte offset, key, ids before it), ascending
+        self.hashes: dict[int, list[int]] = {}  # block size -> chained block hashes, filled by block_hashes
+        # what the index's keys hold: a prompt that extends this one as a whole takes the
+        # holder over, so the cuts they share move to it in O(1)
+        self.holder = [self]
+        self.size = len(data) + _BYTES_PER_ID * len(ids)
+
+
+class PromptCache:
+    """Encode prompts through ``encode``, reusing the ids of the longest prefix seen before.
+
+    ``encode(text)`` must be a codec call without added special tokens, and ``boundaries``
+    (token -> id) added tokens it splits on before anything else. Thread-safe.
+    """
+
+    def __init__(self, encode: Callable[[str], list[int]], boundaries: Mapping[str, int],
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        if not boundaries:
+            raise ValueError("a prompt cache needs the codec's boundary tokens")
+        self._encode = encode
+        names = sorted((t.encode("utf-8") for t in boundaries), key=len, reverse=True)
+        self._regex = re.compile(b"|".join(map(re.escape, names)))  # longest first, as the codecs match
+        self._names = frozenset(names)
+        # ChatML-like tokens (b"<" ... b">", no b">" inside) are found with bytes.find alone
+        first, last = names[0][:1], names[0][-1:]
+        delimited = all(n[:1] == first and n[-1:] == last and n.count(last) == 1 and len(n) > 1 for n in names)
+        self._delims = (first, last) if delimited else None
+        self._id_of = {t.encode("utf-8"): i for t, i in boundaries.items()}
+        self.max_bytes = max_bytes
+        self.min_chars = MIN_CHARS  # shorter prompts are encoded directly
+        self._keys: dict[int, tuple[list[_Entry], int]] = {}  # cut key -> (entry holder, index into its cuts)
+        self._lru: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0  # prompts that reused a prefix
+        self.reused_tokens = 0
+        self.encoded_tokens = 0
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def entries(self) -> int:
+        return len(self._lru)
+
+    def encode(self, text: str) -> list[int]:
+        """``self._encode(text)``, computed from the longest cached prefix plus the new rest."""
+        if len(text) < self.min_chars:
+            return self._encode(text)
+        data = text.encode("utf-8", "surrogatepass")
+        n = len(data)
+        scanned: list[tuple[int, bytes]] | None = None
+        with self._lock:
+            found = self._tail_hit(data)
+            if found is None:  # no recent turn: the longest seen cut anywhere (shared system prompt)
+                scanned = self._matches(data, 0)
+                found = self._longest(data, [e for e, _ in scanned if e == n or data[e] < 0x80])
+            if found is not None and id(found[0]) in self._lru:
+                self._lru.move_to_end(id(found[0]))
+        k = -1
+        if found is None:
+            base, start, before, hashes = None, 0, [], None
+            ids = self._encode(text)
+        else:
+            base, k = found
+            start, _, n_ids = base.cuts[k]
+            before = base.cuts[: k + 1]
+            rest = self._encode(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
+            ids = base.ids[:n_ids] + rest
+            hashes = {size: h[: n_ids // size] for size, h in base.hashes.items()}
+        new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
+        entry = self._entry(data, ids, new, start, before)
+        if entry is not None:
+            with self._lock:
+                self._store(entry, base if base is not None and k == len(base.cuts) - 1 else None)
+                if base is not None:
+                    self.hits += 1
+                    self.reused_tokens += before[-1][2]
+                self.encoded_tokens += len(ids) - (before[-1][2] if before else 0)
+        out = PromptIds(ids)
+        out.origin = ids
+        out.known_hashes = hashes
+        out.sink = entry.hashes if entry is not None else None
+        return out
+
+    def clear(self) -> None:
+        """Forget every prompt (the counters stay)."""
+        with self._lock:
+            self._keys.clear()
+            self._lru.clear()
+            self._bytes = 0
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _matches(self, data: bytes, start: int) -> list[tuple[int, bytes]]:
+        """(end offset, token) of each boundary token in ``data[start:]``, leftmost-longest.
+
+        ``start`` is 0 or a cut: no token spans a cut (none contains another), so scanning
+        from it finds what a scan from 0 finds past it.
+        """
+        if self._delims is None:
+            return [(m.end(), m.group()) for m in self._regex.finditer(data, start)]
+        first, last = self._delims  # memchr-fast: cost grows with the tokens, not the bytes
+        names = self._names
+        out: list[tuple[int, bytes]] = []
+        find = data.find
+        i = find(first, start)
+        while i >= 0:
+            j = find(last, i + 1)
+            if j < 0:
+                break
+            token = data[i : j + 1]
+            if token in names:
+                out.append((j + 1, token))
+                i = find(first, j + 1)
+            else:
+                i = find(first, i + 1)
+        return out
+
+    def _tail_hit(self, data: bytes) -> tuple[_Entry, int] | None:
+        """A seen cut among the last few of ``data``, found scanning backwards (the next turn's case).
+
+        Only for ChatML-like tokens (``<...>``). Candidates are only probes: a hit is a
+        registered cut at the same offset with the same bytes before it, which makes it real.
+        """
+        if self._delims is None:
+            return None
+        first, last = self._delims
+        names = self._names
+        n = len(data)
+        view = memoryview(data)
+        hi = n
+        probes = 0
+        for _ in range(4 * TAIL_PROBES):
+            j = data.rfind(last, 0, hi)
+            i = data.rfind(first, 0, j) if j > 0 else -1
+            if i < 0:
+                return None
+            hi = j
+            end = j + 1
+            if (end < n and data[end] >= 0x80) or data[i:end] not in names:
+                continue
+            hit = self._hit(view, end)
+            if hit is not None:
+                return hit
+            probes += 1
+            if probes == TAIL_PROBES:
+                return None
+        return None
+
+    def _hit(self, view: memoryview, end: int) -> tuple[_Entry, int] | None:
+        hit = self._keys.get(_xxh3(view[:end]))
+        if hit is None:
+            return None
+        entry, k = hit[0][0], hit[1]
+        if entry.cuts[k][0] == end and entry.data.startswith(view[:end]):
+            return entry, k
+        return None
+
+    def _longest(self, data: bytes, usable: list[int]) -> tuple[_Entry, int] | None:
+        """The entry and cut index of the longest usable cut of ``data`` seen before."""
+        view = memoryview(data)
+        lo, hi = 0, len(usable)  # binary search: cuts seen form a prefix of the usable ones
+        best: tuple[_Entry, int] | None = None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            hit = self._hit(view, usable[mid])
+            if hit is not None:
+                best = hit
+                lo = mid + 1
+            else:
+                hi = mid
+        return best
+
+    def _entry(self, data: bytes, ids: list[int], matches: list[tuple[int, bytes]], start: int,
+               before: list[tuple[int, int, int]]) -> _Entry | None:
+        """The entry for ``data``: cuts up to ``start`` copied from the base, the rest found here.
+
+        The id after each boundary token past ``start`` is found by scanning ``ids`` for that
+        token's id in order (a boundary token's id comes only from its own text).
+        """
+        n = len(data)
+        cuts = list(before)
+        stream = xxhash.xxh3_64()
+        view = memoryview(data)
+        stream.update(view[:start])
+        last = start
+        pos = (before[-1][2] if before else 0) - 1
+        id_of = self._id_of
+        for end, token in matches:
+            if end <= start:
+                continue
+            try:
+                pos = ids.index(id_of[token], pos + 1)
+            except ValueError:
+                return None  # the codec did not split where expected: do not remember this prompt
+            stream.update(view[last:end])
+            last = end
+            if end == n or data[end] < 0x80:
+                cuts.append((end, stream.intdigest(), pos + 1))
+        return _Entry(data, ids, cuts)
+
+    def _store(self, entry: _Entry, superseded: _Entry | None) -> None:
+        """Index the cuts of ``entry``; ``superseded`` (whose cuts all start ``entry``'s) hands over."""
+        keys = self._keys
+        lru = self._lru
+        first = 0
+        if superseded is not None and superseded.holder[0] is superseded and id(superseded) in lru:
+            del lru[id(superseded)]
+            self._bytes -= superseded.size
+            entry.holder = superseded.holder
+            entry.holder[0] = entry  # the shared cuts' keys now find ``entry``
+            first = len(superseded.cuts)
+        cuts = entry.cuts
+        keys.update(zip([cut[1] for cut in cuts[first:]], zip(repeat(entry.holder), count(first)), strict=False))
+        lru[id(entry)] = entry
+        self._bytes += entry.size
+        while self._bytes > self.max_bytes and len(lru) > 1:
+            _, victim = lru.popitem(last=False)
+            self._bytes -= victim.size
+            for _, key, _ in victim.cuts:
+                hit = keys.get(key)
+                if hit is not None and hit[0] is victim.holder:
+                    del keys[key]
