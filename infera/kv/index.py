@@ -124,7 +124,10 @@ class PrefixIndex:
             locals_ = [local for local in locals_ if local is not None]
         gone: list[int] = locals_  # type: ignore[assignment]  # router hashes no engine block holds now
         if worker.extra and not worker.extra.keys().isdisjoint(gone):
-            gone = self._release_shared(worker.extra, gone)
+            removed, gone = gone, self._release_shared(worker.extra, gone)
+            if worker.media:  # a block still held through another engine block may be left below the device
+                for local in set(removed).difference(gone):
+                    self._relower(worker, local)
         holders = self._holders
         masks = list(map(xor, map(holders.__getitem__, gone), repeat(worker.bit)))
         holders.update(zip(gone, masks, strict=True))
@@ -256,7 +259,10 @@ class PrefixIndex:
                 media.clear()
             if media:
                 if all(m not in TOP_MEDIA for m in media):  # left only in a lower tier
-                    worker.lower[local] = str(media[0])
+                    if local in worker.extra:
+                        self._relower(worker, local)  # unless another engine block has it on the device
+                    else:
+                        worker.lower[local] = str(media[0])
                 elif media == [_PLAIN]:
                     del worker.media[engine_hash]
                 return
@@ -269,6 +275,7 @@ class PrefixIndex:
                 del worker.extra[local]
             else:
                 worker.extra[local] = refs - 1
+            self._relower(worker, local)
             return
         mask = self._holders[local] ^ worker.bit
         if mask:
@@ -277,6 +284,15 @@ class PrefixIndex:
             del self._holders[local]
         worker.lower.pop(local, None)
         self._guesses.drop(worker, local)  # the event is fresher than our guess
+
+    @staticmethod
+    def _relower(worker: WorkerTable, local: int) -> None:
+        """A router hash several engine blocks share changed: it is below the device iff every copy is."""
+        media = [worker.media.get(eh) or [_PLAIN] for eh, held in worker.blocks.items() if held == local]
+        if media and all(m not in TOP_MEDIA for ms in media for m in ms):
+            worker.lower[local] = str(media[0][0])
+        else:
+            worker.lower.pop(local, None)
 
     def _clear(self, worker: WorkerTable) -> None:
         holders = self._holders
