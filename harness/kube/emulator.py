@@ -238,6 +238,7 @@ class Emulator:
         self.compacted = 0  # resourceVersions at or below this are gone (410)
         self.watchers: list[_Watcher] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request served
+        self.deleted_uids: set[str] = set()  # owners gone: a dependent created later is collected at once
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -460,6 +461,11 @@ class Emulator:
             obj["status"] = {"phase": "Pending"}
         self.objects[(res, ns, name)] = obj
         self._record(res, "ADDED", obj)
+        refs = meta.get("ownerReferences") or []
+        if refs and {r.get("uid") for r in refs} <= self.deleted_uids:
+            # every owner was deleted (a controller's late write after its owner went): the garbage collector
+            # removes the orphan, as the API server's does
+            return self._delete(res, ns, name)
         return obj
 
     def _authenticate(self, request: web.Request) -> rbac.User:
@@ -627,6 +633,7 @@ class Emulator:
 
     def _collect(self, owner_uid: str) -> None:
         """Garbage collection: delete what the deleted object owned (background propagation)."""
+        self.deleted_uids.add(owner_uid)
         for (res, ns, name), obj in list(self.objects.items()):
             refs = obj["metadata"].get("ownerReferences") or []
             if any(r.get("uid") == owner_uid for r in refs) and (res, ns, name) in self.objects:

@@ -47,7 +47,6 @@ from infera.transport.base import KvEventSource, RequestTransport
 __all__ = ["Placement", "RouteRequest", "RoutedResponse", "Router", "RouterOptions", "RoutingError"]
 
 log = logging.getLogger(__name__)
-
 DECODE_POLICY = "least-load"  # the decode worker of a pair computes no prompt: its load is what counts
 
 
@@ -186,8 +185,7 @@ class Router:
 
     def preview(self, model: str, tokens: list[int]) -> WorkerRecord | None:
         """The worker that would compute this prompt now (mixed or prefill), recording nothing."""
-        pool = self._candidates.warmable(model)
-        if not pool:
+        if not (pool := self._candidates.warmable(model)):
             return None
         ctx = RoutingContext(model=model, token_ids=tokens, prompt_tokens=len(tokens), max_tokens=1)
         return self._picker.preview(ctx, pool, self._policy)
