@@ -23,6 +23,16 @@ TIER_CREDIT = {"CPU": 0.75}
 OTHER_TIER_CREDIT = 0.5
 
 
+def cached_credit(index: PrefixIndex, worker_id: str, hashes: Sequence[int], overlap: int) -> float:
+    """Blocks of prefill the ``overlap`` leading cached blocks save on ``worker_id``: a block on the device
+    saves a whole block, one held only in a lower tier :data:`TIER_CREDIT` of one."""
+    credit: float = overlap
+    if overlap:
+        for medium, count in index.lower_tier_blocks(worker_id, hashes, overlap).items():
+            credit -= count * (1.0 - TIER_CREDIT.get(medium, OTHER_TIER_CREDIT))
+    return credit
+
+
 @dataclasses.dataclass(slots=True)
 class RoutingContext:
     model: str

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from infera.router.base import OTHER_TIER_CREDIT, TIER_CREDIT, Candidate, PolicyDeps, RoutingContext, Scores
+from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores, cached_credit
 
 
 class KvAwarePolicy:
@@ -41,11 +41,7 @@ class KvAwarePolicy:
         for cand, overlap in zip(candidates, overlaps, strict=True):
             size = cand.worker.kv_block_size
             prompt_blocks = -(-ctx.prompt_tokens // size)
-            credit: float = overlap
-            if overlap:
-                lower = self._index.lower_tier_blocks(cand.worker.instance_id, ctx.hashes(size), overlap)
-                for medium, count in lower.items():
-                    credit -= count * (1.0 - TIER_CREDIT.get(medium, OTHER_TIER_CREDIT))
+            credit = cached_credit(self._index, cand.worker.instance_id, ctx.hashes(size), overlap)
             prefill = (prompt_blocks - credit) + cand.prefill_tokens / size
             costs.append(self._weight * prefill + cand.active_blocks)
         best_overlap = max(overlaps, default=0)

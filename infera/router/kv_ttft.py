@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from infera.kv.load import LoadTracker
-from infera.router.base import OTHER_TIER_CREDIT, TIER_CREDIT, Candidate, PolicyDeps, RoutingContext, Scores
+from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores, cached_credit
 
 STEP_TOKENS = 8192  # prompt tokens one engine step computes (vLLM's default max_num_batched_tokens)
 MAX_RELATIVE_SCALE = 2.0  # a worker counts at most this much slower or faster than the fleet's median
@@ -125,11 +125,7 @@ class KvTtftPolicy:
         for cand, overlap, scale in zip(candidates, overlaps, scales, strict=True):
             wid = cand.worker.instance_id
             size = cand.worker.kv_block_size
-            credit: float = overlap
-            if overlap:
-                lower = self._index.lower_tier_blocks(wid, ctx.hashes(size), overlap)
-                for medium, count in lower.items():
-                    credit -= count * (1.0 - TIER_CREDIT.get(medium, OTHER_TIER_CREDIT))
+            credit = cached_credit(self._index, wid, ctx.hashes(size), overlap)
             own = max(0.0, ctx.prompt_tokens - credit * size)
             decoding = self._load.decoding(wid)
             ms = modelled_ms(self._weight, cand.prefill_tokens + own, decoding,
