@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import Process, start_frontend, start_mock
+from harness import NatsServer, Process, start_frontend, start_mock
 
 MODEL = "Qwen/Qwen3-0.6B"
 MOCK_ARGS = ("--block-size", "16", "--num-kv-blocks", "2048", "--speedup-ratio", "50")
@@ -46,3 +46,21 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer_dir: Path) ->
     f = make_fleet(tmp_path_factory.mktemp("fleet"), qwen_tokenizer_dir)
     yield f
     f.stop()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """A real nats-server for one test module."""
+    server = NatsServer(tmp_path_factory.mktemp("nats") / "nats-server.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Process]]:
+    """Processes a test starts, stopped (newest first) when it ends."""
+    started: list[Process] = []
+    yield started
+    for proc in reversed(started):
+        proc.stop()

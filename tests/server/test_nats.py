@@ -36,14 +36,6 @@ def running(worker: Process) -> float:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path_factory.mktemp("nats") / "nats-server.log")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("nats-fleet")
 

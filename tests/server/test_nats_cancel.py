@@ -9,7 +9,6 @@ worker answers 429 for good after that many departures.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -24,22 +23,6 @@ pytestmark = pytest.mark.slow  # spawns a NATS server, mock engines and frontend
 # Prefill in steps of 64 tokens, ~0.35 s each: a long prompt takes ~10 s and an abort lands within a step.
 CHUNKED = (*SLOW, "--max-num-batched-tokens", "64")
 LONG = [{"role": "user", "content": "Tell me about routers. " * 100}]
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path_factory.mktemp("nats") / "nats-server.log")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Process]]:
-    started: list[Process] = []
-    yield started
-    for proc in reversed(started):
-        proc.stop()
 
 
 def leave_early(url: str, path: str, body: dict[str, object], engine: Process) -> None:

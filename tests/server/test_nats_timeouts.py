@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,22 +20,6 @@ from tests.server.test_nats import MODEL, MSG, SLOW, nats_args, running
 pytestmark = pytest.mark.slow  # spawns a NATS server, mock engines and frontends (e2e, by the tier plugin)
 
 GLACIAL = ("--speedup-ratio", "0.002")  # the first prefill step takes ~8 s
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path_factory.mktemp("nats") / "nats-server.log")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Process]]:
-    started: list[Process] = []
-    yield started
-    for proc in reversed(started):
-        proc.stop()
 
 
 def test_idle_timeout_governs_the_wait_for_the_first_token(tmp_path: Path, broker: NatsServer,
