@@ -1,0 +1,82 @@
+"""Building telemetry from settings: the tracer provider for ``--otel-exporter`` and the log handlers
+for ``--log-format``.
+
+The OpenTelemetry SDK reads its standard environment itself: ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) for the OTLP exporter, ``OTEL_TRACES_SAMPLER`` and
+``OTEL_TRACES_SAMPLER_ARG`` for sampling, ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` for
+the resource.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import IO
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+
+from infera.telemetry.logs import JsonFormatter, RequestIds, RequestLog, TextFormatter
+from infera.telemetry.tracing import Telemetry
+
+EXPORTERS = ("none", "otlp", "console")
+LOG_FORMATS = ("text", "json")
+
+
+def exporter_for(name: str, out: IO[str] | None = None) -> SpanExporter | None:
+    """The span exporter ``--otel-exporter`` names (None for ``none``); raises ValueError if unusable."""
+    if name == "none":
+        return None
+    if name == "console":
+        return ConsoleSpanExporter(out=out or sys.stdout)
+    if name == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:
+            raise ValueError("--otel-exporter otlp needs the OTLP exporter: pip install 'infera[otlp]' "
+                             "(opentelemetry-exporter-otlp-proto-http)") from exc
+        return OTLPSpanExporter()
+    raise ValueError(f"unknown --otel-exporter {name!r} (one of {', '.join(EXPORTERS)})")
+
+
+def tracer_provider(exporter: SpanExporter, service_name: str, batch: bool = True) -> TracerProvider:
+    """A provider sampling as ``OTEL_TRACES_SAMPLER`` says (default: parent-based, always on), exporting
+    to ``exporter`` from a background thread (``batch``) or as each span ends (tests, the console)."""
+    # OTEL_SERVICE_NAME, when set, names the service rather than the process kind's default
+    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
+    return provider
+
+
+def build_telemetry(exporter: str, log_requests: bool, log_format: str, service_name: str,
+                    ) -> tuple[Telemetry, TracerProvider | None]:
+    """Telemetry for a process; the provider (if any) must be shut down at exit to flush its spans."""
+    span_exporter = exporter_for(exporter)
+    provider = None
+    tracer = None
+    if span_exporter is not None:
+        provider = tracer_provider(span_exporter, service_name, batch=exporter != "console")
+        tracer = provider.get_tracer("infera")
+    return Telemetry(tracer, RequestLog(log_format) if log_requests else None), provider
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    """The root logger's one handler on stderr, in ``log_format``, adding request ids to each line."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"unknown --log-format {log_format!r} (text or json)")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    handler.addFilter(RequestIds())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
