@@ -10,6 +10,8 @@ DISCOVERY_BACKENDS = ("static", "etcd", "kubernetes")
 REQUEST_TRANSPORTS = ("http", "nats")
 KV_EVENT_TRANSPORTS = ("zmq", "nats", "none")
 ROUTER_MODES = ("auto", "direct")
+OTEL_EXPORTERS = ("none", "otlp", "console")
+LOG_FORMATS = ("text", "json")
 # kv-aware-blocks: kv-aware's previous cost; approx-prefix: sglang-router's cache_aware tree, for engines
 # that publish no KV events
 ROUTER_POLICIES = ("kv-aware", "round-robin", "kv-aware-blocks", "approx-prefix")
@@ -83,6 +85,13 @@ class ServerSettings:
         "caching (repeatable; pass '' to disable)")
     worker_poll_interval: float = option(2.0, "static discovery: seconds between worker health checks")
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
+    log_format: str = option("text", "log lines as text or as one JSON object each (the request line too)",
+                             choices=LOG_FORMATS)
+    log_requests: bool = option(False, "one structured line per request at completion: request and trace ids, "
+                                       "model, worker(s), decision, overlap, TTFT, tokens, status")
+    otel_exporter: str = option("none", "OpenTelemetry traces: none (off), otlp (to OTEL_EXPORTER_OTLP_ENDPOINT, "
+                                        "sampled as OTEL_TRACES_SAMPLER says) or console (stdout)",
+                                env=("INFERA_OTEL_EXPORTER", "OTEL_TRACES_EXPORTER"), choices=OTEL_EXPORTERS)
     admin_token: str = option("", "when set, /v1/admin/... and /v1/cache/prewarm need 'Authorization: Bearer "
                                   "<token>' (401 otherwise)")
     enable_profiling: bool = option(False, "serve POST /v1/admin/profile/start|stop (403 without), fanned out "

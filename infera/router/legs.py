@@ -26,6 +26,7 @@ from infera.router.errors import NoWorkers
 from infera.router.pick import RouterStats
 from infera.router.placement import Placement
 from infera.router.response import RoutedResponse
+from infera.telemetry.record import current
 from infera.transport.base import RequestTransport, UpstreamError, UpstreamResponse
 
 PREDICTION_TTL = 120.0  # seconds a routing decision is remembered as a predicted cache entry
@@ -132,20 +133,30 @@ class Legs:
         ticket = placement.tickets[role]
         wid = worker.instance_id
         upstream: UpstreamResponse | None = None
+        record = current()
+        span = record.leg(role, wid) if record is not None else None
+        if record is not None and span is not None:  # the engine's spans continue this leg's
+            headers = {**headers, "traceparent": record.traceparent(span)}
         try:
             upstream = await self._transport.send(worker, path, body, headers, started=started)
             first = await first_chunk(upstream, wid)
-        except BaseException:
+        except BaseException as exc:
             if upstream is not None:
                 upstream.close()
             self._load.end(ticket)
+            if record is not None:
+                record.leg_failed(span, wid, exc)
             raise
         self._load.prefill_done(ticket)
         self._served(placement, worker, role)
         opened = upstream
+        if record is not None:
+            record.leg_first_byte(span, wid)
 
         def release() -> None:
             opened.close()
             self._load.end(ticket)
+            if span is not None and span.is_recording():  # release is idempotent; a span ends once
+                span.end()
 
         return Leg(worker, upstream, first, release)

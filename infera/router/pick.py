@@ -48,6 +48,8 @@ class Choice:
     worker: WorkerRecord
     reason: str
     overlap: int  # prompt blocks the policy believes the worker holds (0 for cache-blind policies)
+    cost: float = 0.0  # the policy's cost of the chosen worker (any scale; lower is better)
+    candidates: int = 1  # workers the policy scored
 
 
 class Picker:
@@ -78,7 +80,7 @@ class Picker:
             i = best[0] if len(best) == 1 else self._rng.choice(best)
         self._stats.decisions[(name, scores.reason)] += 1
         overlap = scores.overlap_blocks[i] if scores.overlap_blocks else 0
-        return Choice(workers[i], scores.reason, overlap)
+        return Choice(workers[i], scores.reason, overlap, costs[i], len(costs))
 
     def preview(self, ctx: RoutingContext, workers: Sequence[WorkerRecord], policy: Policy) -> WorkerRecord:
         """The worker :meth:`pick` would choose now, recording nothing (``workers`` sorted by id)."""

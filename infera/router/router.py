@@ -30,18 +30,19 @@ from infera.kv.index import PrefixIndex
 from infera.kv.load import LoadTracker
 from infera.kv.tokenizer import PromptRenderer
 from infera.protocols.worker import WorkerRecord
-from infera.router.base import PolicyDeps, RoutingContext
+from infera.router.base import Policy, PolicyDeps, RoutingContext
 from infera.router.candidates import Candidates
 from infera.router.context import ContextBuilder, RouteRequest
 from infera.router.direct import named
 from infera.router.disagg import LegFailed
 from infera.router.errors import NoWorkers, RoutingError, UpstreamFailed
 from infera.router.legs import Legs
-from infera.router.pick import Picker, RouterStats
+from infera.router.pick import Choice, Picker, RouterStats
 from infera.router.placement import Allowed, Placement
 from infera.router.policies import POLICIES
 from infera.router.response import RoutedResponse
 from infera.router.view import RouterView
+from infera.telemetry.record import RequestRecord, clock_ns, current
 from infera.transport.base import KvEventSource, RequestTransport
 
 __all__ = ["Placement", "RouteRequest", "RoutedResponse", "Router", "RouterOptions", "RoutingError"]
@@ -108,6 +109,8 @@ class Router:
                 except NoWorkers:
                     break
                 self._stats.retries += 1
+                if (record := current()) is not None:
+                    record.retries += 1
             try:
                 return await self._legs.run(placement, req, headers)
             except LegFailed as failed:
@@ -141,6 +144,8 @@ class Router:
         if direct is not None and direct.mixed:
             assert direct.worker is not None
             self._picker.count_direct()
+            if (record := current()) is not None:
+                record.picked("mixed", "direct", direct.worker.instance_id, "header", 0, 0.0, 1, clock_ns())
             return self._legs.place("mixed", {"mixed": direct.worker}, None, self._context.estimate(req), 0,
                                     direct.roles(), 0)
         if direct is not None and direct.any:
@@ -152,12 +157,13 @@ class Router:
             if topology.kind == "none":
                 raise NoWorkers(topology.explain(req.model) if self._fleet.workers() else "no workers are available")
             kind, connector = topology.kind, topology.connector
-        ctx = previous.ctx if previous is not None else self._context.build(req)
+        record = current()
+        ctx = previous.ctx if previous is not None else self._build_context(req, record)
         if kind == "mixed":
             pool = self._candidates.pool(req.model, "mixed", req.kind, tried.get("mixed", ()), allowed=allowed)
             if not pool:
                 raise NoWorkers(f"no healthy worker serves model {req.model!r}" + (" in the subset" if allowed else ""))
-            choice = self._picker.pick(ctx, pool, self._policy, self._options.policy)
+            choice = self._pick("mixed", ctx, pool, self._policy, self._options.policy, record)
             return self._legs.place("mixed", {"mixed": choice.worker}, None, ctx, choice.overlap, frozenset(),
                                     self._rng.getrandbits(63), self._picker.others(choice.worker, pool, fallbacks))
         fixed = {"prefill": direct.prefill, "decode": direct.worker} if direct is not None else {}
@@ -173,7 +179,7 @@ class Router:
                 raise NoWorkers(f"no healthy prefill+decode pair ({connector}) serves model {req.model!r}")
             policy, name = (self._policy, self._options.policy) if role == "prefill" else \
                 (self._decode_policy, DECODE_POLICY)
-            choice = self._picker.pick(ctx, pool, policy, name)
+            choice = self._pick(role, ctx, pool, policy, name, record)
             chosen[role] = choice.worker
             overlap = choice.overlap if role == "prefill" else overlap
             others = self._picker.others(choice.worker, pool, fallbacks) if role == "decode" else others
@@ -182,6 +188,26 @@ class Router:
         return self._legs.place("pd", chosen, connector, ctx, overlap,
                                 direct.roles() if direct is not None else frozenset(), self._rng.getrandbits(63),
                                 others)
+
+    def _build_context(self, req: RouteRequest, record: RequestRecord | None) -> RoutingContext:
+        if record is None:
+            return self._context.build(req)
+        start = clock_ns()
+        ctx = self._context.build(req)
+        record.prompt_tokens = ctx.prompt_tokens
+        record.stage("tokenize", start, {"infera.prompt_tokens": ctx.prompt_tokens,
+                                         "infera.tokenized": ctx.token_ids is not None})
+        return ctx
+
+    def _pick(self, role: str, ctx: RoutingContext, pool: list[WorkerRecord], policy: Policy, name: str,
+              record: RequestRecord | None) -> Choice:
+        if record is None:
+            return self._picker.pick(ctx, pool, policy, name)
+        start = clock_ns()
+        choice = self._picker.pick(ctx, pool, policy, name)
+        record.picked(role, name, choice.worker.instance_id, choice.reason, choice.overlap, choice.cost,
+                      choice.candidates, start)
+        return choice
 
     def preview(self, model: str, tokens: list[int]) -> WorkerRecord | None:
         """The worker that would compute this prompt now (mixed or prefill), recording nothing."""

@@ -17,6 +17,7 @@ from infera.router.assembly import FLEETS, KV_EVENT_SOURCES, REQUEST_TRANSPORTS,
 from infera.router.policies import selectable
 from infera.server.app import build_app, install_operations
 from infera.server.nodelay import NoDelayHttpToolsProtocol
+from infera.telemetry.setup import build_telemetry, configure_logging
 
 log = logging.getLogger("infera.server")
 
@@ -46,11 +47,18 @@ class DefaultWorkerHeader:
 
 
 def build(settings: ServerSettings) -> FastAPI:
+    telemetry, provider = build_telemetry(settings.otel_exporter, settings.log_requests, settings.log_format,
+                                          "infera-frontend")
     parts = assemble(settings)
     router = parts.router
-    on_start, on_stop = parts.on_start, parts.on_stop
+    on_start, on_stop = parts.on_start, list(parts.on_stop)
+    if provider is not None:
+        async def flush_spans() -> None:
+            provider.shutdown()
+
+        on_stop.append(flush_spans)
     app = build_app(router, max_body_bytes=settings.max_body_bytes, strip_patterns=settings.strip_prompt_pattern,
-                    on_start=on_start, on_stop=on_stop)
+                    on_start=on_start, on_stop=on_stop, telemetry=telemetry)
     install_operations(app, router, strip_patterns=settings.strip_prompt_pattern,
                        kvd_socket_path=settings.kvd_socket_path, enable_profiling=settings.enable_profiling,
                        profile_timeout=settings.profile_timeout, admin_token=settings.admin_token)
@@ -63,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = load(ServerSettings, argv, prog="python -m infera.server",
                     description="infera frontend: OpenAI-compatible API and KV-aware router",
                     choices=registry_choices())
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     try:
         app = build(settings)
     except (ConfigError, ValueError, OSError) as exc:

@@ -14,17 +14,21 @@ from infera.server.anthropic_api import AnthropicHandlers
 from infera.server.auth import AdminTokenMiddleware
 from infera.server.errors import install_error_handlers
 from infera.server.metrics import ServerMetrics
+from infera.server.observe import Observe
 from infera.server.openai_api import OpenAIHandlers
 from infera.server.prewarm import PrewarmHandlers
 from infera.server.profiling import ProfilingHandlers
+from infera.telemetry.tracing import Telemetry
 from infera.transport.kvd import KvdClient
 
 Hook = Callable[[], Awaitable[None]]
 
 
 def build_app(router: Router, *, max_body_bytes: int, strip_patterns: Sequence[str],
-              on_start: Sequence[Hook] = (), on_stop: Sequence[Hook] = ()) -> FastAPI:
-    """``on_start`` hooks run in order at startup, ``on_stop`` hooks in order at shutdown."""
+              on_start: Sequence[Hook] = (), on_stop: Sequence[Hook] = (),
+              telemetry: Telemetry | None = None) -> FastAPI:
+    """``on_start`` hooks run in order at startup, ``on_stop`` hooks in order at shutdown. ``telemetry``,
+    when active, traces and logs each inference request (:mod:`infera.server.observe`)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -44,6 +48,8 @@ def build_app(router: Router, *, max_body_bytes: int, strip_patterns: Sequence[s
     app.include_router(OpenAIHandlers(router, metrics, max_body_bytes, strip_patterns).routes())
     app.include_router(AnthropicHandlers(router, metrics, max_body_bytes, strip_patterns).routes())
     app.include_router(AdminHandlers(router, metrics).routes())
+    if telemetry is not None and telemetry.active:
+        app.add_middleware(Observe, telemetry=telemetry)
     return app
 
 

@@ -13,6 +13,8 @@ import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from infera.telemetry.record import clock_ns, current
+
 M = TypeVar("M", bound=BaseModel)
 
 Describe = Callable[[ValidationError, dict[str, Any]], tuple[str, str | None]]
@@ -55,7 +57,26 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def take(request: Request, limit: int, schema: type[M], describe: Describe,
                strip: Strip | None = None) -> Intake[M]:
-    """Read, parse and validate a request; raises :class:`IntakeError` with the client's status."""
+    """Read, parse and validate a request; raises :class:`IntakeError` with the client's status.
+
+    With telemetry on, the request's record gets its model and an ``intake`` span (bytes, outcome)."""
+    record = current()
+    if record is None:
+        return await _take(request, limit, schema, describe, strip)
+    start = clock_ns()
+    try:
+        intake = await _take(request, limit, schema, describe, strip)
+    except IntakeError as exc:
+        record.stage("intake", start, {"infera.error": str(exc), "http.response.status_code": exc.status})
+        raise
+    model = intake.payload.get("model")
+    record.model = model if isinstance(model, str) else ""
+    record.stage("intake", start, {"infera.body_bytes": len(intake.body)})
+    return intake
+
+
+async def _take(request: Request, limit: int, schema: type[M], describe: Describe,
+                strip: Strip | None = None) -> Intake[M]:
     body = await read_body(request, limit)
     try:
         payload = orjson.loads(body)

@@ -1,0 +1,72 @@
+"""Observe: the ASGI middleware that begins and ends each inference request's telemetry.
+
+It makes the request's record current (the router's hooks add the intake, tokenize, pick and leg
+spans and the decision to it), answers with ``x-request-id``, reads the status and the output token
+count off the response as it passes (the usage the worker reported, else the number of streamed
+events), and at the end closes the root span and writes the request line. Paths other than the
+inference endpoints pass straight through.
+"""
+
+from __future__ import annotations
+
+import re
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from infera.telemetry.record import bind, unbind
+from infera.telemetry.tracing import Telemetry
+
+TRACED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
+_USAGE = re.compile(rb'"(?:completion_tokens|output_tokens)":\s*(\d+)')
+
+
+class Observe:
+    def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
+        self.app = app
+        self.telemetry = telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path not in TRACED:
+            await self.app(scope, receive, send)
+            return
+        traceparent = tracestate = request_id = None
+        for key, value in scope["headers"]:
+            if key == b"traceparent":
+                traceparent = value.decode("latin-1")
+            elif key == b"x-request-id":
+                request_id = value.decode("latin-1")
+            elif key == b"tracestate":
+                tracestate = value.decode("latin-1")
+        method = scope.get("method", "POST")
+        record = self.telemetry.begin(f"{method} {path}", traceparent, request_id,
+                                      {"http.request.method": method, "url.path": path}, tracestate)
+        token = bind(record)
+        events = 0
+
+        async def observe(message: Message) -> None:
+            nonlocal events
+            kind = message["type"]
+            if kind == "http.response.start":
+                record.status = message["status"]
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", record.request_id.encode())]
+            elif kind == "http.response.body":
+                body = message.get("body", b"")
+                if body:
+                    if b"_tokens" in body and (found := _USAGE.findall(body)):
+                        record.output_tokens = int(found[-1])
+                    elif record.output_tokens < 0:
+                        events += body.count(b"data: ")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observe)
+        except BaseException as exc:
+            record.error = f"{type(exc).__name__}: {exc}"
+            record.status = record.status or 500
+            raise
+        finally:
+            unbind(token)
+            if record.output_tokens < 0 and events:
+                record.output_tokens = max(0, events - 1)  # the events less the closing [DONE] or message_stop
+            self.telemetry.end(record, path)
