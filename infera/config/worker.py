@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from infera.config.base import ConfigError, option
-from infera.config.server import DISCOVERY_BACKENDS, KV_EVENT_TRANSPORTS, REQUEST_TRANSPORTS
+from infera.config.server import DISCOVERY_BACKENDS, KV_EVENT_TRANSPORTS, OTEL_EXPORTERS, REQUEST_TRANSPORTS
 
 ROLES = ("mixed", "prefill", "decode")
 
@@ -39,6 +39,11 @@ class WorkerFleetSettings:
                                      choices=KV_EVENT_TRANSPORTS)
     nats_server: str = option("", "NATS URL (--request-transport/--kv-event-transport nats)",
                               env=("NATS_SERVER", "NATS_URL"))
+    otel_exporter: str = option("none", "OpenTelemetry traces of the NATS bridge: none (off), otlp (to "
+                                        "OTEL_EXPORTER_OTLP_ENDPOINT) or console (stdout); each bridged request's "
+                                        "span continues the frontend's leg", env=("INFERA_OTEL_EXPORTER",
+                                                                                  "OTEL_TRACES_EXPORTER"),
+                                choices=OTEL_EXPORTERS)
     lease_ttl: int = option(10, "etcd: seconds the record outlives this worker's last heartbeat (heartbeats "
                                 "every TTL/3)")
     drain_seconds: float = option(10.0, "on SIGTERM: after deregistering, seconds to let in-flight requests "

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.trace import Tracer
 
 from infera.telemetry.logs import JsonFormatter, RequestIds, RequestLog, TextFormatter
 from infera.telemetry.tracing import Telemetry
@@ -56,16 +57,18 @@ def tracer_provider(exporter: SpanExporter, service_name: str, batch: bool = Tru
     return provider
 
 
-def build_telemetry(exporter: str, log_requests: bool, log_format: str, service_name: str,
-                    ) -> tuple[Telemetry, TracerProvider | None]:
-    """Telemetry for a process; the provider (if any) must be shut down at exit to flush its spans."""
+def build_telemetry(exporter: str, log_requests: bool, log_format: str, service_name: str) -> Telemetry:
+    """Telemetry for a process (its tracer provider flushes its spans at exit)."""
+    return Telemetry(tracer_for(exporter, service_name), RequestLog(log_format) if log_requests else None)
+
+
+def tracer_for(exporter: str, service_name: str) -> Tracer | None:
+    """A tracer exporting as ``exporter`` says (None for ``none``); its provider flushes at process exit
+    (the SDK's own exit hook)."""
     span_exporter = exporter_for(exporter)
-    provider = None
-    tracer = None
-    if span_exporter is not None:
-        provider = tracer_provider(span_exporter, service_name, batch=exporter != "console")
-        tracer = provider.get_tracer("infera")
-    return Telemetry(tracer, RequestLog(log_format) if log_requests else None), provider
+    if span_exporter is None:
+        return None
+    return tracer_provider(span_exporter, service_name, batch=exporter != "console").get_tracer("infera")
 
 
 def configure_logging(level: str, log_format: str) -> None:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from opentelemetry.trace import SpanKind, Tracer, set_span_in_context
+from opentelemetry.trace import Span, SpanKind, Tracer, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from infera.telemetry.logs import RequestLog
@@ -25,6 +25,18 @@ def trace_id_of(traceparent: str | None) -> str:
     if traceparent and len(traceparent) >= 55 and traceparent[2] == "-":
         return traceparent[3:35]
     return ""
+
+
+def continue_span(tracer: Tracer, name: str, traceparent: str | None, tracestate: str | None = None,
+                  kind: SpanKind = SpanKind.SERVER, attributes: Mapping[str, Any] | None = None) -> Span:
+    """A span continuing the caller's W3C trace (``traceparent``), or the root of a new one."""
+    parent = None
+    if traceparent:
+        carrier = {"traceparent": traceparent}
+        if tracestate:
+            carrier["tracestate"] = tracestate
+        parent = _PROPAGATOR.extract(carrier)
+    return tracer.start_span(name, parent, kind=kind, attributes=attributes)
 
 
 class Telemetry:
@@ -46,13 +58,7 @@ class Telemetry:
         tracer = self.tracer
         if tracer is None:
             return RequestRecord(rid, trace_id_of(traceparent))
-        parent = None
-        if traceparent:
-            carrier = {"traceparent": traceparent}
-            if tracestate:
-                carrier["tracestate"] = tracestate
-            parent = _PROPAGATOR.extract(carrier)
-        root = tracer.start_span(name, parent, kind=kind, attributes=attributes)
+        root = continue_span(tracer, name, traceparent, tracestate, kind, attributes)
         trace_id = f"{root.get_span_context().trace_id:032x}"
         if not root.is_recording():  # not sampled: no child spans at all
             return RequestRecord(rid, trace_id)
