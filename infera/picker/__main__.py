@@ -21,6 +21,7 @@ from infera.picker.metrics import PickerMetrics
 from infera.picker.placement import Placer
 from infera.picker.service import ExtProc, Targets
 from infera.router.assembly import assemble
+from infera.telemetry.setup import build_telemetry, configure_logging
 
 log = logging.getLogger("infera.picker")
 
@@ -31,7 +32,9 @@ async def serve(settings: PickerSettings) -> None:
     metrics = PickerMetrics(lambda: placer.in_flight(), lambda: len(placer.workers()))
     service = ExtProc(placer, Targets(settings.target_port), metrics, header=settings.destination_header,
                       namespace=settings.metadata_namespace, subset_namespace=settings.subset_namespace,
-                      fallbacks=settings.fallback_endpoints, strip=settings.strip_prompt_pattern)
+                      fallbacks=settings.fallback_endpoints, strip=settings.strip_prompt_pattern,
+                      telemetry=build_telemetry(settings.otel_exporter, settings.log_requests, settings.log_format,
+                                                "infera-picker"))
     started = False
     server = Server([service, Health(lambda: started)])
     stop = asyncio.Event()
@@ -58,7 +61,7 @@ async def serve(settings: PickerSettings) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = load(PickerSettings, argv, prog="python -m infera.picker",
                     description="infera endpoint picker: the KV-aware router behind a GAIE gateway (Envoy ext_proc)")
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     try:
         uvloop.run(serve(settings))
     except (ConfigError, ValueError, OSError) as exc:

@@ -23,6 +23,8 @@ from infera.picker.placement import Placement, Placer, RoutingError, status_of
 from infera.picker.requests import BadRequest, error_json, route_request
 from infera.protocols.worker import WorkerRecord
 from infera.router.errors import NoWorkers
+from infera.telemetry.record import RequestRecord, bind, unbind
+from infera.telemetry.tracing import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,10 @@ class ExtProc:
     """The ``envoy.service.ext_proc.v3.ExternalProcessor`` service (a grpclib mapping)."""
 
     def __init__(self, placer: Placer, targets: Targets, metrics: PickerMetrics, *, header: str, namespace: str,
-                 subset_namespace: str, fallbacks: int, strip: tuple[str, ...] = ()) -> None:
+                 subset_namespace: str, fallbacks: int, strip: tuple[str, ...] = (),
+                 telemetry: Telemetry | None = None) -> None:
+        """``telemetry``, when active: a span per pick (continuing the request's ``traceparent``, with the
+        router's tokenize and pick spans under it, handed on to the sidecar) and a line per request."""
         self.placer = placer
         self.targets = targets
         self.metrics = metrics
@@ -62,6 +67,7 @@ class ExtProc:
         self.subset_namespace = subset_namespace
         self.fallbacks = fallbacks
         self.patterns = [re.compile(p) for p in strip if p]
+        self.telemetry = telemetry if telemetry is not None and telemetry.active else None
 
     async def process(self, messages: AsyncIterator[wire.Request]) -> AsyncIterator[wire.Reply]:
         """One stream: a reply per message that needs one; the load is released however it ends."""
@@ -94,11 +100,16 @@ class Flow:
         self.subset: list[str] | None = None
         self.body = bytearray()
         self.placement: Placement | None = None
+        self.trace_headers: dict[str, str] = {}
+        self.record: RequestRecord | None = None
 
     def handle(self, msg: wire.Request) -> wire.Reply | None:
         phase = msg.phase
         if phase == "request_headers":
             self.path = msg.headers.get(":path", "")
+            if self.s.telemetry is not None:
+                self.trace_headers = {k: v for k in ("traceparent", "tracestate", "x-request-id")
+                                      if (v := msg.headers.get(k)) is not None}
             self.subset = _subset(msg.metadata.get(self.s.subset_namespace, {}).get(SUBSET_KEY))
             if msg.end_of_stream:
                 return self.pick(phase)
@@ -124,6 +135,24 @@ class Flow:
         return wire.proceed(phase)
 
     def pick(self, phase: str) -> wire.Reply:
+        telemetry = self.s.telemetry
+        if telemetry is None:
+            return self._timed_pick(phase)
+        h = self.trace_headers
+        record = self.record = telemetry.begin("endpoint picker", h.get("traceparent"), h.get("x-request-id"),
+                                               {"url.path": self.path}, h.get("tracestate"))
+        token = bind(record)
+        try:
+            return self._timed_pick(phase)
+        finally:
+            unbind(token)
+
+    def _end_record(self) -> None:
+        record, self.record = self.record, None
+        if record is not None and self.s.telemetry is not None:
+            self.s.telemetry.end(record, self.path)
+
+    def _timed_pick(self, phase: str) -> wire.Reply:
         started = time.perf_counter()
         try:
             reply = self._pick(phase)
@@ -131,13 +160,21 @@ class Flow:
             status = status_of(exc)
             self.s.metrics.picks.labels("unavailable" if status == 503 else "refused").inc()
             status, body = error_json(self.path, status, str(exc))
-            return wire.immediate(status, body, str(exc))
+            return self._answer(status, body, str(exc))
         except BadRequest as exc:
             self.s.metrics.picks.labels("bad_request").inc()
             status, body = error_json(self.path, 400, str(exc))
-            return wire.immediate(status, body, str(exc))
+            return self._answer(status, body, str(exc))
         self.s.metrics.pick_seconds.observe(time.perf_counter() - started)
         return reply
+
+    def _answer(self, status: int, body: bytes, details: str) -> wire.Reply:
+        """The picker answers the client itself (an error): the request ends here."""
+        if self.record is not None:
+            self.record.status = status
+            self.record.error = details
+            self._end_record()
+        return wire.immediate(status, body, details)
 
     def _allowed(self) -> Callable[[WorkerRecord], bool] | None:
         if self.subset is None:
@@ -172,6 +209,11 @@ class Flow:
             headers.append((WORKER_HEADER, worker.instance_id))
         if prefill is not None:
             headers.append((PREFILL_HEADER, prefill.instance_id))
+        record = self.record
+        if record is not None:
+            record.workers = [w.instance_id for w in (prefill, worker) if w is not None]
+            if record.root is not None:  # the sidecar's spans continue the pick's
+                headers.append(("traceparent", record.traceparent(record.root)))
         log.debug("%s -> %s (%s)", self.path, endpoints, worker.instance_id)
         return wire.route_to(phase, headers, {s.namespace: {s.header: endpoints}})
 
@@ -185,6 +227,8 @@ class Flow:
             if worker is not None:
                 placement.served_by(worker)
         status = msg.headers.get(":status", "200")
+        if self.record is not None and status.isdigit():
+            self.record.status = int(status)
         if status.isdigit() and int(status) >= 500:
             placement.failed()
         else:
@@ -193,6 +237,7 @@ class Flow:
     def close(self) -> None:
         if self.placement is not None:
             self.placement.release()
+        self._end_record()
 
 
 def _subset(value: object) -> list[str] | None:
