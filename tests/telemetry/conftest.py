@@ -38,7 +38,7 @@ class FailFirst(FakeTransport):
 class Traced:
     """The app, its spans and its request lines."""
 
-    def __init__(self, *workers: WorkerRecord, transport: FakeTransport | None = None, policy: str = "round-robin",
+    def __init__(self, *workers: WorkerRecord, transport: Any = None, policy: str = "round-robin",
                  renderer: PromptRenderer | None = None, tracing: bool = True) -> None:
         self.exporter = InMemorySpanExporter()
         provider = TracerProvider()

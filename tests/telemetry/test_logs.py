@@ -1,0 +1,95 @@
+"""Logs that join up: the request line (JSON and text), and warnings about a request naming its ids."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import orjson
+import pytest
+
+from infera.telemetry.logs import JsonFormatter, RequestIds, RequestLog, TextFormatter
+from infera.telemetry.record import RequestRecord, bind, unbind
+from tests.fakes import MODEL, worker
+from tests.telemetry.conftest import FailFirst, Traced, one
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 5}
+
+
+async def test_the_json_request_line_carries_the_decision_and_the_trace_id_of_the_spans() -> None:
+    t = Traced(worker("w1"), worker("w2"))
+    async with t.client() as client:
+        streamed = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                                     headers={"x-request-id": "abc"})
+        whole = await client.post("/v1/chat/completions", json=CHAT)
+    first, second = t.lines()
+    root = [s for s in t.spans() if s.name == "POST /v1/chat/completions"]
+    assert {f"{s.context.trace_id:032x}" for s in root} == {first["trace_id"], second["trace_id"]}
+    assert first["request_id"] == "abc" and second["request_id"] == whole.headers["x-request-id"]
+    assert first["model"] == MODEL and first["workers"] == [streamed.headers["x-infera-worker"]]
+    assert first["policy"] == "round-robin" and first["reason"] and first["overlap_blocks"] == 0
+    assert first["status"] == 200 and first["ttft_ms"] > 0 and first["duration_ms"] >= first["ttft_ms"]
+    assert first["output_tokens"] == 2 and second["output_tokens"] == 1  # the usage the worker reported
+    assert first["prompt_tokens"] > 0 and first["level"] == "info" and first["ts"].endswith("Z")
+
+
+async def test_the_request_line_without_tracing_keeps_a_callers_trace_id() -> None:
+    t = Traced(worker("w1"), tracing=False)
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with t.client() as client:
+        await client.post("/v1/chat/completions", json=CHAT, headers={"traceparent": parent})
+        await client.post("/v1/chat/completions", json=CHAT)
+    with_parent, without = t.lines()
+    assert with_parent["trace_id"] == "0af7651916cd43dd8448eb211c80319c" and without["trace_id"] == ""
+    assert t.spans() == () and t.transport.calls[0].headers["traceparent"] == parent  # forwarded as is
+
+
+async def test_a_warning_about_a_retried_request_names_its_request_and_trace_ids(
+        caplog: pytest.LogCaptureFixture) -> None:
+    t = Traced(worker("w1"), worker("w2"), transport=FailFirst(text="hello there"))
+    caplog.handler.addFilter(RequestIds())
+    with caplog.at_level(logging.WARNING, logger="infera.router"):
+        async with t.client() as client:
+            resp = await client.post("/v1/chat/completions", json=CHAT)
+    (line,) = t.lines()
+    warnings = [r for r in caplog.records if "failed before its first byte" in r.getMessage()]
+    assert len(warnings) == 1 and resp.status_code == 200
+    assert warnings[0].__dict__["request_id"] == line["request_id"] == resp.headers["x-request-id"]
+    assert warnings[0].__dict__["trace_id"] == line["trace_id"]
+    assert f"{one(t.spans(), 'POST /v1/chat/completions').context.trace_id:032x}" == line["trace_id"]
+    assert line["failed_workers"] and line["workers"] != line["failed_workers"]
+
+
+def test_formatters_append_the_ids_only_to_lines_about_a_request() -> None:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(RequestIds())
+    log = logging.getLogger("tests.telemetry.formatters")
+    log.propagate = False
+    log.addHandler(handler)
+    try:
+        for formatter in (TextFormatter(), JsonFormatter()):
+            handler.setFormatter(formatter)
+            log.warning("outside")
+            token = bind(RequestRecord("r1", "0af7651916cd43dd8448eb211c80319c"))
+            try:
+                log.warning("inside %d", 1)
+            finally:
+                unbind(token)
+    finally:
+        log.removeHandler(handler)
+    text_out, text_in, json_out, json_in = out.getvalue().splitlines()
+    assert "request_id" not in text_out and text_in.endswith(
+        "inside 1 [request_id=r1 trace_id=0af7651916cd43dd8448eb211c80319c]")
+    assert "request_id" not in orjson.loads(json_out)
+    assert orjson.loads(json_in) | {"ts": ""} == {"ts": "", "level": "warning", "logger": "tests.telemetry.formatters",
+                                                  "msg": "inside 1", "request_id": "r1",
+                                                  "trace_id": "0af7651916cd43dd8448eb211c80319c"}
+
+
+def test_the_text_request_line_is_key_value_pairs() -> None:
+    record = RequestRecord("r1", "")
+    record.workers, record.status, record.model = ["w1", "w2"], 200, "m"
+    line = RequestLog("text", io.BytesIO()).line(record, "/v1/completions").decode()
+    assert " INFO infera.request: request request_id=r1 trace_id=- path=/v1/completions model=m workers=w1,w2 " in line
+    assert line.endswith(" status=200\n")
