@@ -29,15 +29,14 @@ import zmq.asyncio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import SpanKind
 
 from infera.config.worker import WorkerFleetSettings
 from infera.protocols import nats_wire as wire
 from infera.protocols.kv_events import REPLAY_END_SEQ, seq_from_bytes
 from infera.protocols.worker import WorkerRecord
-from infera.telemetry.record import RequestRecord
-from infera.telemetry.setup import tracer_for
-from infera.telemetry.tracing import continue_span
+from infera.telemetry.setup import tracing_for
+from infera.telemetry.spans import Span, Tracing, traceparent
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +58,15 @@ class ZmqFeed:
 
 class NatsBridge:
     def __init__(self, url: str, engine_url: str, request_subject: str | None, kv: ZmqFeed | None,
-                 connect_timeout: float = 10.0, tracer: Tracer | None = None) -> None:
-        """``tracer``: each request gets a span continuing the frontend's leg (its ``traceparent`` header),
+                 connect_timeout: float = 10.0, tracing: Tracing | None = None) -> None:
+        """``tracing``: each request gets a span continuing the frontend's leg (its ``traceparent`` header),
         and the engine is asked to continue that span."""
         self._url = url
         self._engine = engine_url.rstrip("/")
         self._req_subject = request_subject
         self._kv = kv
         self._connect_timeout = connect_timeout
-        self._tracer = tracer
+        self._tracing = tracing
         self._nc: Client | None = None
         self._session: aiohttp.ClientSession | None = None
         self._ctx: zmq.asyncio.Context | None = None
@@ -147,41 +146,42 @@ class NatsBridge:
         headers = msg.headers or {}
         path = headers.get(wire.PATH_HEADER, "/v1/chat/completions")
         fwd = {k: v for k, v in headers.items() if k.lower() not in _SKIP_HEADERS}
-        span = self._span(headers, path) if self._tracer is not None else None
+        tracing = self._tracing
+        span = self._span(tracing, headers, path) if tracing is not None else None
         if span is not None:
-            fwd["traceparent"] = RequestRecord.traceparent(span)
+            fwd["traceparent"] = traceparent(span.context)
         try:
             async with session.post(self._engine + path, data=msg.data, headers=fwd) as resp:
                 await nc.publish(msg.reply, wire.encode_head(resp.status, resp.headers.get("Content-Type", "")))
                 first = True
                 async for chunk in resp.content.iter_any():
                     if first and span is not None:
-                        span.add_event("first_byte")
+                        span.event("first_byte")
                     first = False
                     for i in range(0, len(chunk), MAX_FRAME):
                         await nc.publish(msg.reply, wire.DATA + chunk[i:i + MAX_FRAME])
                 if span is not None:
-                    span.set_attribute("http.response.status_code", resp.status)
+                    span.attributes["http.response.status_code"] = resp.status
             await nc.publish(msg.reply, wire.END)
         except asyncio.CancelledError:
             if span is not None:
-                span.set_status(Status(StatusCode.ERROR, "cancelled"))
+                span.error("cancelled")
             raise  # cancelled by the frontend or a lost broker: leaving the block closed the engine stream
         except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as exc:
             if span is not None:
-                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                span.error(str(exc))
             with contextlib.suppress(NatsError, OSError):
                 await nc.publish(msg.reply, wire.FAIL + f"engine at {self._engine} failed: {exc}".encode())
         except NatsError as exc:
             log.warning("could not stream a reply over NATS: %s", exc)
         finally:
-            if span is not None:
-                span.end()
+            if tracing is not None and span is not None:
+                tracing.end(span)
 
-    def _span(self, headers: dict[str, str], path: str) -> Span:
-        assert self._tracer is not None
-        return continue_span(self._tracer, "nats bridge", headers.get("traceparent"), headers.get("tracestate"),
-                             SpanKind.SERVER, {"infera.subject": self._req_subject or "", "url.path": path})
+    def _span(self, tracing: Tracing, headers: dict[str, str], path: str) -> Span | None:
+        _, span = tracing.root("nats bridge", headers.get("traceparent"), headers.get("tracestate"), SpanKind.SERVER,
+                               {"infera.subject": self._req_subject or "", "url.path": path})
+        return span
 
     # ---- KV events ---------------------------------------------------------------------------
 
@@ -275,5 +275,5 @@ def bridge_for(record: WorkerRecord, settings: WorkerFleetSettings, engine_url: 
             if ev is not None and record.nats_kv_subject else None)
     if not record.nats_subject and feed is None:
         return None
-    tracer = tracer_for(settings.otel_exporter, "infera-worker") if record.nats_subject else None
-    return NatsBridge(settings.nats_server, engine_url or record.http_url, record.nats_subject, feed, tracer=tracer)
+    tracing = tracing_for(settings.otel_exporter, "infera-worker") if record.nats_subject else None
+    return NatsBridge(settings.nats_server, engine_url or record.http_url, record.nats_subject, feed, tracing=tracing)

@@ -156,7 +156,7 @@ class Legs:
         def release() -> None:
             opened.close()
             self._load.end(ticket)
-            if span is not None and span.is_recording():  # release is idempotent; a span ends once
-                span.end()
+            if record is not None:
+                record.leg_done(span)
 
         return Leg(worker, upstream, first, release)

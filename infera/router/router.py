@@ -194,9 +194,7 @@ class Router:
             return self._context.build(req)
         start = clock_ns()
         ctx = self._context.build(req)
-        record.prompt_tokens = ctx.prompt_tokens
-        record.stage("tokenize", start, {"infera.prompt_tokens": ctx.prompt_tokens,
-                                         "infera.tokenized": ctx.token_ids is not None})
+        record.tokenized(start, ctx.prompt_tokens, ctx.token_ids is not None)
         return ctx
 
     def _pick(self, role: str, ctx: RoutingContext, pool: list[WorkerRecord], policy: Policy, name: str,

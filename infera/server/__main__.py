@@ -47,16 +47,10 @@ class DefaultWorkerHeader:
 
 
 def build(settings: ServerSettings) -> FastAPI:
-    telemetry, provider = build_telemetry(settings.otel_exporter, settings.log_requests, settings.log_format,
-                                          "infera-frontend")
+    telemetry = build_telemetry(settings.otel_exporter, settings.log_requests, settings.log_format, "infera-frontend")
     parts = assemble(settings)
     router = parts.router
-    on_start, on_stop = parts.on_start, list(parts.on_stop)
-    if provider is not None:
-        async def flush_spans() -> None:
-            provider.shutdown()
-
-        on_stop.append(flush_spans)
+    on_start, on_stop = parts.on_start, parts.on_stop
     app = build_app(router, max_body_bytes=settings.max_body_bytes, strip_patterns=settings.strip_prompt_pattern,
                     on_start=on_start, on_stop=on_stop, telemetry=telemetry)
     install_operations(app, router, strip_patterns=settings.strip_prompt_pattern,

@@ -67,11 +67,11 @@ async def take(request: Request, limit: int, schema: type[M], describe: Describe
     try:
         intake = await _take(request, limit, schema, describe, strip)
     except IntakeError as exc:
-        record.stage("intake", start, {"infera.error": str(exc), "http.response.status_code": exc.status})
+        record.intake(start, 0, str(exc), exc.status)
         raise
     model = intake.payload.get("model")
     record.model = model if isinstance(model, str) else ""
-    record.stage("intake", start, {"infera.body_bytes": len(intake.body)})
+    record.intake(start, len(intake.body))
     return intake
 
 

@@ -22,9 +22,9 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
-from opentelemetry.trace import Tracer
 
 from infera.telemetry.logs import JsonFormatter, RequestIds, RequestLog, TextFormatter
+from infera.telemetry.spans import Tracing
 from infera.telemetry.tracing import Telemetry
 
 EXPORTERS = ("none", "otlp", "console")
@@ -47,28 +47,24 @@ def exporter_for(name: str, out: IO[str] | None = None) -> SpanExporter | None:
     raise ValueError(f"unknown --otel-exporter {name!r} (one of {', '.join(EXPORTERS)})")
 
 
-def tracer_provider(exporter: SpanExporter, service_name: str, batch: bool = True) -> TracerProvider:
-    """A provider sampling as ``OTEL_TRACES_SAMPLER`` says (default: parent-based, always on), exporting
-    to ``exporter`` from a background thread (``batch``) or as each span ends (tests, the console)."""
-    # OTEL_SERVICE_NAME, when set, names the service rather than the process kind's default
-    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
-    return provider
-
-
-def build_telemetry(exporter: str, log_requests: bool, log_format: str, service_name: str) -> Telemetry:
-    """Telemetry for a process (its tracer provider flushes its spans at exit)."""
-    return Telemetry(tracer_for(exporter, service_name), RequestLog(log_format) if log_requests else None)
-
-
-def tracer_for(exporter: str, service_name: str) -> Tracer | None:
-    """A tracer exporting as ``exporter`` says (None for ``none``); its provider flushes at process exit
-    (the SDK's own exit hook)."""
+def tracing_for(exporter: str, service_name: str) -> Tracing | None:
+    """Tracing that exports as ``exporter`` says (None for ``none``): in batches from a background thread,
+    or each span as it ends for ``console``. The SDK's provider parses the sampler and the resource from
+    the standard environment, and flushes the processor at process exit."""
     span_exporter = exporter_for(exporter)
     if span_exporter is None:
         return None
-    return tracer_provider(span_exporter, service_name, batch=exporter != "console").get_tracer("infera")
+    # OTEL_SERVICE_NAME, when set, names the service rather than the process kind's default
+    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    processor = SimpleSpanProcessor(span_exporter) if exporter == "console" else BatchSpanProcessor(span_exporter)
+    provider.add_span_processor(processor)
+    return Tracing(processor, provider.sampler, provider.resource)
+
+
+def build_telemetry(exporter: str, log_requests: bool, log_format: str, service_name: str) -> Telemetry:
+    """Telemetry for a process, from its ``--otel-exporter``, ``--log-requests`` and ``--log-format``."""
+    return Telemetry(tracing_for(exporter, service_name), RequestLog(log_format) if log_requests else None)
 
 
 def configure_logging(level: str, log_format: str) -> None:

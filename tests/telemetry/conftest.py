@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import orjson
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -18,6 +18,7 @@ from infera.protocols.worker import WorkerRecord
 from infera.router.router import Router, RouterOptions
 from infera.server.app import build_app
 from infera.telemetry.logs import RequestLog
+from infera.telemetry.spans import Tracing
 from infera.telemetry.tracing import Telemetry
 from infera.transport.base import UpstreamError, UpstreamResponse
 from tests.fakes import FakeFleet, FakeTransport
@@ -41,10 +42,9 @@ class Traced:
     def __init__(self, *workers: WorkerRecord, transport: Any = None, policy: str = "round-robin",
                  renderer: PromptRenderer | None = None, tracing: bool = True) -> None:
         self.exporter = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.log = io.BytesIO()
-        telemetry = Telemetry(provider.get_tracer("test") if tracing else None, RequestLog("json", self.log))
+        telemetry = Telemetry(Tracing(SimpleSpanProcessor(self.exporter)) if tracing else None,
+                              RequestLog("json", self.log))
         self.transport = transport or FakeTransport(text="hello there")
         self.router = Router(FakeFleet(*workers), self.transport, None, renderer,
                              RouterOptions(policy=policy), rng=random.Random(1))

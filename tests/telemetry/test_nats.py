@@ -12,7 +12,6 @@ from pathlib import Path
 import orjson
 import pytest
 from aiohttp import web
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
@@ -20,6 +19,7 @@ from opentelemetry.trace import SpanKind
 from harness import NatsServer, free_port
 from infera.engine.nats_bridge import NatsBridge
 from infera.protocols import nats_wire as wire
+from infera.telemetry.spans import Tracing
 from infera.transport.nats_requests import NatsRequestTransport
 from tests.fakes import MODEL, chat_json, worker
 from tests.telemetry.conftest import Traced, one
@@ -48,11 +48,9 @@ async def test_the_traceparent_crosses_nats_to_the_bridge_and_on_to_the_engine(b
     await web.TCPSite(runner, "127.0.0.1", port).start()
 
     worker_spans = InMemorySpanExporter()
-    worker_provider = TracerProvider()
-    worker_provider.add_span_processor(SimpleSpanProcessor(worker_spans))
     subject = wire.request_subject("w1")
     bridge = NatsBridge(broker.url, f"http://127.0.0.1:{port}", subject, None,
-                        tracer=worker_provider.get_tracer("worker"))
+                        tracing=Tracing(SimpleSpanProcessor(worker_spans)))
     transport = NatsRequestTransport(broker.url, idle_timeout=10)
     await bridge.start()
     await transport.start()

@@ -8,7 +8,6 @@ import io
 import orjson
 from envoy_data_plane.envoy.config.core.v3 import HeaderMap, HeaderValue
 from envoy_data_plane.envoy.service.ext_proc.v3 import HttpHeaders, ProcessingRequest
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -17,6 +16,7 @@ from infera.picker.placement import Placer
 from infera.picker.service import ExtProc, Targets
 from infera.router.router import Router, RouterOptions
 from infera.telemetry.logs import RequestLog
+from infera.telemetry.spans import Tracing
 from infera.telemetry.tracing import Telemetry
 from tests.picker.test_extproc import CHAT, Fleet, body, exchange, response, set_headers, worker
 from tests.telemetry.conftest import tree
@@ -26,8 +26,6 @@ PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 async def test_each_pick_is_a_span_continuing_the_gateways_trace_and_handed_to_the_sidecar() -> None:
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
     log = io.BytesIO()
     router = Router(Fleet([worker("a", 1), worker("b", 2)]), transport=None, events=None,  # type: ignore[arg-type]
                     renderer=None, options=RouterOptions(policy="round-robin"))
@@ -35,7 +33,7 @@ async def test_each_pick_is_a_span_continuing_the_gateways_trace_and_handed_to_t
     service = ExtProc(placer, Targets(0), PickerMetrics(placer.in_flight, lambda: len(placer.workers())),
                       header="x-gateway-destination-endpoint", namespace="envoy.lb",
                       subset_namespace="envoy.lb.subset_hint", fallbacks=0,
-                      telemetry=Telemetry(provider.get_tracer("test"), RequestLog("json", log)))
+                      telemetry=Telemetry(Tracing(SimpleSpanProcessor(exporter)), RequestLog("json", log)))
     hmap = HeaderMap(headers=[HeaderValue(key=":path", raw_value=b"/v1/chat/completions"),
                               HeaderValue(key="traceparent", raw_value=PARENT.encode())])
     replies = await exchange(service, [ProcessingRequest(request_headers=HttpHeaders(headers=hmap)), body(CHAT),
