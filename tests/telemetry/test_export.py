@@ -1,0 +1,59 @@
+"""The spans as exporters take them: OTLP encodes them, the sampler decides once per trace, and a bad
+traceparent starts a new trace."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+
+from infera.telemetry.spans import Tracing, parse_traceparent
+from tests.fakes import MODEL, worker
+from tests.telemetry.conftest import Traced
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+async def test_otlp_encodes_a_requests_spans_with_their_ids_events_and_attributes() -> None:
+    t = Traced(worker("w1"))
+    async with t.client() as client:
+        await client.post("/v1/chat/completions", json=CHAT, headers={"traceparent": PARENT})
+    request = encode_spans(t.spans())
+    spans = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert len(spans) == 5 and {s.trace_id.hex() for s in spans} == {"0af7651916cd43dd8448eb211c80319c"}
+    leg = next(s for s in spans if s.name == "leg mixed")
+    assert [e.name for e in leg.events] == ["first_byte"]
+    assert {a.key: a.value.string_value for a in leg.attributes}["infera.worker"] == "w1"
+
+
+def test_the_sampler_decides_at_the_root_and_a_callers_decision_is_followed() -> None:
+    exporter = InMemorySpanExporter()
+    never = Tracing(SimpleSpanProcessor(exporter), ALWAYS_OFF)
+    trace_id, span = never.root("r", None)
+    assert span is None and trace_id > 0
+    follow = Tracing(SimpleSpanProcessor(exporter), ParentBased(TraceIdRatioBased(1.0)))
+    assert follow.root("r", PARENT[:-2] + "00")[1] is None  # the caller did not sample it
+    trace_id, span = follow.root("r", PARENT)
+    assert span is not None and f"{trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
+    follow.end(span)
+    follow.end(span)  # once
+    assert [s.name for s in exporter.get_finished_spans()] == ["r"]
+
+
+@pytest.mark.parametrize("header", ["", "junk", "00-" + "0" * 32 + "-b7ad6b7169203331-01",
+                                    "00-0af7651916cd43dd8448eb211c80319c-" + "0" * 16 + "-01",
+                                    "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+                                    "00-0af7651916cd43dd8448eb211c80319x-b7ad6b7169203331-01"])
+def test_an_invalid_traceparent_is_ignored(header: str) -> None:
+    assert parse_traceparent(header) is None
+    tracing = Tracing(SimpleSpanProcessor(InMemorySpanExporter()))
+    _, span = tracing.root("r", header)
+    assert span is not None and span.parent is None
+
+
+def test_a_valid_traceparent_parses() -> None:
+    assert parse_traceparent(PARENT) == (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, 1)
