@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from infera.telemetry.logs import JsonFormatter, RequestIds, RequestLog, TextFormatter
+from infera.telemetry.otlp import otlp_exporter
 from infera.telemetry.spans import Tracing
 from infera.telemetry.tracing import Telemetry
 
@@ -39,11 +40,10 @@ def exporter_for(name: str, out: IO[str] | None = None) -> SpanExporter | None:
         return ConsoleSpanExporter(out=out or sys.stdout)
     if name == "otlp":
         try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            return otlp_exporter()
         except ImportError as exc:
             raise ValueError("--otel-exporter otlp needs the OTLP exporter: pip install 'infera[otlp]' "
                              "(opentelemetry-exporter-otlp-proto-http)") from exc
-        return OTLPSpanExporter()
     raise ValueError(f"unknown --otel-exporter {name!r} (one of {', '.join(EXPORTERS)})")
 
 

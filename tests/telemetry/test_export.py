@@ -57,3 +57,61 @@ def test_an_invalid_traceparent_is_ignored(header: str) -> None:
 
 def test_a_valid_traceparent_parses() -> None:
     assert parse_traceparent(PARENT) == (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, 1)
+
+
+async def test_the_hand_written_otlp_encoding_equals_the_sdks_for_a_requests_spans() -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from infera.telemetry.otlp import Encoder
+    from tests.telemetry.conftest import FailFirst
+
+    t = Traced(worker("w1"), worker("w2"), transport=FailFirst(text="hello there"))
+    async with t.client() as client:  # a retry: an error status; a caller's traceparent and tracestate
+        await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                          headers={"traceparent": PARENT, "tracestate": "vendor=x1"})
+        await client.post("/v1/chat/completions", json=CHAT)
+    spans = t.spans()
+    assert any(s.status.description for s in spans) and any(s.parent and s.parent.is_remote for s in spans)
+    ours = ExportTraceServiceRequest.FromString(Encoder().encode(spans))
+    assert ours == encode_spans(spans)
+
+
+async def test_the_otlp_exporter_posts_the_spans_to_the_collector_the_environment_names(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from infera.telemetry.setup import exporter_for
+
+    bodies: list[tuple[str, bytes]] = []
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append((self.path, self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        t = Traced(worker("w1"))
+        async with t.client() as client:
+            await client.post("/v1/chat/completions", json=CHAT)
+        exporter = exporter_for("otlp")
+        assert exporter is not None and exporter.export(t.spans()) == SpanExportResult.SUCCESS
+        exporter.shutdown()
+    finally:
+        server.shutdown()
+        server.server_close()
+    ((path, body),) = bodies
+    sent = ExportTraceServiceRequest.FromString(body)
+    assert path == "/v1/traces" and sent == encode_spans(t.spans())

@@ -1,0 +1,176 @@
+"""OTLP/protobuf encoding of finished spans, written out by hand, and the exporter that uses it.
+
+The OTLP exporter builds a protobuf message object per span, attribute and value before serialising;
+profiled, that was ~140 µs of CPU per request (five spans), more than the rest of tracing together.
+This writes the same ``ExportTraceServiceRequest`` bytes directly (field numbers from
+opentelemetry-proto's ``trace/v1/trace.proto`` and ``common/v1/common.proto``), caching the encoded
+resource, scope and attribute keys. A test decodes its output with the official classes and compares
+it with the SDK encoder's message for the same spans.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanKind, TraceState
+
+log = logging.getLogger(__name__)
+
+_KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
+_HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # SpanFlags
+_fixed64 = struct.Struct("<Q").pack
+_fixed32 = struct.Struct("<I").pack
+_double = struct.Struct("<d").pack
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _len(field: int, data: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    n = len(data)
+    if field < 16 and n < 0x80:  # one-byte tag and length: most fields here
+        return bytes((field << 3 | 2, n)) + data
+    return _varint(field << 3 | 2) + _varint(n) + data
+
+
+def _value(value: Any) -> bytes:
+    """An ``AnyValue``."""
+    if isinstance(value, bool):
+        return b"\x10" + (b"\x01" if value else b"\x00")
+    if isinstance(value, str):
+        return _len(1, value.encode())
+    if isinstance(value, int):
+        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)  # int64 as two's complement
+    if isinstance(value, float):
+        return b"\x21" + _double(value)
+    if isinstance(value, bytes):
+        return _len(7, value)
+    if isinstance(value, Sequence):
+        return _len(5, b"".join(_len(1, _value(v)) for v in value))
+    if isinstance(value, Mapping):
+        return _len(6, b"".join(_len(1, _key_value(str(k), v)) for k, v in value.items()))
+    raise TypeError(f"cannot encode an attribute of type {type(value).__name__}")
+
+
+def _key_value(key: str, value: Any) -> bytes:
+    return _len(1, key.encode()) + _len(2, _value(value))
+
+
+class Encoder:
+    """Encodes spans to ``ExportTraceServiceRequest`` bytes; keeps the encodings of keys, resources, scopes."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, bytes] = {}
+        self._resources: dict[int, tuple[Resource, bytes]] = {}
+        self._scopes: dict[int, tuple[InstrumentationScope | None, bytes]] = {}
+
+    def _attributes(self, field: int, attributes: Mapping[str, Any] | None) -> bytes:
+        if not attributes:
+            return b""
+        keys = self._keys
+        parts = []
+        for key, value in attributes.items():
+            k = keys.get(key)
+            if k is None:
+                k = keys[key] = _len(1, key.encode())
+            parts.append(_len(field, k + _len(2, _value(value))))
+        return b"".join(parts)
+
+    def _resource(self, resource: Resource) -> bytes:
+        cached = self._resources.get(id(resource))
+        if cached is None or cached[0] is not resource:  # the object is kept, so its id is not reused
+            cached = self._resources[id(resource)] = (resource, _len(1, self._attributes(1, resource.attributes)))
+        return cached[1]
+
+    def _scope(self, scope: InstrumentationScope | None) -> bytes:
+        cached = self._scopes.get(id(scope))
+        if cached is None or cached[0] is not scope:
+            body = b""
+            if scope is not None:
+                body = (_len(1, scope.name.encode()) + (_len(2, scope.version.encode()) if scope.version else b"")
+                        + self._attributes(3, scope.attributes))
+            cached = self._scopes[id(scope)] = (scope, _len(1, body))
+        return cached[1]
+
+    def span(self, span: ReadableSpan) -> bytes:
+        """One ``Span`` message."""
+        ctx = span.context
+        assert ctx is not None
+        parts = [b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big"), b"\x12\x08" + ctx.span_id.to_bytes(8, "big")]
+        state: TraceState | None = ctx.trace_state
+        if state:
+            parts.append(_len(3, state.to_header().encode()))
+        parent = span.parent
+        if parent is not None:
+            parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
+        parts.append(_len(5, span.name.encode()))
+        parts.append(b"\x30" + bytes((_KIND[span.kind],)))
+        parts.append(b"\x39" + _fixed64(span.start_time or 0))
+        parts.append(b"\x41" + _fixed64(span.end_time or 0))
+        parts.append(self._attributes(9, span.attributes))
+        for event in span.events:
+            body = b"\x09" + _fixed64(event.timestamp) + _len(2, event.name.encode()) + self._attributes(
+                3, event.attributes)
+            parts.append(_len(11, body))
+        status = span.status
+        code = status.status_code.value if status is not None else 0
+        description = status.description if status is not None else None
+        parts.append(_len(15, (_len(2, description.encode()) if description else b"")
+                          + (b"\x18" + bytes((code,)) if code else b"")))
+        flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
+        parts.append(b"\x85\x01" + _fixed32(flags))
+        return b"".join(parts)
+
+    def encode(self, spans: Sequence[ReadableSpan]) -> bytes:
+        """The request carrying ``spans``, grouped by resource and instrumentation scope."""
+        groups: dict[int, tuple[Resource, dict[int, tuple[InstrumentationScope | None, list[bytes]]]]] = {}
+        for span in spans:
+            resource = span.resource
+            scopes = groups.setdefault(id(resource), (resource, {}))[1]
+            scope = span.instrumentation_scope
+            scopes.setdefault(id(scope), (scope, []))[1].append(_len(2, self.span(span)))
+        out = []
+        for resource, scopes in groups.values():
+            scope_spans = b"".join(_len(2, self._scope(scope) + b"".join(encoded))
+                                   for scope, encoded in scopes.values())
+            out.append(_len(1, self._resource(resource) + scope_spans))
+        return b"".join(out)
+
+
+def otlp_exporter() -> SpanExporter:
+    """The OTLP/HTTP span exporter (endpoint, headers, timeout and compression from the standard
+    ``OTEL_EXPORTER_OTLP_*`` environment) sending bodies made by :class:`Encoder`."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    class Exporter(OTLPSpanExporter):
+        _infera_encoder = Encoder()
+
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            client = getattr(self, "_client", None)
+            if client is None or getattr(self, "_shutdown", False):  # another SDK layout: its own encoder
+                return super().export(spans)
+            try:
+                data = self._infera_encoder.encode(spans)
+            except (TypeError, ValueError, AssertionError) as exc:
+                log.error("could not encode %d spans: %s", len(spans), exc)
+                return SpanExportResult.FAILURE
+            result = client.export(data)
+            return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
+
+    return Exporter()
