@@ -1,0 +1,241 @@
+"""Tracing and logging overhead: the frontend's CPU per request with telemetry off and on, side by side.
+
+Frontends over the same 2 mock engines (x100000: engine time negligible), all live at once, kv-aware
+over ~1k-token chat prompts, half streamed, ``max_tokens`` 8, closed loop at concurrency 4:
+
+  off        no telemetry (the default)
+  off-2      a second identical frontend: the noise floor (off-2 / off)
+  log        --log-requests --log-format json (the request line to the process's log file)
+  traced     --otel-exporter otlp with the exporter replaced by a no-op (span cost without export)
+  otlp       --otel-exporter otlp to a local collector stub (OTLP/HTTP protobuf, answered 200)
+  sampled    otlp with OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG=0.1
+  all        otlp + --log-requests --log-format json
+
+Each round runs every scenario once, in a shuffled order; CPU = utime+stime of the frontend process
+from /proc over its cell / completed requests. Figures are medians over rounds and ratios to ``off``.
+
+    nice -n 10 .venv/bin/python bench/tracing_overhead.py --quick   # ~2 min
+    nice -n 10 .venv/bin/python bench/tracing_overhead.py           # ~6 min
+    .venv/bin/python bench/tracing_overhead.py --frontend ...       # (internal: a frontend with a no-op exporter)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.server
+import random
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+MODEL = "bench-model"
+SCENARIOS: dict[str, tuple[tuple[str, ...], dict[str, str], bool]] = {
+    # name: (frontend flags, env, no-op exporter)
+    "off": ((), {}, False),
+    "off-2": ((), {}, False),
+    "log": (("--log-requests", "--log-format", "json"), {}, False),
+    "traced": (("--otel-exporter", "otlp"), {}, True),
+    "otlp": (("--otel-exporter", "otlp"), {}, False),
+    "sampled": (("--otel-exporter", "otlp"),
+                {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}, False),
+    "all": (("--otel-exporter", "otlp", "--log-requests", "--log-format", "json"), {}, False),
+}
+
+
+def noop_frontend(argv: Sequence[str]) -> int:
+    """``python -m infera.server`` whose ``otlp`` exporter accepts spans and drops them."""
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    import infera.telemetry.setup as setup
+    from infera.server.__main__ import main
+
+    class Noop(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    real = setup.exporter_for
+    setup.exporter_for = lambda name, out=None: Noop() if name == "otlp" else real(name, out)  # type: ignore[assignment]
+    return main(argv)
+
+
+class Collector:
+    """An OTLP/HTTP collector stub on 127.0.0.1: reads each export request and answers 200 (empty body)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.bytes = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                n = int(self.headers.get("content-length", "0"))
+                self.rfile.read(n)
+                outer.requests += 1
+                outer.bytes += n
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Collector:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def thread_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds (utime+stime) of a process's main thread and of all its other threads (the span
+    exporter's among them), from /proc/<pid>/task/*/stat."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    main = other = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            raw = (task / "stat").read_text()
+        except OSError:
+            continue  # a thread that just ended
+        fields = raw[raw.rindex(")") + 2:].split()
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        if task.name == str(pid):
+            main += cpu
+        else:
+            other += cpu
+    return main, other
+
+
+def start_frontends(engines: list[Any], tok: Path, log_dir: Path, collector: Collector) -> dict[str, Any]:
+    from bench.common import PYTHON, Proc, frontend_ready
+    from harness import free_port, frontend_argv
+
+    fronts: dict[str, Any] = {}
+    for name, (flags, env, noop) in SCENARIOS.items():
+        port = free_port()
+        argv = frontend_argv(port, [e.url for e in engines], tokenizer=tok, policy="kv-aware", python=PYTHON,
+                             args=("--log-level", "warning", *flags))
+        if noop:
+            argv = [PYTHON, str(Path(__file__).resolve()), "--frontend", *argv[3:]]
+        proc = Proc(name, argv, port, log_dir / f"frontend-{name}.log")
+        proc.env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, **env})
+        fronts[name] = proc
+    for proc in fronts.values():
+        proc.start()
+    for proc in fronts.values():
+        proc.wait_ready("/health", 120, frontend_ready(len(engines)))
+    return fronts
+
+
+async def measure(fronts: dict[str, Any], bodies: list[bytes], rounds: int, n: int, conc: int,
+                  seed: int) -> list[dict[str, Any]]:
+    from bench.common import make_session, run_load
+
+    rows: list[dict[str, Any]] = []
+    rng = random.Random(seed)
+    async with make_session(conc) as session:
+        for proc in fronts.values():  # warm-up: tokenizer caches, connection pools
+            await run_load(session, [proc.url + "/v1/chat/completions"], bodies, conc, 64, 30)
+        for r in range(rounds):
+            order = list(fronts)
+            rng.shuffle(order)
+            for name in order:
+                proc = fronts[name]
+                c0, (m0, o0) = proc.cpu(), thread_cpu(proc.pid)
+                res = await run_load(session, [proc.url + "/v1/chat/completions"], bodies, conc, n, 120,
+                                     offset=r * 7919)
+                cpu, (m1, o1) = proc.cpu() - c0, thread_cpu(proc.pid)
+                ok = max(res.ok, 1)
+                rows.append({"round": r, "scenario": name, "ok": res.ok, "errors": res.errors,
+                             "cpu_us_per_req": cpu / ok * 1e6, "main_us_per_req": (m1 - m0) / ok * 1e6,
+                             "other_us_per_req": (o1 - o0) / ok * 1e6, "rps": res.rps,
+                             "first_error": res.first_error})
+                print(f"round {r} {name:8s} ok={res.ok} err={res.errors} cpu/req={cpu / ok * 1e6:7.0f} us "
+                      f"(other threads {(o1 - o0) / ok * 1e6:5.0f})", flush=True)
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    from bench.common import median, percentile
+
+    base = median([r["cpu_us_per_req"] for r in rows if r["scenario"] == "off"])
+    out: dict[str, dict[str, float]] = {}
+    for name in SCENARIOS:
+        own = [r["cpu_us_per_req"] for r in rows if r["scenario"] == name]
+        # per round, the ratio to that round's "off": less sensitive to the box's load drifting between rounds
+        paired = [r["cpu_us_per_req"] / o["cpu_us_per_req"] for r in rows if r["scenario"] == name
+                  for o in rows if o["scenario"] == "off" and o["round"] == r["round"]]
+        out[name] = {"cpu_us_per_req": median(own), "ratio": median(own) / base, "paired_ratio": median(paired),
+                     "paired_q1": percentile(paired, 25), "paired_q3": percentile(paired, 75),
+                     "main_us_per_req": median([r["main_us_per_req"] for r in rows if r["scenario"] == name]),
+                     "other_us_per_req": median([r["other_us_per_req"] for r in rows if r["scenario"] == name]),
+                     "errors": float(sum(r["errors"] for r in rows if r["scenario"] == name))}
+    return out
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--frontend":
+        return noop_frontend(sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 200 requests")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--concurrency", type=int, default=4)
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.requests = 2, 200
+
+    import tempfile
+
+    from bench.common import chat_body, default_tokenizer_dir, machine_info, mock_engine, stop_all, write_results
+
+    tok = default_tokenizer_dir()
+    bodies = [chat_body(i, MODEL, stream=i % 2 == 0, max_tokens=8) for i in range(512)]
+    log_dir = Path(tempfile.mkdtemp(prefix="tracing-overhead-"))
+    engines = [mock_engine(f"engine-{i}", tok, MODEL, log_dir) for i in range(2)]
+    fronts: dict[str, Any] = {}
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    with Collector() as collector:
+        try:
+            for e in engines:
+                e.start()
+            for e in engines:
+                e.wait_ready("/infera/worker", 60)
+            fronts = start_frontends(engines, tok, log_dir, collector)
+            rows = asyncio.run(measure(fronts, bodies, args.rounds, args.requests, args.concurrency, seed=11))
+        finally:
+            stop_all([*fronts.values(), *engines])
+        exported = (collector.requests, collector.bytes)
+    summary = summarize(rows)
+    print(f"\nrun {started}, {args.rounds} rounds x {args.requests} requests, concurrency {args.concurrency}, "
+          f"collector got {exported[0]} export requests ({exported[1] / 1e6:.1f} MB)")
+    print("| scenario | frontend CPU µs/req | main thread | other threads | × off | × off, per-round pairs (IQR) |")
+    print("|---|--:|--:|--:|--:|--:|")
+    for name, s in summary.items():
+        print(f"| {name} | {s['cpu_us_per_req']:.0f} | {s['main_us_per_req']:.0f} | {s['other_us_per_req']:.0f} | "
+              f"{s['ratio']:.3f} | {s['paired_ratio']:.3f} ({s['paired_q1']:.3f}-{s['paired_q3']:.3f}) |")
+    path = write_results("tracing_overhead", {"machine": machine_info(), "args": vars(args), "rows": rows,
+                                              "summary": summary, "collector": exported, "logs": str(log_dir)})
+    print(f"results: {path}\nlogs: {log_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
