@@ -6,7 +6,7 @@ over ~1k-token chat prompts, half streamed, ``max_tokens`` 8, closed loop at con
   off        no telemetry (the default)
   off-2      a second identical frontend: the noise floor (off-2 / off)
   log        --log-requests --log-format json (the request line to the process's log file)
-  traced     --otel-exporter otlp with the exporter replaced by a no-op (span cost without export)
+  traced     --otel-exporter otlp whose HTTP client sends nothing (spans recorded and encoded, no export)
   otlp       --otel-exporter otlp to a local collector stub (OTLP/HTTP protobuf, answered 200)
   sampled    otlp with OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG=0.1
   all        otlp + --log-requests --log-format json
@@ -49,14 +49,24 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], dict[str, str], bool]] = {
 
 
 def noop_frontend(argv: Sequence[str]) -> int:
-    """``python -m infera.server`` whose ``otlp`` exporter accepts spans and drops them."""
+    """``python -m infera.server`` whose ``otlp`` exporter takes every batch and sends nothing (spans are
+    recorded and encoded as with OTLP; no HTTP)."""
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     import infera.telemetry.setup as setup
     from infera.server.__main__ import main
 
+    class Taken:
+        success = True
+
+    class Client:
+        def export(self, body: bytes) -> Taken:
+            return Taken()
+
     class Noop(SpanExporter):
+        _client = Client()
+
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 

@@ -15,7 +15,7 @@ import sys
 from typing import IO
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from infera.telemetry.logs import JsonFormatter, RequestIds, RequestLog, TextFormatter
-from infera.telemetry.otlp import otlp_exporter
+from infera.telemetry.otlp import otlp_exporter, otlp_processor
 from infera.telemetry.spans import Tracing
 from infera.telemetry.tracing import Telemetry
 
@@ -57,7 +57,11 @@ def tracing_for(exporter: str, service_name: str) -> Tracing | None:
     # OTEL_SERVICE_NAME, when set, names the service rather than the process kind's default
     name = os.environ.get("OTEL_SERVICE_NAME") or service_name
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    processor = SimpleSpanProcessor(span_exporter) if exporter == "console" else BatchSpanProcessor(span_exporter)
+    processor: SpanProcessor | None = SimpleSpanProcessor(span_exporter) if exporter == "console" else None
+    if exporter == "otlp":  # spans encoded as they end: nothing of a request outlives it (otlp.py)
+        processor = otlp_processor(span_exporter)
+    if processor is None:
+        processor = BatchSpanProcessor(span_exporter)
     provider.add_span_processor(processor)
     return Tracing(processor, provider.sampler, provider.resource)
 

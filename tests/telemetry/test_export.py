@@ -76,14 +76,14 @@ async def test_the_hand_written_otlp_encoding_equals_the_sdks_for_a_requests_spa
     assert ours == encode_spans(spans)
 
 
-async def test_the_otlp_exporter_posts_the_spans_to_the_collector_the_environment_names(
+async def test_the_otlp_processor_posts_the_encoded_spans_to_the_collector_the_environment_names(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import http.server
     import threading
 
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-    from opentelemetry.sdk.trace.export import SpanExportResult
 
+    from infera.telemetry.otlp import otlp_processor
     from infera.telemetry.setup import exporter_for
 
     bodies: list[tuple[str, bytes]] = []
@@ -107,8 +107,12 @@ async def test_the_otlp_exporter_posts_the_spans_to_the_collector_the_environmen
         async with t.client() as client:
             await client.post("/v1/chat/completions", json=CHAT)
         exporter = exporter_for("otlp")
-        assert exporter is not None and exporter.export(t.spans()) == SpanExportResult.SUCCESS
-        exporter.shutdown()
+        assert exporter is not None
+        processor = otlp_processor(exporter)
+        assert processor is not None
+        for span in t.spans():
+            processor.on_end(span)
+        processor.shutdown()  # flushes what is pending
     finally:
         server.shutdown()
         server.server_close()
