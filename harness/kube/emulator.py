@@ -2,7 +2,7 @@
 
 What it honours: namespaced and cluster-scoped collections for a fixed set of resources (core pods,
 services, service accounts, config maps, events; apps deployments; rbac roles and bindings; the
-InferaFleet, InferencePool and HTTPRoute custom resources; CRDs), discovery documents, server-set
+InferaFleet, InferencePool, Gateway and HTTPRoute custom resources; CRDs), discovery documents, server-set
 metadata (uid, resourceVersion from one global counter, creationTimestamp, generation bumped on spec
 changes), label selectors (``=``, ``==``, ``!=``, ``in``, ``notin``, exists, ``!``), ``metadata.name``
 /``metadata.namespace`` field selectors, optimistic concurrency on PUT, JSON merge patch (strategic
@@ -74,11 +74,13 @@ RESOURCES = [
     Res("infera.ai", "v1alpha1", "inferafleets", "InferaFleet", status=True),
     Res("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool", status=True),
     Res("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute", status=True),
+    Res("gateway.networking.k8s.io", "v1", "gateways", "Gateway", status=True),
 ]
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 SHORT_NAMES = {"pods": ["po"], "services": ["svc"], "serviceaccounts": ["sa"], "configmaps": ["cm"],
                "namespaces": ["ns"], "deployments": ["deploy"], "customresourcedefinitions": ["crd", "crds"],
-               "events": ["ev"], "inferencepools": ["infpool"]}
+               "events": ["ev"], "inferencepools": ["infpool"],
+               "gateways": ["gtw"]}
 NAMESPACE = BY_PATH[("", "v1", "namespaces")]
 CRD = BY_PATH[("apiextensions.k8s.io", "v1", "customresourcedefinitions")]
 HISTORY = 1000  # events kept for watch replay; older resourceVersions get 410 Gone
