@@ -67,6 +67,8 @@ def test_every_rendered_manifest_validates(name: str) -> None:
 def test_samples_validate_against_the_crd_and_render_valid_children(path: Path) -> None:
     for doc in load_all(path):
         validate(doc)
+        if doc["kind"] != "InferaFleet":  # a sample may bring what the fleet needs (the GAIE mock: a Gateway)
+            continue
         for obj in build_children(OWNER, FleetSpec.parse(doc["spec"])):
             validate(obj)
 
