@@ -13,7 +13,8 @@ CRD's schema (:mod:`harness.kube.crd`: pruning, defaulting, validation, CEL rule
 (``kubectl scale``), the status subresource (writes to the main resource keep status, writes to
 ``/status`` keep everything else), finalizers with deletionTimestamp, owner-reference garbage collection on delete,
 and watches: from a resourceVersion (history replay), from nothing/"0" (synthetic ADDED for every
-object), objects entering or leaving a selector as ADDED/DELETED, ``timeoutSeconds``, bookmarks,
+object), ``sendInitialEvents`` (a streaming list: the current objects, then the ``k8s.io/initial-events-end``
+bookmark), objects entering or leaving a selector as ADDED/DELETED, ``timeoutSeconds``, bookmarks,
 and 410 Gone as an ERROR event for a resourceVersion older than the compacted history.
 
 It runs in its own thread with its own event loop, so sync tests and subprocesses can use it;
@@ -30,7 +31,7 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,8 @@ import jsonpatch
 import yaml  # type: ignore[import-untyped]
 from aiohttp import web
 
-from harness.kube import crd, rbac, ssa, tables
+from harness.kube import crd, protobuf, rbac, ssa, tables
+from harness.kube.openapi import V2_CONTENT_TYPE, OpenApi
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +68,13 @@ RESOURCES = [
     Res("", "v1", "namespaces", "Namespace", namespaced=False),
     Res("events.k8s.io", "v1", "events", "Event"),
     Res("apps", "v1", "deployments", "Deployment", status=True, scale=True),
+    Res("apps", "v1", "replicasets", "ReplicaSet", status=True),  # served, but no controller makes any
     Res("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     Res("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
     Res("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
     Res("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
-    Res("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", namespaced=False),
+    Res("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", namespaced=False,
+        status=True),
     Res("infera.ai", "v1alpha1", "inferafleets", "InferaFleet", status=True),
     Res("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool", status=True),
     Res("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute", status=True),
@@ -78,8 +82,8 @@ RESOURCES = [
 ]
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 SHORT_NAMES = {"pods": ["po"], "services": ["svc"], "serviceaccounts": ["sa"], "configmaps": ["cm"],
-               "namespaces": ["ns"], "deployments": ["deploy"], "customresourcedefinitions": ["crd", "crds"],
-               "events": ["ev"], "inferencepools": ["infpool"],
+               "namespaces": ["ns"], "deployments": ["deploy"], "replicasets": ["rs"],
+               "customresourcedefinitions": ["crd", "crds"], "events": ["ev"], "inferencepools": ["infpool"],
                "gateways": ["gtw"]}
 NAMESPACE = BY_PATH[("", "v1", "namespaces")]
 CRD = BY_PATH[("apiextensions.k8s.io", "v1", "customresourcedefinitions")]
@@ -206,6 +210,17 @@ def _manager(request: web.Request) -> str:
     return agent.split("/", 1)[0] or "unknown"
 
 
+async def _body(request: web.Request) -> Any:
+    """A create or replace body: JSON, or protobuf for the kinds :mod:`harness.kube.protobuf` reads."""
+    raw = await request.read()
+    if request.headers.get("Content-Type", "").startswith(protobuf.CONTENT_TYPE):
+        try:
+            return protobuf.decode(raw)
+        except (protobuf.ProtobufError, ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(415, "UnsupportedMediaType", str(exc)) from exc
+    return json.loads(raw)
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -241,6 +256,7 @@ class Emulator:
         self.watchers: list[_Watcher] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request served
         self.deleted_uids: set[str] = set()  # owners gone: a dependent created later is collected at once
+        self._openapi_docs = OpenApi()
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -461,6 +477,8 @@ class Emulator:
             ssa.record_update(None, obj, manager)
         if res.kind == "Pod" and "status" not in obj:
             obj["status"] = {"phase": "Pending"}
+        if res is CRD:
+            obj["status"] = crd.established(obj, meta["creationTimestamp"])
         self.objects[(res, ns, name)] = obj
         self._record(res, "ADDED", obj)
         refs = meta.get("ownerReferences") or []
@@ -663,6 +681,8 @@ class Emulator:
             return web.json_response(self._group_list())
         if parts == ["version"]:
             return web.json_response({"major": "1", "minor": "33", "gitVersion": "v1.33.0-emulator"})
+        if parts[:1] == ["openapi"]:
+            return self._openapi(parts[1:])
         if parts and parts[0] == "api":
             group, rest = "", parts[1:]
         elif parts and parts[0] == "apis" and len(parts) >= 2:
@@ -708,7 +728,7 @@ class Emulator:
                 return web.json_response({"kind": res.kind + "List", "apiVersion": res.api_version,
                                           "metadata": {"resourceVersion": str(self.rv)}, "items": items})
             if method == "POST":
-                body = await request.json()
+                body = await _body(request)
                 body_ns = body.get("metadata", {}).get("namespace")
                 if res.namespaced and body_ns and body_ns != ns:
                     raise ApiError(400, "BadRequest", "the namespace of the object does not match the request")
@@ -717,7 +737,7 @@ class Emulator:
         if method == "GET":
             return web.json_response(self._get(res, ns, name))
         if method == "PUT":
-            return web.json_response(self._replace(res, ns, name, await request.json(), sub == "status",
+            return web.json_response(self._replace(res, ns, name, await _body(request), sub == "status",
                                                    _manager(request)))
         if method == "PATCH":
             ctype = request.headers.get("Content-Type", "application/merge-patch+json")
@@ -775,9 +795,14 @@ class Emulator:
                                                     "message": f"too old resource version: {rv} ({self.compacted})"}})
             return resp
         w = _Watcher(res, namespace, labels, fields, asyncio.Queue())
-        if rv in ("", "0"):
+        initial = q.get("sendInitialEvents", "").lower() in ("true", "1")  # a streaming list (WatchList)
+        if rv in ("", "0") or initial:
             for obj in list(self._select(res, namespace, labels, fields)):
                 w.queue.put_nowait({"type": "ADDED", "object": copy.deepcopy(obj)})
+            if initial:  # the end of the initial state, which the client waits for before it calls the list done
+                w.queue.put_nowait({"type": "BOOKMARK", "object": {
+                    "kind": res.kind, "apiVersion": res.api_version, "metadata": {
+                        "resourceVersion": str(self.rv), "annotations": {"k8s.io/initial-events-end": "true"}}}})
         else:
             for hrv, hres, kind, obj, old in self.history:
                 if hrv > int(rv) and hres == res:
@@ -809,6 +834,23 @@ class Emulator:
         return resp
 
     # ------------------------------------------------------------------ discovery
+
+    def _openapi(self, parts: Sequence[str]) -> web.Response:
+        if parts == ["v2"]:
+            return web.Response(body=b"", content_type=V2_CONTENT_TYPE)  # an empty document: use v3
+        if parts[:1] != ["v3"]:
+            raise ApiError(404, "NotFound", "no such OpenAPI document")
+        crds = [o for (r, _, _), o in self.objects.items() if r is CRD]
+        tag = ",".join(sorted(o["metadata"]["resourceVersion"] for o in crds))
+        if len(parts) == 1:
+            return web.json_response(self._openapi_docs.index(((r.group, r.version) for r in RESOURCES), tag))
+        rest = parts[1:]
+        group, version = ("", rest[1]) if rest[0] == "api" and len(rest) == 2 else \
+            (rest[1], rest[2]) if rest[0] == "apis" and len(rest) == 3 else ("?", "?")
+        if (group, version) not in {(r.group, r.version) for r in RESOURCES}:
+            raise ApiError(404, "NotFound", f"no OpenAPI document for {'/'.join(rest)}")
+        body = self._openapi_docs.document(group, version, crds, tag)
+        return web.Response(body=body, content_type="application/json")
 
     def _group_list(self) -> dict[str, Any]:
         groups: dict[str, list[str]] = {}
