@@ -81,7 +81,7 @@ def main() -> int:
             stop.wait()
             return 0
         for manifest in ("deploy/install.yaml", sample):
-            subprocess.run([kubectl, "--kubeconfig", str(config), "apply", "--server-side", "--validate=false",
+            subprocess.run([kubectl, "--kubeconfig", str(config), "apply", "--server-side",
                             "-f", str(REPO / manifest)], check=True)
         print("local-cluster: waiting for InferaFleet demo to be Ready...", flush=True)
         deadline = time.monotonic() + 300

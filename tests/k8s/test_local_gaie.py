@@ -41,8 +41,8 @@ def picks(cluster: LocalCluster) -> float:
 
 @pytest.mark.timeout(300)
 def test_requests_through_the_gateway_are_placed_by_the_picker(cluster: LocalCluster) -> None:
-    kubectl(cluster, "apply", "--server-side", "--validate=false", "-f", str(REPO / "deploy" / "install.yaml"))
-    kubectl(cluster, "apply", "--server-side", "--validate=false", "-f",
+    kubectl(cluster, "apply", "--server-side", "-f", str(REPO / "deploy" / "install.yaml"))
+    kubectl(cluster, "apply", "--server-side", "-f",
             str(REPO / "deploy" / "samples" / "gaie-mock-fleet.yaml"))
     wait(lambda: fleet_ready(cluster), "the InferaFleet to be Ready (workers and picker)", cluster)
     address = wait(lambda: gateway_address(cluster), "the Gateway to be Programmed", cluster, 60)
