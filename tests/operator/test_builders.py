@@ -148,6 +148,9 @@ def test_gaie_deploys_inferas_own_picker_by_default() -> None:
     assert container["command"] == ["python", "-m", "infera.picker"]
     assert pod["serviceAccountName"] == "demo-infera"  # the fleet's: it watches the worker pods
     assert container["readinessProbe"]["grpc"] == {"port": 9002, "service": "readiness"}
+    # it serves gRPC only after loading its tokenizer and fleet view: liveness waits for the startup probe
+    assert container["startupProbe"]["grpc"] == {"port": 9002, "service": "liveness"}
+    assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] >= 300
     env = env_of(container)
     assert env["INFERA_TARGET_PORT"] == "8000" and "INFERA_PORT" not in env  # 9002 is the default
     assert env["INFERA_K8S_LABEL_SELECTOR"] == worker_selector(OWNER)
