@@ -111,6 +111,7 @@ class GatewayController:
             await self._stop(self.envoys.pop(key))
         for key in [k for k in self.addresses if k not in live]:
             del self.addresses[key]
+            self._fallback_ports.pop(key, None)
         await self._fallback.sync(fallbacks, pods)
 
     async def close(self) -> None:

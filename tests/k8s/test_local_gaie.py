@@ -3,7 +3,7 @@ deploy/samples/gaie-mock-fleet.yaml (a Gateway and a fleet with gaie.enabled); t
 InferencePool, infera's picker and the HTTPRoute; the picker pod turns Ready through its real gRPC
 health probe; the cluster's Gateway controller runs a real Envoy for the Gateway; the openai SDK's
 requests go through that Envoy, are placed by the picker (it names the worker) and a conversation
-stays on the worker holding its prefix (cached tokens)."""
+stays on the worker holding its prefix (cached tokens). Deleting the fleet stops the Gateway's Envoy."""
 
 from __future__ import annotations
 
@@ -39,12 +39,12 @@ def picks(cluster: LocalCluster) -> float:
     return metric(scrape(f"http://{picker['status']['podIP']}:9090/metrics"), "infera_picker_picks_total")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_requests_through_the_gateway_are_placed_by_the_picker(cluster: LocalCluster) -> None:
     kubectl(cluster, "apply", "--server-side", "-f", str(REPO / "deploy" / "install.yaml"))
     kubectl(cluster, "apply", "--server-side", "-f",
             str(REPO / "deploy" / "samples" / "gaie-mock-fleet.yaml"))
-    wait(lambda: fleet_ready(cluster), "the InferaFleet to be Ready (workers and picker)", cluster)
+    wait(lambda: fleet_ready(cluster), "the InferaFleet to be Ready (workers and picker)", cluster, 300)
     address = wait(lambda: gateway_address(cluster), "the Gateway to be Programmed", cluster, 60)
     route = cluster.get("gateway.networking.k8s.io/v1", "HTTPRoute", "demo") or {}
     assert all(condition({"status": p}, "ResolvedRefs") for p in route["status"]["parents"]), route["status"]
@@ -71,3 +71,8 @@ def test_requests_through_the_gateway_are_placed_by_the_picker(cluster: LocalClu
     assert len(set(served)) == 1, f"the conversation moved between workers: {served}"
     assert cached[0] == 0 and min(cached[1:]) > 200, f"later turns reuse the prefix: cached tokens {cached}"
     assert picks(cluster) - before >= 3, "every request was placed by infera's picker"
+
+    kubectl(cluster, "delete", "inferafleet", "demo")  # the route and pool go with it: the Gateway's Envoy stops
+    wait(lambda: not cluster.gateways.envoys and gateway_address(cluster) is None, "the gateway to stand down",
+         cluster, 60)
+    wait(lambda: not cluster.list("v1", "Pod", "default"), "the fleet's pods to go", cluster, 60)
