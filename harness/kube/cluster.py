@@ -51,6 +51,7 @@ class LocalCluster(Emulator):
         self.gateways = GatewayController(workdir / "logs", self._gateway_status)
         self._ticker: asyncio.Task[None] | None = None
         self._cluster_ips = (str(ip) for ip in ipaddress.ip_network("127.0.1.0/24").hosts())
+        self._written: set[Path] = set()
 
     def start(self) -> None:
         super().start()
@@ -134,9 +135,10 @@ class LocalCluster(Emulator):
 
     def _service_account_config(self, namespace: str, account: str) -> Path:
         path = self.workdir / "kubeconfigs" / f"{namespace}_{account}.yaml"
-        if not path.exists():
+        if path not in self._written:  # written once per run: a workdir kept from an earlier run names its port
             path.parent.mkdir(parents=True, exist_ok=True)
             self.kubeconfig(path, namespace, rbac.sa_token(namespace, account))
+            self._written.add(path)
         return path
 
     def _lookup(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
