@@ -52,7 +52,9 @@ class Fleet:
             self.etcd = EtcdServer(tmp / "etcd-data")
         if plane == "nats":
             self.nats = NatsServer(tmp / "nats.log")
+        self.speedup = speedup
         self.workers = [self._mock(i, speedup) for i in range(n)]
+        self.next_id = n
         port = free_port()
         args: list[str] = [*FRONTEND_ARGS, *self._plane_args()]
         urls = [w.url for w in self.workers] if plane == "static" else []
@@ -94,6 +96,19 @@ class Fleet:
 
     def wait_worker(self, w: Process, timeout: float = 60.0) -> None:
         w.wait_until(lambda: http_get(w.url + "/health", 1.0)[0] == 200, timeout, "healthy")
+
+    def churn(self) -> tuple[str, str]:
+        """Retire the oldest worker (SIGTERM: it deregisters and drains) and start a new one under a new
+        id (etcd planes: the static plane's worker list is fixed). Returns ``(retired id, new id)``."""
+        assert self.plane != "static", "churn needs discovery that takes new workers"
+        old = self.workers.pop(0)
+        new = self._mock(self.next_id, self.speedup)
+        self.next_id += 1
+        new.start()
+        self.wait_worker(new)
+        self.workers.append(new)
+        old.stop(30.0)
+        return old.name, new.name
 
     def stop(self) -> None:
         for p in [self.frontend, *self.workers, *(b for b in (self.nats, self.etcd) if b is not None)]:
