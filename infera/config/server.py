@@ -79,6 +79,9 @@ class ServerSettings:
                                                  "fails the worker (retried elsewhere), after it ends the "
                                                  "response with an error; over NATS --nats-req-idle-timeout "
                                                  "governs; 0 = forever")
+    drain_seconds: float = option(10.0, "on SIGTERM: stop accepting connections, keep answering requests on open "
+                                        "ones (with Connection: close; /health 503) and let in-flight requests "
+                                        "finish for up to this many seconds, then cancel what is left")
     kv_events_stale_seconds: float = option(5.0, "a worker that was sent requests but published no KV event "
                                                  "for this long is treated as blind: the router predicts its "
                                                  "cache from its own decisions")
@@ -114,5 +117,7 @@ class ServerSettings:
                               "must be >= 0")
         if self.upstream_first_byte_timeout < 0 or self.upstream_idle_timeout < 0:
             raise ConfigError("--upstream-first-byte-timeout and --upstream-idle-timeout must be >= 0")
+        if self.drain_seconds < 0:
+            raise ConfigError("--drain-seconds must be >= 0")
         if self.max_body_bytes <= 0:
             raise ConfigError("--max-body-bytes must be > 0")
