@@ -41,7 +41,7 @@ def post_json(url: str, body: dict[str, Any], timeout: float = 3.0) -> Any:
 class Fleet:
     """``n`` mock engines and a frontend on ``plane``; :meth:`start` waits until all serve."""
 
-    def __init__(self, plane: str, tmp: Path, tokenizer: Path, n: int = 3, speedup: float = 2.0,
+    def __init__(self, plane: str, tmp: Path, tokenizer: Path, n: int = 3, speedup: float = 1.0,
                  python: str = "") -> None:
         assert plane in PLANES, plane
         self.plane, self.tmp, self.tokenizer, self.n = plane, tmp, tokenizer, n

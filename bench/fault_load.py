@@ -44,6 +44,7 @@ class Result:
     status: int = 0
     detail: str = ""
     took: float = 0.0
+    conn: str = ""  # "new" or "reused": the connection the request went out on
 
 
 def _prompt(rng: random.Random, words: int) -> str:
@@ -51,12 +52,12 @@ def _prompt(rng: random.Random, words: int) -> str:
 
 
 def request_for(i: int, model: str, seed: int = 5) -> tuple[str, str, dict[str, Any]]:
-    """``(kind, path, body)`` of request ``i``: kinds and prompt lengths rotate, 12-48 output tokens."""
+    """``(kind, path, body)`` of request ``i``: kinds and prompt lengths rotate, 12-96 output tokens."""
     rng = random.Random(seed * 100_003 + i)
     kind = KINDS[i % len(KINDS)]
     words = PROMPT_WORDS[(i // len(KINDS)) % len(PROMPT_WORDS)]
     messages = [{"role": "user", "content": f"tenant {i % 7}: " + _prompt(rng, words)}]
-    max_tokens = rng.randint(12, 48)
+    max_tokens = rng.randint(12, 96)
     stream = kind.endswith("-stream")
     if kind.startswith("chat"):
         return kind, "/v1/chat/completions", {"model": model, "messages": messages, "max_tokens": max_tokens,
@@ -112,7 +113,17 @@ class Load:
     async def run(self, on_tick: Callable[[float], None] | None = None) -> list[Result]:
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        trace = aiohttp.TraceConfig()
+
+        async def new_conn(session: Any, ctx: Any, params: Any) -> None:
+            ctx.trace_request_ctx.conn = "new"
+
+        async def reused(session: Any, ctx: Any, params: Any) -> None:
+            ctx.trace_request_ctx.conn = "reused"
+
+        trace.on_connection_create_end.append(new_conn)
+        trace.on_connection_reuseconn.append(reused)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[trace]) as session:
             self.started = time.monotonic()
             tasks = []
             for i in range(self.n):
@@ -140,13 +151,14 @@ class Load:
         except aiohttp.ClientConnectorError as exc:
             res.outcome, res.detail = "refused", str(exc)[:200]
         except (aiohttp.ClientError, ConnectionError) as exc:
-            res.outcome, res.detail = "lost", f"{type(exc).__name__}: {exc}"[:200]
+            res.outcome, res.detail = "lost", f"{type(exc).__name__} on a {res.conn or '?'} connection: {exc}"[:200]
         res.took = max(1e-9, self.elapsed() - res.sent_at)
 
     async def _send(self, session: aiohttp.ClientSession, path: str, body: dict[str, Any], res: Result,
                     leave: bool) -> None:
         headers = {"x-request-id": res.rid, "content-type": "application/json"}
-        async with session.post(self.base + path, data=json.dumps(body), headers=headers) as resp:
+        async with session.post(self.base + path, data=json.dumps(body), headers=headers,
+                                trace_request_ctx=res) as resp:
             res.status = resp.status
             if leave and resp.status == 200:
                 await resp.content.readany()

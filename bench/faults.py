@@ -183,6 +183,7 @@ def run_cell(fleet: Fleet, scenario: str, n: int, rate: float, deadline: float) 
         "retries": retries(fleet) - retries_before if scenario != "frontend-term" else retries(fleet),
         "recovery_s": round(recovery, 2), "fault_at_s": round(out.at, 2), "full_wait_s": round(full, 2),
         "in_flight_after": in_flight, "engine_busy_after": leaked,
+        "lost_sent_after_fault_s": [round(r.sent_at - out.at, 3) for r in results if r.outcome == "lost"],
         "problems": sorted(Counter(f"{r.outcome}: {r.detail[:90]}" for r in results
                                    if r.outcome not in ("ok", "aborted")).items(), key=lambda kv: -kv[1])[:6],
     }

@@ -107,9 +107,10 @@ def soak(minutes: float, rate: float, churn_minutes: float, sample_s: float, war
 
     def churner() -> None:
         next_churn = churn_minutes * 60
+        last_churn = minutes * 60 - min(60.0, minutes * 15)  # none in the last minute (quarter, if short)
         while not stop.wait(1.0):
             t = load.elapsed()
-            if t < next_churn or t >= minutes * 60 - 60:
+            if t < next_churn or t >= last_churn:
                 continue
             next_churn += churn_minutes * 60
             try:
