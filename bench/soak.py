@@ -94,8 +94,10 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def soak(minutes: float, rate: float, churn_minutes: float, sample_s: float, warmup_minutes: float, tmp: Path,
-         python: str = PYTHON, log: Any = print) -> dict[str, Any]:
-    fleet = Fleet("etcd", tmp, default_tokenizer_dir(), python=python)
+         python: str = PYTHON, log: Any = print, fleet: Fleet | None = None) -> dict[str, Any]:
+    """The soak on ``fleet`` (an etcd-plane fleet already serving, left running) or on a new one."""
+    owned = fleet is None
+    fleet = fleet or Fleet("etcd", tmp, default_tokenizer_dir(), python=python)
     n = int(minutes * 60 * rate)
     load = Load("", "mock-model", n, rate, deadline=60.0)
     samples: list[dict[str, Any]] = []
@@ -144,7 +146,8 @@ def soak(minutes: float, rate: float, churn_minutes: float, sample_s: float, war
                 f"({sample['ok_per_s']}/s) departed state={state} {churn}", flush=True)
 
     try:
-        fleet.start()
+        if owned:
+            fleet.start()
         load.base = fleet.frontend.url
         fds_start = fd_targets(fleet.frontend.pid)
         threads = [threading.Thread(target=f, daemon=True) for f in (sampler, churner)]
@@ -157,7 +160,8 @@ def soak(minutes: float, rate: float, churn_minutes: float, sample_s: float, war
         fds_end = fd_targets(fleet.frontend.pid)
     finally:
         stop.set()
-        fleet.stop()
+        if owned:
+            fleet.stop()
     warmup = warmup_minutes * 60
     fd_diff = {k: fds_end.get(k, 0) - fds_start.get(k, 0) for k in set(fds_start) | set(fds_end)
                if fds_end.get(k, 0) != fds_start.get(k, 0)}
