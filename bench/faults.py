@@ -180,6 +180,8 @@ def run_cell(fleet: Fleet, scenario: str, n: int, rate: float, deadline: float) 
     row: dict[str, Any] = {
         "scenario": scenario, "plane": PLANE_NAMES[fleet.plane], **tally(results),
         "dup": duplicated(out.ledgers + fleet.ledgers(), results),
+        # clean errors answered as a status: nothing had reached the client, so retries were spent or not possible
+        "error_status": sum(1 for r in results if r.outcome == "error" and r.status != 200),
         "retries": retries(fleet) - retries_before if scenario != "frontend-term" else retries(fleet),
         "recovery_s": round(recovery, 2), "fault_at_s": round(out.at, 2), "full_wait_s": round(full, 2),
         "in_flight_after": in_flight, "engine_busy_after": leaked,
