@@ -25,6 +25,39 @@ from infera.transport.base import UpstreamError, UpstreamResponse
 _CHUNK = 64 * 1024
 
 
+class IdleExpired(Exception):
+    """A response's reader waited longer than the idle timeout for the next chunk."""
+
+
+class IdleWatch:
+    """The idle timeout of one response with one timer, re-armed lazily (a timer per chunk would
+    cost more CPU than the relay itself): when it fires while a read has waited ``seconds``, the
+    reader fails with :class:`IdleExpired`; time the consumer spends elsewhere never counts."""
+
+    __slots__ = ("_handle", "_loop", "_reader", "_seconds", "waiting_since")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float, reader: aiohttp.StreamReader) -> None:
+        self._loop = loop
+        self._seconds = seconds
+        self._reader = reader
+        self.waiting_since: float | None = None
+        self._handle: asyncio.TimerHandle | None = loop.call_at(loop.time() + seconds, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self.waiting_since
+        if since is not None and now - since >= self._seconds:
+            self._handle = None
+            self._reader.set_exception(IdleExpired())
+            return
+        self._handle = self._loop.call_at((now if since is None else since) + self._seconds, self._check)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 class HttpTransport:
     def __init__(self, connect_timeout: float, first_byte_timeout: float, idle_timeout: float = 0.0) -> None:
         self._connect_timeout = connect_timeout
@@ -102,16 +135,22 @@ class HttpTransport:
                 async for chunk in chunks:
                     yield chunk
                 return
-            while True:
-                try:
-                    async with asyncio.timeout(idle):
+            watch = IdleWatch(loop, idle, resp.content)
+            try:
+                while True:
+                    watch.waiting_since = loop.time()
+                    try:
                         chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError as exc:
-                    raise UpstreamError(f"worker {worker_id} sent nothing for {idle:g}s mid-response "
-                                        "(--upstream-idle-timeout)", status=504, before_first_byte=False) from exc
-                yield chunk
+                    except StopAsyncIteration:
+                        return
+                    except IdleExpired as exc:
+                        raise UpstreamError(f"worker {worker_id} sent nothing for {idle:g}s mid-response "
+                                            "(--upstream-idle-timeout)", status=504,
+                                            before_first_byte=False) from exc
+                    watch.waiting_since = None
+                    yield chunk
+            finally:
+                watch.cancel()
         except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
             raise UpstreamError(f"worker {worker_id} broke the stream: {exc}", before_first_byte=False) from exc
         finally:
