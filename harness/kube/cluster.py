@@ -3,10 +3,11 @@
 ``with LocalCluster(tmp) as cluster:`` gives an API server that real kubectl and the operator talk
 to (``cluster.kubeconfig``), where Deployments become Pods (:class:`DeploymentController`), Pods
 become local processes with their own 127.0.0.x address and real probes (:class:`Kubelet`), and
-ClusterIP Services answer on 127.0.1.x (:class:`ServiceProxy`). One tick every 0.2 s reconciles all
-three on the emulator's own event loop. ``images`` says what an image would hold, found on this
-machine (:class:`harness.kube.kubelet.Kubelet`; the default maps infera's image to this checkout's
-tokenizer). What it is not: no scheduler, nodes or ReplicaSets, no volumes, no DNS.
+ClusterIP Services answer on 127.0.1.x (:class:`ServiceProxy`), and each Gateway routing to an
+InferencePool runs a real Envoy on 127.0.2.x (:class:`harness.kube.gateways.GatewayController`). One
+tick every 0.2 s reconciles all four on the emulator's own event loop. ``images`` says what an image
+would hold, found on this machine (:class:`harness.kube.kubelet.Kubelet`; the default maps infera's
+image to this checkout's tokenizer). What it is not: no scheduler, nodes or ReplicaSets, no volumes, no DNS.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from harness.kube import rbac
 from harness.kube.controllers import DeploymentController, ServiceProxy
 from harness.kube.emulator import BY_PATH, Emulator, Res
+from harness.kube.gateways import GatewayController
 from harness.kube.kubelet import Kubelet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +31,9 @@ INFERA_IMAGE = {"files": {"/opt/infera/tokenizer": str(REPO / ".cache" / "qwen-t
 PODS = BY_PATH[("", "v1", "pods")]
 SERVICES = BY_PATH[("", "v1", "services")]
 DEPLOYMENTS = BY_PATH[("apps", "v1", "deployments")]
+GATEWAYS = BY_PATH[("gateway.networking.k8s.io", "v1", "gateways")]
+ROUTES = BY_PATH[("gateway.networking.k8s.io", "v1", "httproutes")]
+POOLS = BY_PATH[("inference.networking.k8s.io", "v1", "inferencepools")]
 TICK = 0.2
 
 
@@ -43,8 +48,10 @@ class LocalCluster(Emulator):
         self.kubelet: Kubelet | None = None
         self._deployments = DeploymentController(self._create_pod, self._delete_pod, self._deployment_status)
         self._proxy = ServiceProxy()
+        self.gateways = GatewayController(workdir / "logs", self._gateway_status)
         self._ticker: asyncio.Task[None] | None = None
         self._cluster_ips = (str(ip) for ip in ipaddress.ip_network("127.0.1.0/24").hosts())
+        self._written: set[Path] = set()
 
     def start(self) -> None:
         super().start()
@@ -64,6 +71,7 @@ class LocalCluster(Emulator):
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._ticker
                 await self._proxy.close()
+                await self.gateways.close()
                 if self.kubelet is not None:
                     await self.kubelet.close()
             self._loop.call_soon_threadsafe(lambda: None)
@@ -98,6 +106,8 @@ class LocalCluster(Emulator):
         assert self.kubelet is not None
         await self.kubelet.sync(self._all(PODS))
         await self._proxy.sync(self._all(SERVICES), self._all(PODS))
+        await self.gateways.sync(self._all(GATEWAYS), self._all(ROUTES), self._all(POOLS), self._all(SERVICES),
+                                 self._all(PODS))
 
     # -- the verbs the controllers use (on the loop's thread) --------------------------------
 
@@ -117,11 +127,18 @@ class LocalCluster(Emulator):
         if (PODS, namespace, name) in self.objects:
             self._patch(PODS, namespace, name, {"status": status}, "application/merge-patch+json", True, "kubelet")
 
+    def _gateway_status(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        res = {"Gateway": GATEWAYS, "HTTPRoute": ROUTES, "InferencePool": POOLS}[kind]
+        if (res, namespace, name) in self.objects:
+            self._patch(res, namespace, name, {"status": status}, "application/merge-patch+json", True,
+                        "gateway-controller")
+
     def _service_account_config(self, namespace: str, account: str) -> Path:
         path = self.workdir / "kubeconfigs" / f"{namespace}_{account}.yaml"
-        if not path.exists():
+        if path not in self._written:  # written once per run: a workdir kept from an earlier run names its port
             path.parent.mkdir(parents=True, exist_ok=True)
             self.kubeconfig(path, namespace, rbac.sa_token(namespace, account))
+            self._written.add(path)
         return path
 
     def _lookup(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -5,7 +5,7 @@
 pods of the current template, surging new ones before removing old ones (``maxSurge``/
 ``maxUnavailable`` of a RollingUpdate: old pods go once enough new ones are Ready), removes extra
 pods newest first, and writes status (``observedGeneration``, ``replicas``, ``updatedReplicas``,
-``readyReplicas``, ``availableReplicas``, an ``Available`` condition).
+``readyReplicas``, ``availableReplicas``, ``Available`` and ``Progressing`` conditions).
 
 **Service proxy** (kube-proxy's job): each Service of type ClusterIP gets a cluster IP from
 127.0.1.0/24 at creation, and a TCP listener on ``clusterIP:port`` for each port forwards every
@@ -78,7 +78,11 @@ class DeploymentController:
         status = {"observedGeneration": meta.get("generation", 1), "replicas": len(pods),
                   "updatedReplicas": len(new), "readyReplicas": ready, "availableReplicas": ready,
                   "conditions": [{"type": "Available", "status": "True" if available else "False",
-                                  "reason": "MinimumReplicas" + ("Available" if available else "Unavailable")}]}
+                                  "reason": "MinimumReplicas" + ("Available" if available else "Unavailable")},
+                                 # as the deployment controller words a finished rollout (Helm's wait reads it)
+                                 {"type": "Progressing", "status": "True",
+                                  "reason": "NewReplicaSetAvailable" if available and not old else
+                                  "ReplicaSetUpdated"}]}
         if {k: v for k, v in (dep.get("status") or {}).items()} != status:
             self._set_status(meta["namespace"], meta["name"], status)
 

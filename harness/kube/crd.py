@@ -135,3 +135,15 @@ def admit(schema: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] | Non
         old_body = {k: v for k, v in old.items() if k != "apiVersion"} if old is not None else None
         _cel(schema, {**body, "metadata": obj.get("metadata") or {}}, old_body, "", errors)  # root rules see it
     return stored, errors
+
+
+def established(definition: dict[str, Any], now: str) -> dict[str, Any]:
+    """The status the API server gives a CRD it serves: names accepted, Established (what ``kubectl wait
+    --for=condition=Established`` and Helm's readiness check read)."""
+    conditions = [{"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now}
+                  for kind, reason, message in (("NamesAccepted", "NoConflicts", "no conflicts found"),
+                                                ("Established", "InitialNamesAccepted", "the initial names have been "
+                                                 "accepted"))]
+    spec = definition.get("spec") or {}
+    return {"acceptedNames": spec.get("names") or {}, "conditions": conditions,
+            "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")]}

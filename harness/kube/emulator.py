@@ -2,7 +2,7 @@
 
 What it honours: namespaced and cluster-scoped collections for a fixed set of resources (core pods,
 services, service accounts, config maps, events; apps deployments; rbac roles and bindings; the
-InferaFleet, InferencePool and HTTPRoute custom resources; CRDs), discovery documents, server-set
+InferaFleet, InferencePool, Gateway and HTTPRoute custom resources; CRDs), discovery documents, server-set
 metadata (uid, resourceVersion from one global counter, creationTimestamp, generation bumped on spec
 changes), label selectors (``=``, ``==``, ``!=``, ``in``, ``notin``, exists, ``!``), ``metadata.name``
 /``metadata.namespace`` field selectors, optimistic concurrency on PUT, JSON merge patch (strategic
@@ -13,11 +13,18 @@ CRD's schema (:mod:`harness.kube.crd`: pruning, defaulting, validation, CEL rule
 (``kubectl scale``), the status subresource (writes to the main resource keep status, writes to
 ``/status`` keep everything else), finalizers with deletionTimestamp, owner-reference garbage collection on delete,
 and watches: from a resourceVersion (history replay), from nothing/"0" (synthetic ADDED for every
-object), objects entering or leaving a selector as ADDED/DELETED, ``timeoutSeconds``, bookmarks,
+object), ``sendInitialEvents`` (a streaming list: the current objects, then the ``k8s.io/initial-events-end``
+bookmark), objects entering or leaving a selector as ADDED/DELETED, ``timeoutSeconds``, bookmarks,
 and 410 Gone as an ERROR event for a resourceVersion older than the compacted history.
 
 It runs in its own thread with its own event loop, so sync tests and subprocesses can use it;
 tests mutate it through thread-safe helpers. ``outage()`` makes it refuse connections.
+
+This module is the HTTP front (routing, watches, the scale subresource, authentication and RBAC);
+the rest lives beside it: :mod:`~harness.kube.resources` (what is served), :mod:`~harness.kube.store`
+(objects, history and every write), :mod:`~harness.kube.selectors`, :mod:`~harness.kube.validation`,
+:mod:`~harness.kube.discovery` with :mod:`~harness.kube.openapi`, and :mod:`~harness.kube.protobuf`
+(the request bodies Go clients send in protobuf).
 """
 
 from __future__ import annotations
@@ -25,12 +32,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import datetime
 import json
-import re
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,161 +42,12 @@ import jsonpatch
 import yaml  # type: ignore[import-untyped]
 from aiohttp import web
 
-from harness.kube import crd, rbac, ssa, tables
+from harness.kube import discovery, protobuf, rbac, tables
+from harness.kube.openapi import OpenApi
+from harness.kube.resources import BY_PATH, CRD, NAMESPACE, RESOURCES, ApiError, Res
+from harness.kube.store import TEST_MANAGER, Store, Watcher
 
-
-@dataclasses.dataclass(frozen=True)
-class Res:
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-    status: bool = False  # has the status subresource
-    scale: bool = False  # has the scale subresource (spec.replicas as an autoscaling/v1 Scale)
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-
-RESOURCES = [
-    Res("", "v1", "pods", "Pod", status=True),
-    Res("", "v1", "services", "Service", status=True),
-    Res("", "v1", "serviceaccounts", "ServiceAccount"),
-    Res("", "v1", "configmaps", "ConfigMap"),
-    Res("", "v1", "secrets", "Secret"),
-    Res("", "v1", "events", "Event"),
-    Res("", "v1", "namespaces", "Namespace", namespaced=False),
-    Res("events.k8s.io", "v1", "events", "Event"),
-    Res("apps", "v1", "deployments", "Deployment", status=True, scale=True),
-    Res("rbac.authorization.k8s.io", "v1", "roles", "Role"),
-    Res("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
-    Res("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
-    Res("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
-    Res("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", namespaced=False),
-    Res("infera.ai", "v1alpha1", "inferafleets", "InferaFleet", status=True),
-    Res("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool", status=True),
-    Res("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute", status=True),
-]
-BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
-SHORT_NAMES = {"pods": ["po"], "services": ["svc"], "serviceaccounts": ["sa"], "configmaps": ["cm"],
-               "namespaces": ["ns"], "deployments": ["deploy"], "customresourcedefinitions": ["crd", "crds"],
-               "events": ["ev"], "inferencepools": ["infpool"]}
-NAMESPACE = BY_PATH[("", "v1", "namespaces")]
-CRD = BY_PATH[("apiextensions.k8s.io", "v1", "customresourcedefinitions")]
-HISTORY = 1000  # events kept for watch replay; older resourceVersions get 410 Gone
-
-
-# ----------------------------------------------------------------------------- selectors
-
-_SET = re.compile(r"^\s*([^\s!=,()]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
-
-
-def _split_selector(text: str) -> list[str]:
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur)
-    return [p.strip() for p in parts if p.strip()]
-
-
-def label_match(selector: str, labels: dict[str, str]) -> bool:
-    for term in _split_selector(selector or ""):
-        m = _SET.match(term)
-        if m:
-            key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
-            ok = key in labels and labels[key] in values if op == "in" else labels.get(key) not in values
-        elif "!=" in term:
-            key, value = (s.strip() for s in term.split("!=", 1))
-            ok = labels.get(key) != value
-        elif "=" in term:
-            key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
-            ok = labels.get(key) == value
-        elif term.startswith("!"):
-            ok = term[1:].strip() not in labels
-        else:
-            ok = term in labels
-        if not ok:
-            return False
-    return True
-
-
-def field_match(selector: str, obj: dict[str, Any]) -> bool:
-    for term in _split_selector(selector or ""):
-        negate = "!=" in term
-        key, value = (s.strip() for s in term.replace("!=", "=").replace("==", "=").split("=", 1))
-        node: Any = obj
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if (str(node) == value) == negate:
-            return False
-    return True
-
-
-# ----------------------------------------------------------------------------- merge patch
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-TEST_MANAGER = "emulator-test"  # the field manager of writes a test makes through the emulator's helpers
-
-
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1035: Services
-_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-
-
-def _invalid_name(res: Res, name: str) -> str | None:
-    if res.kind == "Service" and not _DNS_LABEL.match(name):
-        return (f'metadata.name: Invalid value: "{name}": a DNS-1035 label must consist of lower case alphanumeric '
-                "characters or '-', start with an alphabetic character, end with an alphanumeric character, and be "
-                "at most 63 characters")
-    if res.kind not in ("Service", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding") and \
-            not _DNS_SUBDOMAIN.match(name):
-        return f'metadata.name: Invalid value: "{name}": a lowercase RFC 1123 subdomain is required'
-    return None
-
-
-def _invalid_labels(labels: dict[str, str]) -> str | None:
-    for key, value in labels.items():
-        prefix, _, name = key.rpartition("/")
-        if (prefix and not _DNS_SUBDOMAIN.match(prefix)) or not _LABEL_NAME.match(name):
-            return f'metadata.labels: Invalid value: "{key}": a label key must be a qualified name'
-        if not isinstance(value, str) or not _LABEL_VALUE.match(value):
-            return f'metadata.labels: Invalid value: "{value}": a label value must be at most 63 characters of ' \
-                   "alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric character"
-    return None
-
-
-def _immutable(res: Res, old: dict[str, Any], new: dict[str, Any]) -> str | None:
-    """Fields the API server refuses to change after creation."""
-    fields = {"Deployment": ("selector",), "Service": ("clusterIP",)}.get(res.kind, ())
-    for field in fields:
-        before, after = (old.get("spec") or {}).get(field), (new.get("spec") or {}).get(field)
-        if before and after != before:
-            return f"spec.{field}: Invalid value: {after!r}: field is immutable"
-    return None
+__all__ = ["BY_PATH", "RESOURCES", "TEST_MANAGER", "ApiError", "Emulator", "Res"]
 
 
 def _manager(request: web.Request) -> str:
@@ -204,41 +59,24 @@ def _manager(request: web.Request) -> str:
     return agent.split("/", 1)[0] or "unknown"
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+async def _body(request: web.Request) -> Any:
+    """A create or replace body: JSON, or protobuf for the kinds :mod:`harness.kube.protobuf` reads."""
+    raw = await request.read()
+    if request.headers.get("Content-Type", "").startswith(protobuf.CONTENT_TYPE):
+        try:
+            return protobuf.decode(raw)
+        except (protobuf.ProtobufError, ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(415, "UnsupportedMediaType", str(exc)) from exc
+    return json.loads(raw)
 
 
-class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
-
-    def status(self) -> dict[str, Any]:
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": self.message, "reason": self.reason, "code": self.code}
-
-
-@dataclasses.dataclass
-class _Watcher:
-    res: Res
-    namespace: str | None
-    labels: str
-    fields: str
-    queue: asyncio.Queue[dict[str, Any] | None]
-
-
-class Emulator:
+class Emulator(Store):
     """Start with ``with Emulator() as emu:``; ``emu.kubeconfig(path)`` points clients at it."""
 
     def __init__(self) -> None:
-        self.objects: dict[tuple[Res, str, str], dict[str, Any]] = {}  # (res, namespace, name) -> object
-        self.rv = 100
-        # (rv, res, type, object, object before)
-        self.history: list[tuple[int, Res, str, dict[str, Any], dict[str, Any] | None]] = []
-        self.compacted = 0  # resourceVersions at or below this are gone (410)
-        self.watchers: list[_Watcher] = []
+        super().__init__()
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request served
-        self.deleted_uids: set[str] = set()  # owners gone: a dependent created later is collected at once
+        self._openapi_docs = OpenApi()
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -382,92 +220,6 @@ class Emulator:
             {"type": "Ready", "status": status}, {"type": "ContainersReady", "status": status}]}},
             namespace, status=True)
 
-    # ------------------------------------------------------------------ storage
-
-    def _res_kind(self, api_version: str, kind: str) -> Res:
-        for r in RESOURCES:
-            if r.api_version == api_version and r.kind == kind:
-                return r
-        raise KeyError(f"{api_version} {kind}")
-
-    def _res_of(self, obj: dict[str, Any]) -> Res:
-        return self._res_kind(obj["apiVersion"], obj["kind"])
-
-    def _select(self, res: Res, namespace: str | None, labels: str, fields: str) -> Iterator[dict[str, Any]]:
-        for (r, ns, _), obj in sorted(self.objects.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-            if r != res or (namespace is not None and ns != namespace):
-                continue
-            if label_match(labels, obj["metadata"].get("labels") or {}) and field_match(fields, obj):
-                yield obj
-
-    def _bump(self) -> str:
-        self.rv += 1
-        return str(self.rv)
-
-    def _record(self, res: Res, kind: str, obj: dict[str, Any], old: dict[str, Any] | None = None) -> None:
-        rv = int(obj["metadata"]["resourceVersion"])
-        self.history.append((rv, res, kind, copy.deepcopy(obj), copy.deepcopy(old)))
-        if len(self.history) > HISTORY:
-            dropped = self.history.pop(0)
-            self.compacted = dropped[0]
-        for w in list(self.watchers):
-            event = self._event_for(w, kind, obj, old)
-            if event is not None:
-                w.queue.put_nowait(event)
-
-    def _event_for(self, w: _Watcher, kind: str, obj: dict[str, Any],
-                   old: dict[str, Any] | None) -> dict[str, Any] | None:
-        if w.res.plural != self._res_of(obj).plural or w.res.group != self._res_of(obj).group:
-            return None
-        if w.namespace is not None and obj["metadata"].get("namespace", "") != w.namespace:
-            return None
-        def matches(o: dict[str, Any] | None) -> bool:
-            return o is not None and label_match(w.labels, o["metadata"].get("labels") or {}) and \
-                field_match(w.fields, o)
-        now, before = matches(obj), matches(old)
-        if kind == "DELETED":
-            return {"type": "DELETED", "object": copy.deepcopy(obj)} if now else None
-        if now and not before and kind == "MODIFIED":
-            return {"type": "ADDED", "object": copy.deepcopy(obj)}
-        if before and not now:
-            return {"type": "DELETED", "object": copy.deepcopy(obj)}
-        return {"type": kind, "object": copy.deepcopy(obj)} if now else None
-
-    def _create(self, res: Res, namespace: str, obj: dict[str, Any], manager: str = TEST_MANAGER,
-                applied: bool = False) -> dict[str, Any]:
-        meta = obj.setdefault("metadata", {})
-        ns = namespace if res.namespaced else ""
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-        name = meta.get("name")
-        if not name:
-            raise ApiError(422, "Invalid", "metadata.name: Required value")
-        problem = _invalid_name(res, name) or _invalid_labels(meta.get("labels") or {})
-        if problem:
-            raise ApiError(422, "Invalid", f'{res.kind} "{name}" is invalid: {problem}')
-        if (res, ns, name) in self.objects:
-            raise ApiError(409, "AlreadyExists", f'{res.plural} "{name}" already exists')
-        if ns and (NAMESPACE, "", ns) not in self.objects:  # lenient: a namespace exists once used
-            self._create(NAMESPACE, "", {"metadata": {"name": ns}})
-        obj["apiVersion"], obj["kind"] = res.api_version, res.kind
-        if res.namespaced:
-            meta["namespace"] = ns
-        obj = self._admit(res, obj, None)
-        meta = obj["metadata"]
-        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion=self._bump(), generation=1)
-        if not applied:
-            ssa.record_update(None, obj, manager)
-        if res.kind == "Pod" and "status" not in obj:
-            obj["status"] = {"phase": "Pending"}
-        self.objects[(res, ns, name)] = obj
-        self._record(res, "ADDED", obj)
-        refs = meta.get("ownerReferences") or []
-        if refs and {r.get("uid") for r in refs} <= self.deleted_uids:
-            # every owner was deleted (a controller's late write after its owner went): the garbage collector
-            # removes the orphan, as the API server's does
-            return self._delete(res, ns, name)
-        return obj
-
     def _authenticate(self, request: web.Request) -> rbac.User:
         """The bearer token's user; none is the admin (kubectl sends no token over plain HTTP, like the
         insecure port API servers once had). Pods present their service account's token."""
@@ -503,146 +255,12 @@ class Emulator:
             if why:
                 raise ApiError(403, "Forbidden", why)
 
+    def _definition(self, name: str) -> dict[str, Any] | None:
+        return self.objects.get((CRD, "", name))
+
     def pod_log(self, namespace: str, pod: str, container: str | None) -> str:
         """``kubectl logs``: nothing runs pods here (:class:`harness.kube.cluster.LocalCluster` does)."""
         return ""
-
-    def _admit(self, res: Res, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
-        """A custom resource whose CRD is stored here is pruned, defaulted and validated by its schema."""
-        definition = self.objects.get((CRD, "", f"{res.plural}.{res.group}"))
-        if definition is None:
-            return obj
-        version = next((v for v in definition["spec"]["versions"] if v["name"] == res.version), None)
-        schema = ((version or {}).get("schema") or {}).get("openAPIV3Schema")
-        if schema is None:
-            return obj
-        stored, errors = crd.admit(schema, obj, old)
-        if errors:
-            raise ApiError(422, "Invalid", f'{res.kind}.{res.group} "{obj["metadata"].get("name")}" is invalid: '
-                                           + "; ".join(errors))
-        return stored
-
-    def _get(self, res: Res, ns: str, name: str) -> dict[str, Any]:
-        obj = self.objects.get((res, ns, name))
-        if obj is None:
-            raise ApiError(404, "NotFound", f'{res.plural}.{res.group} "{name}" not found')
-        return obj
-
-    def _store(self, res: Res, ns: str, old: dict[str, Any], new: dict[str, Any], status: bool,
-               manager: str = TEST_MANAGER, applied: bool = False) -> dict[str, Any]:
-        if res.status:  # the subresource split: each endpoint writes only its half
-            if status:
-                new = {**copy.deepcopy(old), "status": new.get("status")}
-                if new["status"] is None:
-                    new.pop("status")
-            else:
-                new = {**new}
-                new.pop("status", None)
-                if "status" in old:
-                    new["status"] = copy.deepcopy(old["status"])
-        meta = new.setdefault("metadata", {})
-        for key in ("uid", "creationTimestamp", "namespace", "name", "generation"):
-            if key in old["metadata"]:
-                meta[key] = old["metadata"][key]
-        if "deletionTimestamp" in old["metadata"]:
-            meta["deletionTimestamp"] = old["metadata"]["deletionTimestamp"]
-        new["apiVersion"], new["kind"] = res.api_version, res.kind
-        new = self._admit(res, new, old)
-        meta = new["metadata"]
-        problem = _invalid_labels(meta.get("labels") or {}) or _immutable(res, old, new)
-        if problem:
-            raise ApiError(422, "Invalid", f'{res.kind} "{meta.get("name")}" is invalid: {problem}')
-        if not applied:  # an apply has set managedFields itself
-            meta["managedFields"] = copy.deepcopy(old["metadata"].get("managedFields") or [])
-            ssa.record_update(old, new, manager, "status" if status and res.status else "")
-        spec_keys = [k for k in new if k not in ("metadata", "status", "apiVersion", "kind")]
-        if any(new.get(k) != old.get(k) for k in {*spec_keys, *(k for k in old if k not in (
-                "metadata", "status", "apiVersion", "kind"))}):
-            meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
-        comparable_old = {**old, "metadata": {**old["metadata"], "resourceVersion": None}}
-        comparable_new = {**new, "metadata": {**meta, "resourceVersion": None}}
-        if comparable_old == comparable_new:
-            return old  # a no-op write changes nothing, not even the resourceVersion
-        meta["resourceVersion"] = self._bump()
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            self.objects.pop((res, ns, meta["name"]), None)
-            self._record(res, "DELETED", new, old)
-            self._collect(meta["uid"])
-            return new
-        self.objects[(res, ns, meta["name"])] = new
-        self._record(res, "MODIFIED", new, old)
-        return new
-
-    def _replace(self, res: Res, ns: str, name: str, body: dict[str, Any], status: bool,
-                 manager: str = TEST_MANAGER) -> dict[str, Any]:
-        old = self._get(res, ns, name)
-        want = body.get("metadata", {}).get("resourceVersion")
-        if want and want != old["metadata"]["resourceVersion"]:
-            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": the object '
-                                            "has been modified; please apply your changes to the latest version")
-        return self._store(res, ns, old, copy.deepcopy(body), status, manager)
-
-    def _apply(self, res: Res, ns: str, name: str, body: Any, status: bool, manager: str,
-               force: bool) -> dict[str, Any]:
-        """Server-side apply: create the object, or merge what ``manager`` owns into it."""
-        if not isinstance(body, dict) or not manager:
-            raise ApiError(400, "BadRequest", "an apply needs an object body and a fieldManager")
-        body_name = (body.get("metadata") or {}).get("name")
-        if body_name and body_name != name:
-            raise ApiError(400, "BadRequest", "the name of the object does not match the request")
-        old = self.objects.get((res, ns, name))
-        try:
-            new = ssa.apply(old, body, manager, force=force, subresource="status" if status and res.status else "")
-        except ssa.ApplyConflict as exc:
-            n = len(exc.conflicts)
-            raise ApiError(409, "Conflict", f"Apply failed with {n} conflict{'s' if n > 1 else ''}: {exc}") from exc
-        if old is None:
-            new.setdefault("metadata", {})["name"] = name
-            return self._create(res, ns, new, manager, applied=True)
-        return self._store(res, ns, old, new, status, manager, applied=True)
-
-    def _patch(self, res: Res, ns: str, name: str, patch: Any, ctype: str, status: bool,
-               manager: str = TEST_MANAGER) -> dict[str, Any]:
-        old = self._get(res, ns, name)
-        if "json-patch" in ctype:
-            new = jsonpatch.apply_patch(copy.deepcopy(old), patch)
-        else:
-            want = (patch.get("metadata") or {}).get("resourceVersion") if isinstance(patch, dict) else None
-            if want and want != old["metadata"]["resourceVersion"]:
-                raise ApiError(409, "Conflict", f'{res.plural} "{name}": the object has been modified')
-            new = merge_patch(old, patch)
-        return self._store(res, ns, old, new, status, manager)
-
-    def _delete(self, res: Res, ns: str, name: str) -> dict[str, Any]:
-        obj = self._get(res, ns, name)
-        if obj["metadata"].get("finalizers"):
-            if not obj["metadata"].get("deletionTimestamp"):
-                new = copy.deepcopy(obj)
-                new["metadata"]["deletionTimestamp"] = _now()
-                new["metadata"]["resourceVersion"] = self._bump()
-                self.objects[(res, ns, name)] = new
-                self._record(res, "MODIFIED", new, obj)
-                return new
-            return obj
-        del self.objects[(res, ns, name)]
-        gone = copy.deepcopy(obj)
-        gone["metadata"]["resourceVersion"] = self._bump()
-        self._record(res, "DELETED", gone, obj)
-        self._collect(obj["metadata"]["uid"])
-        return gone
-
-    def _collect(self, owner_uid: str) -> None:
-        """Garbage collection: delete what the deleted object owned (background propagation)."""
-        self.deleted_uids.add(owner_uid)
-        for (res, ns, name), obj in list(self.objects.items()):
-            refs = obj["metadata"].get("ownerReferences") or []
-            if any(r.get("uid") == owner_uid for r in refs) and (res, ns, name) in self.objects:
-                self._delete(res, ns, name)
-
-    def _close_watches(self) -> None:
-        for w in self.watchers:
-            w.queue.put_nowait(None)
-        self.watchers.clear()
 
     # ------------------------------------------------------------------ HTTP
 
@@ -658,9 +276,12 @@ class Emulator:
         if parts == ["api"]:
             return web.json_response({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
         if parts == ["apis"]:
-            return web.json_response(self._group_list())
+            return web.json_response(discovery.group_list())
         if parts == ["version"]:
             return web.json_response({"major": "1", "minor": "33", "gitVersion": "v1.33.0-emulator"})
+        if parts[:1] == ["openapi"]:
+            crds = [o for (r, _, _), o in self.objects.items() if r is CRD]
+            return discovery.openapi(self._openapi_docs, parts[1:], crds)
         if parts and parts[0] == "api":
             group, rest = "", parts[1:]
         elif parts and parts[0] == "apis" and len(parts) >= 2:
@@ -669,10 +290,10 @@ class Emulator:
             raise ApiError(404, "NotFound", f"no route {request.path}")
         user = self._authenticate(request)
         if not rest:
-            return web.json_response(self._group(group))
+            return web.json_response(discovery.group(group))
         version, rest = rest[0], rest[1:]
         if not rest:
-            return web.json_response(self._resource_list(group, version))
+            return web.json_response(discovery.resource_list(group, version, self._definition))
         namespace: str | None = None
         if rest[0] == "namespaces" and len(rest) >= 3:
             namespace, rest = rest[1], rest[2:]
@@ -706,7 +327,7 @@ class Emulator:
                 return web.json_response({"kind": res.kind + "List", "apiVersion": res.api_version,
                                           "metadata": {"resourceVersion": str(self.rv)}, "items": items})
             if method == "POST":
-                body = await request.json()
+                body = await _body(request)
                 body_ns = body.get("metadata", {}).get("namespace")
                 if res.namespaced and body_ns and body_ns != ns:
                     raise ApiError(400, "BadRequest", "the namespace of the object does not match the request")
@@ -715,7 +336,7 @@ class Emulator:
         if method == "GET":
             return web.json_response(self._get(res, ns, name))
         if method == "PUT":
-            return web.json_response(self._replace(res, ns, name, await request.json(), sub == "status",
+            return web.json_response(self._replace(res, ns, name, await _body(request), sub == "status",
                                                    _manager(request)))
         if method == "PATCH":
             ctype = request.headers.get("Content-Type", "application/merge-patch+json")
@@ -772,10 +393,15 @@ class Emulator:
                                                     "reason": "Expired", "code": 410,
                                                     "message": f"too old resource version: {rv} ({self.compacted})"}})
             return resp
-        w = _Watcher(res, namespace, labels, fields, asyncio.Queue())
-        if rv in ("", "0"):
+        w = Watcher(res, namespace, labels, fields, asyncio.Queue())
+        initial = q.get("sendInitialEvents", "").lower() in ("true", "1")  # a streaming list (WatchList)
+        if rv in ("", "0") or initial:
             for obj in list(self._select(res, namespace, labels, fields)):
                 w.queue.put_nowait({"type": "ADDED", "object": copy.deepcopy(obj)})
+            if initial:  # the end of the initial state, which the client waits for before it calls the list done
+                w.queue.put_nowait({"type": "BOOKMARK", "object": {
+                    "kind": res.kind, "apiVersion": res.api_version, "metadata": {
+                        "resourceVersion": str(self.rv), "annotations": {"k8s.io/initial-events-end": "true"}}}})
         else:
             for hrv, hres, kind, obj, old in self.history:
                 if hrv > int(rv) and hres == res:
@@ -805,42 +431,3 @@ class Emulator:
             if w in self.watchers:
                 self.watchers.remove(w)
         return resp
-
-    # ------------------------------------------------------------------ discovery
-
-    def _group_list(self) -> dict[str, Any]:
-        groups: dict[str, list[str]] = {}
-        for r in RESOURCES:
-            if r.group and r.version not in groups.setdefault(r.group, []):
-                groups[r.group].append(r.version)
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-            {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
-             "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}} for g, vs in groups.items()]}
-
-    def _group(self, group: str) -> dict[str, Any]:
-        for g in self._group_list()["groups"]:
-            if g["name"] == group:
-                return {"kind": "APIGroup", "apiVersion": "v1", **g}
-        raise ApiError(404, "NotFound", f"no group {group}")
-
-    def _resource_list(self, group: str, version: str) -> dict[str, Any]:
-        resources = []
-        for r in RESOURCES:
-            if r.group == group and r.version == version:
-                verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
-                definition = self.objects.get((CRD, "", f"{r.plural}.{r.group}"))
-                short = ((definition or {}).get("spec", {}).get("names", {}).get("shortNames")
-                         or SHORT_NAMES.get(r.plural, []))
-                resources.append({"name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
-                                  "kind": r.kind, "verbs": verbs, "shortNames": short})
-                if r.status:
-                    resources.append({"name": r.plural + "/status", "singularName": "", "namespaced": r.namespaced,
-                                      "kind": r.kind, "verbs": ["get", "patch", "update"]})
-                if r.scale:
-                    resources.append({"name": r.plural + "/scale", "singularName": "", "namespaced": r.namespaced,
-                                      "group": "autoscaling", "version": "v1", "kind": "Scale",
-                                      "verbs": ["get", "patch", "update"]})
-        if not resources:
-            raise ApiError(404, "NotFound", f"no {group}/{version}")
-        return {"kind": "APIResourceList", "apiVersion": "v1",
-                "groupVersion": f"{group}/{version}" if group else version, "resources": resources}

@@ -13,7 +13,8 @@ An image is what the image would hold: ``files``, path substitutions (e.g.
 container's own env (e.g. ``INFERA_HOST=$(POD_IP)``: a process that binds all interfaces inside a
 pod's network namespace binds the pod's address; here it must be told).
 
-Startup, readiness and liveness probes (``httpGet``, ``tcpSocket``, named or numbered ports) run on
+Startup, readiness and liveness probes (``httpGet``, ``tcpSocket``, ``grpc`` (grpc.health.v1 ``Check``
+of the probe's ``service``: SERVING passes), named or numbered ports) run on
 their period (readiness polls every 0.5 s until first ready); readiness sets the container's
 ``ready`` and the pod's ``Ready`` condition, a failed liveness (``failureThreshold`` in a row) or an
 exit restarts the container (``restartCount``, with backoff). A deleted pod's processes get
@@ -36,6 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpclib
+import grpclib.client
+import grpclib.exceptions
+
+from infera.picker.health import SERVING, HealthCheckRequest, HealthCheckResponse
 
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 FIELDS = {"metadata.name": lambda p: p["metadata"]["name"], "metadata.namespace": lambda p: p["metadata"]["namespace"],
@@ -239,6 +245,9 @@ class Kubelet:
                     asyncio.open_connection(run.ip, self._port(c, probe["tcpSocket"]["port"])), timeout)
                 writer.close()
                 return True
+            if "grpc" in probe:
+                return await grpc_serving(run.ip, int(probe["grpc"]["port"]), probe["grpc"].get("service", ""),
+                                           timeout)
         except (OSError, TimeoutError, aiohttp.ClientError):
             return False
         return True  # exec probes and the like: not emulated, taken as passing
@@ -272,3 +281,18 @@ class Kubelet:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(c.proc.pid, signal.SIGKILL)  # the next tick restarts it
             c.live_failures = 0
+
+
+async def grpc_serving(host: str, port: int, service: str, seconds: float) -> bool:
+    """A gRPC health probe, as the kubelet's: ``grpc.health.v1.Health/Check`` answers SERVING."""
+    channel = grpclib.client.Channel(host, port)
+    try:
+        check = grpclib.client.UnaryUnaryMethod(channel, "/grpc.health.v1.Health/Check", HealthCheckRequest,
+                                                HealthCheckResponse)
+        reply = await check(HealthCheckRequest(service), timeout=seconds)
+        return reply.status == SERVING
+    except (OSError, TimeoutError, grpclib.GRPCError, grpclib.exceptions.StreamTerminatedError,
+            grpclib.exceptions.ProtocolError):
+        return False
+    finally:
+        channel.close()

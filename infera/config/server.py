@@ -76,6 +76,14 @@ class ServerSettings:
                                                        "response byte (then it counts as failed and may be "
                                                        "retried); over NATS --nats-req-idle-timeout governs "
                                                        "the first token too")
+    upstream_idle_timeout: float = option(900.0, "HTTP requests: max seconds between two reads of a worker's "
+                                                 "response (reset per chunk): expiry before the first byte "
+                                                 "fails the worker (retried elsewhere), after it ends the "
+                                                 "response with an error; over NATS --nats-req-idle-timeout "
+                                                 "governs; 0 = forever")
+    drain_seconds: float = option(10.0, "on SIGTERM: stop accepting connections, keep answering requests on open "
+                                        "ones (with Connection: close; /health 503) and let in-flight requests "
+                                        "finish for up to this many seconds, then cancel what is left")
     kv_events_stale_seconds: float = option(5.0, "a worker that was sent requests but published no KV event "
                                                  "for this long is treated as blind: the router predicts its "
                                                  "cache from its own decisions")
@@ -116,5 +124,9 @@ class ServerSettings:
         if self.nats_req_idle_timeout < 0 or self.nats_req_max_duration < 0 or self.nats_req_max_pending < 0:
             raise ConfigError("--nats-req-idle-timeout, --nats-req-max-duration and --nats-req-max-pending "
                               "must be >= 0")
+        if self.upstream_first_byte_timeout < 0 or self.upstream_idle_timeout < 0:
+            raise ConfigError("--upstream-first-byte-timeout and --upstream-idle-timeout must be >= 0")
+        if self.drain_seconds < 0:
+            raise ConfigError("--drain-seconds must be >= 0")
         if self.max_body_bytes <= 0:
             raise ConfigError("--max-body-bytes must be > 0")

@@ -156,6 +156,10 @@ def infera_picker_deployment(owner: Owner, spec: FleetSpec) -> dict[str, Any]:
         "env": picker_env(owner, spec),
         "ports": [{"name": "grpc", "containerPort": EPP_GRPC_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"}],
+        # It listens only once its tokenizer and fleet view are loaded (tens of seconds on a busy node):
+        # liveness starts after the startup probe passes, or it would be restarted before it ever serves.
+        "startupProbe": {"grpc": {"port": EPP_GRPC_PORT, "service": "liveness"}, "periodSeconds": 2,
+                         "failureThreshold": 150},
         "livenessProbe": {"grpc": {"port": EPP_GRPC_PORT, "service": "liveness"}, "periodSeconds": 10},
         "readinessProbe": {"grpc": {"port": EPP_GRPC_PORT, "service": "readiness"}, "periodSeconds": 2},
     }

@@ -99,7 +99,8 @@ def assemble(settings: ServerSettings) -> Assembly:
     check_available(settings)
     renderer = (PromptRenderer.from_dir(settings.router_tokenizer_path, revision=settings.router_tokenizer_revision)
                 if settings.router_tokenizer_path else None)
-    http = HttpTransport(settings.upstream_connect_timeout, settings.upstream_first_byte_timeout)
+    http = HttpTransport(settings.upstream_connect_timeout, settings.upstream_first_byte_timeout,
+                         settings.upstream_idle_timeout)
     transport = REQUEST_TRANSPORTS[settings.request_transport](settings, http)
     options = RouterOptions(
         mode=settings.router_mode,

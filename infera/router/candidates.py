@@ -4,9 +4,11 @@ Filters, in order: the model, the role (mixed, prefill, decode), the connector (
 workers of a pair share one), the record's capabilities for the kind of request (a worker
 with ``serves_chat`` false takes chat only as a text completion), and health: a worker that
 failed before its first byte cools down with exponential backoff (1 s doubling to 30 s)
-until it serves again. When every candidate is cooling down, they all count (trying one
-beats refusing). Workers are grouped once per fleet change, so the per-request cost does
-not grow with the fleet; everything held about a worker goes when it leaves.
+until it serves again; failures that land while it already cools down (requests sent to it
+before the first failure was seen) are the same incident and do not double the backoff.
+When every candidate is cooling down, they all count (trying one beats refusing). Workers
+are grouped once per fleet change, so the per-request cost does not grow with the fleet;
+everything held about a worker goes when it leaves.
 """
 
 from __future__ import annotations
@@ -53,10 +55,14 @@ class Candidates:
         return self._cooldown.get(worker_id, (0.0, 0.0))[0] <= self._clock()
 
     def failed(self, worker_id: str) -> None:
-        """The worker failed before its first byte: avoid it for a while, longer each time."""
-        _, backoff = self._cooldown.get(worker_id, (0.0, FIRST_BACKOFF / 2))
+        """The worker failed before its first byte: avoid it for a while, longer each time it fails
+        again after a cooldown ran out (one hang seen by 40 requests in flight is one failure)."""
+        now = self._clock()
+        until, backoff = self._cooldown.get(worker_id, (0.0, FIRST_BACKOFF / 2))
+        if until > now:
+            return
         backoff = min(backoff * 2, MAX_BACKOFF)
-        self._cooldown[worker_id] = (self._clock() + backoff, backoff)
+        self._cooldown[worker_id] = (now + backoff, backoff)
 
     def served(self, worker_id: str) -> None:
         """The worker answered: it is healthy again."""

@@ -17,6 +17,7 @@ from infera.config.server import ServerSettings
 from infera.router.assembly import FLEETS, KV_EVENT_SOURCES, REQUEST_TRANSPORTS, assemble
 from infera.router.policies import selectable
 from infera.server.app import build_app, install_operations
+from infera.server.drain import DrainingServer, DrainMiddleware, DrainState
 from infera.server.nodelay import NoDelayHttpToolsProtocol
 from infera.telemetry.setup import build_telemetry, configure_logging
 
@@ -81,8 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError, OSError) as exc:
         print(f"infera.server: error: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop", http=NoDelayHttpToolsProtocol,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    drain = DrainState()
+    config = uvicorn.Config(DrainMiddleware(app, drain), host=settings.host, port=settings.port, loop="uvloop",
+                            http=NoDelayHttpToolsProtocol, log_level="warning", access_log=False)
+    DrainingServer(config, drain, settings.drain_seconds).run()  # SIGTERM: a graceful drain (server/drain.py)
     return 0
 
 

@@ -5,7 +5,11 @@ proxied request, which is what the router's added latency is made of.
 
 ``first_byte_timeout`` seconds (0 = none) bound the wait from the send to the response's
 first body chunk (a streamed answer's headers come before its first token); expiry is a 504
-before the first byte, so the router may retry elsewhere.
+before the first byte, so the router may retry elsewhere. ``idle_timeout`` seconds (0 = none)
+bound every wait for the body's next chunk, the first included: a worker that stops answering
+with its socket open fails like an unreachable one before the first byte (504, retried), and
+after it ends the response with a 504 :class:`UpstreamError` instead of holding the client's
+stream forever.
 """
 
 from __future__ import annotations
@@ -21,10 +25,44 @@ from infera.transport.base import UpstreamError, UpstreamResponse
 _CHUNK = 64 * 1024
 
 
+class IdleExpired(Exception):
+    """A response's reader waited longer than the idle timeout for the next chunk."""
+
+
+class IdleWatch:
+    """The idle timeout of one response with one timer, re-armed lazily (a timer per chunk would
+    cost more CPU than the relay itself): when it fires while a read has waited ``seconds``, the
+    reader fails with :class:`IdleExpired`; time the consumer spends elsewhere never counts."""
+
+    __slots__ = ("_handle", "_loop", "_reader", "_seconds", "waiting_since")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float, reader: aiohttp.StreamReader) -> None:
+        self._loop = loop
+        self._seconds = seconds
+        self._reader = reader
+        self.waiting_since: float | None = None
+        self._handle: asyncio.TimerHandle | None = loop.call_at(loop.time() + seconds, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self.waiting_since
+        if since is not None and now - since >= self._seconds:
+            self._handle = None
+            self._reader.set_exception(IdleExpired())
+            return
+        self._handle = self._loop.call_at((now if since is None else since) + self._seconds, self._check)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 class HttpTransport:
-    def __init__(self, connect_timeout: float, first_byte_timeout: float) -> None:
+    def __init__(self, connect_timeout: float, first_byte_timeout: float, idle_timeout: float = 0.0) -> None:
         self._connect_timeout = connect_timeout
         self._first_byte_timeout = first_byte_timeout
+        self._idle_timeout = idle_timeout
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -76,20 +114,43 @@ class HttpTransport:
 
     async def _iter_body(self, resp: aiohttp.ClientResponse, worker_id: str,
                          deadline: float | None) -> AsyncIterator[bytes]:
-        """The body's chunks; the first must come by ``deadline`` (loop time; None = no limit)."""
+        """The body's chunks; the first must come by ``deadline`` (loop time; None = no limit), and
+        each within the idle timeout of the one before (or of the headers, for the first)."""
         chunks = resp.content.iter_any()
+        idle = self._idle_timeout
+        loop = asyncio.get_running_loop()
         try:
+            first_by = min(deadline, loop.time() + idle) if deadline is not None and idle else (
+                deadline if deadline is not None else (loop.time() + idle if idle else None))
             try:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(first_by):
                     first = await anext(chunks)
             except StopAsyncIteration:
                 return
             except TimeoutError as exc:
-                raise UpstreamError(f"worker {worker_id} sent no first byte within {self._first_byte_timeout:g}s",
-                                    status=504) from exc
+                raise UpstreamError(f"worker {worker_id} sent no first byte in time (first-byte timeout "
+                                    f"{self._first_byte_timeout:g}s, idle timeout {idle:g}s)", status=504) from exc
             yield first
-            async for chunk in chunks:
-                yield chunk
+            if not idle:
+                async for chunk in chunks:
+                    yield chunk
+                return
+            watch = IdleWatch(loop, idle, resp.content)
+            try:
+                while True:
+                    watch.waiting_since = loop.time()
+                    try:
+                        chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        return
+                    except IdleExpired as exc:
+                        raise UpstreamError(f"worker {worker_id} sent nothing for {idle:g}s mid-response "
+                                            "(--upstream-idle-timeout)", status=504,
+                                            before_first_byte=False) from exc
+                    watch.waiting_since = None
+                    yield chunk
+            finally:
+                watch.cancel()
         except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
             raise UpstreamError(f"worker {worker_id} broke the stream: {exc}", before_first_byte=False) from exc
         finally:

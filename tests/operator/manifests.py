@@ -4,7 +4,7 @@ InferaFleets, and the documented shape of GAIE/Gateway API objects (whose CRDs a
 kubernetes-validate carries the OpenAPI schemas of Kubernetes' built-in kinds only; it has no schema
 for custom resources. InferaFleets are checked against ``crds/`` with jsonschema (the structural
 schema is JSON Schema plus ``x-kubernetes-*`` keywords, which jsonschema ignores; CEL rules are not
-evaluated). InferencePool and HTTPRoute are checked against the small strict schemas below, written
+evaluated). InferencePool, HTTPRoute and Gateway are checked against the small strict schemas below, written
 from the GAIE v1 and Gateway API v1 references (the fields we set, closed to anything else), since
 their CRDs cannot be fetched on these machines.
 """
@@ -66,7 +66,21 @@ HTTP_ROUTE = {
                              "properties": {"request": {"type": "string", "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"},
                                             "backendRequest": {"type": "string"}}}}}}}}},
 }
-CUSTOM = {"InferencePool": INFERENCE_POOL, "HTTPRoute": HTTP_ROUTE}
+GATEWAY = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "gateway.networking.k8s.io/v1"}, "kind": {"const": "Gateway"},
+        "metadata": _META,
+        "spec": {"type": "object", "additionalProperties": False, "required": ["gatewayClassName", "listeners"],
+                 "properties": {
+                     "gatewayClassName": _NAME,
+                     "listeners": {"type": "array", "minItems": 1, "maxItems": 64, "items": {
+                         "type": "object", "required": ["name", "protocol", "port"], "additionalProperties": False,
+                         "properties": {"name": _NAME, "hostname": {"type": "string"},
+                                        "protocol": {"type": "string"}, "allowedRoutes": {"type": "object"},
+                                        "port": {"type": "integer", "minimum": 1, "maximum": 65535}}}}}}},
+}
+CUSTOM = {"InferencePool": INFERENCE_POOL, "HTTPRoute": HTTP_ROUTE, "Gateway": GATEWAY}
 
 
 def crd() -> dict[str, Any]:

@@ -4,41 +4,33 @@ engine and the values schema holds. helm-sdkpy needs Python 3.12, so it runs in 
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.operator.manifests import REPO
+from tests.operator.helm import CHART, LINT, helm
 
 pytestmark = pytest.mark.e2e
 
-HELM_PYTHON = REPO / ".cache" / "helm-venv" / "bin" / "python"
-LINT = ("import asyncio, json, sys\nfrom helm_sdkpy import Configuration, Lint\n"
-        "print(json.dumps(asyncio.run(Lint(Configuration()).run(sys.argv[1]))))")
 ERROR = 3  # Helm's support.ErrorSev (1 info, 2 warning)
 
 
 def lint(chart: Path) -> dict[str, Any]:
-    assert HELM_PYTHON.exists(), "no .cache/helm-venv: scripts/setup makes it (needs python3.12, pyenv has it)"
-    done = subprocess.run([str(HELM_PYTHON), "-c", LINT, str(chart)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout)
+    result: dict[str, Any] = helm(LINT, chart)
     return result
 
 
 def test_helm_lints_the_chart_clean() -> None:
-    result = lint(REPO / "charts" / "infera")
+    result = lint(CHART)
     assert result["TotalChartsLinted"] == 1
     assert not [m for m in result["Messages"] if m["Severity"] >= ERROR], result
 
 
 def test_helm_lint_catches_a_broken_template(tmp_path: Path) -> None:
     broken = tmp_path / "infera"
-    shutil.copytree(REPO / "charts" / "infera", broken)
+    shutil.copytree(CHART, broken)
     with (broken / "templates" / "operator.yaml").open("a") as f:
         f.write("\n{{ .Values.nothing.here }}\n")
     result = lint(broken)

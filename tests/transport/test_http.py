@@ -1,4 +1,5 @@
-"""The HTTP transport owns the first-byte deadline: headers and the first body chunk must both come in time."""
+"""The HTTP transport owns the first-byte deadline (headers and the first body chunk must both come in time)
+and the idle timeout (a worker that stops sending mid-response fails the response, not the client's wait)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from infera.transport.base import UpstreamError
 from infera.transport.http import HttpTransport
 
 
-async def engine(first_chunk_after: float) -> AsyncIterator[str]:
+async def engine(first_chunk_after: float, then_hang: float = 0.0) -> AsyncIterator[str]:
     async def stream(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)  # the headers go out at once, like an engine's SSE answer
         await asyncio.sleep(first_chunk_after)
         await resp.write(b"data: token\n\n")
+        if then_hang:
+            await asyncio.sleep(then_hang)  # a worker that stops answering with its socket open
+            await resp.write(b"data: more\n\n")
         await resp.write_eof()
         return resp
 
@@ -59,3 +63,45 @@ async def test_a_first_chunk_later_than_the_first_byte_timeout_is_a_504_before_t
 
 async def test_a_first_chunk_in_time_passes() -> None:
     assert await first_chunk(first_chunk_after=0.05, first_byte_timeout=2) == b"data: token\n\n"
+
+
+async def read_all(idle_timeout: float, then_hang: float) -> list[bytes]:
+    """The whole body of a stream whose worker goes quiet for ``then_hang`` s after its first chunk."""
+    async for url in engine(0.0, then_hang):
+        transport = HttpTransport(connect_timeout=2, first_byte_timeout=5, idle_timeout=idle_timeout)
+        await transport.start()
+        try:
+            resp = await transport.send(WorkerRecord(instance_id="w", model="m", http_url=url),
+                                        "/v1/chat/completions", b"{}", {})
+            try:
+                return [chunk async for chunk in resp.body]
+            finally:
+                resp.close()
+        finally:
+            await transport.stop()
+    raise AssertionError("unreachable")
+
+
+async def test_a_worker_quiet_past_the_idle_timeout_mid_stream_ends_it_with_a_504() -> None:
+    with pytest.raises(UpstreamError) as exc:  # the worker would finish after 2 s: the 0.3 s timeout must fire
+        await read_all(idle_timeout=0.3, then_hang=2)
+    assert exc.value.status == 504 and not exc.value.before_first_byte
+
+
+async def test_the_idle_timeout_also_bounds_the_first_chunk() -> None:
+    async for url in engine(first_chunk_after=2):
+        transport = HttpTransport(connect_timeout=2, first_byte_timeout=600, idle_timeout=0.3)
+        await transport.start()
+        try:
+            resp = await transport.send(WorkerRecord(instance_id="w", model="m", http_url=url),
+                                        "/v1/chat/completions", b"{}", {})
+            with pytest.raises(UpstreamError) as exc:
+                await anext(resp.body)
+            resp.close()
+            assert exc.value.status == 504 and exc.value.before_first_byte
+        finally:
+            await transport.stop()
+
+
+async def test_gaps_shorter_than_the_idle_timeout_pass() -> None:
+    assert b"".join(await read_all(idle_timeout=2, then_hang=0.1)) == b"data: token\n\ndata: more\n\n"

@@ -3,7 +3,8 @@
 Besides the OpenAI and SGLang endpoints: ``/health`` and ``/livez`` (both 200 while it serves),
 ``/metrics`` (vLLM names), ``/v1/models``, ``/tokenize``, ``/version``, ``POST /reset_prefix_cache``
 and ``GET /infera/worker`` (the worker record: where the KV-event and replay sockets are) and
-``GET /infera/kv_cache`` (debug: the hashes of the cached blocks).
+``GET /infera/kv_cache`` (debug: the hashes of the cached blocks), and the reliability suite's
+fault knobs and request ledger (``/infera/faults``, ``/infera/requests``: :mod:`.faults`).
 Every error is OpenAI-shaped, and no bad request stops the engine.
 """
 
@@ -19,6 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from infera.engine.mock.fault_api import FaultEndpoints
+from infera.engine.mock.faults import FaultGate
 from infera.engine.mock.kvd_server import KvdServer
 from infera.engine.mock.openai_api import OpenAiEndpoints
 from infera.engine.mock.profiler import ProfileEndpoints
@@ -97,6 +100,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 def build_app(service: MockService, kvd: KvdServer | None = None) -> Starlette:
     """``kvd``: the kvd socket to serve for the app's lifetime (and its ``GET /infera/host_tier`` view)."""
     oai, sgl, info = OpenAiEndpoints(service), SglangEndpoints(service), InfoEndpoints(service)
+    faults = FaultEndpoints(service.engine.faults, service.engine.faults_changed)
     routes = [
         Route("/v1/completions", oai.completions, methods=["POST"]),
         Route("/v1/chat/completions", oai.chat, methods=["POST"]),
@@ -112,6 +116,9 @@ def build_app(service: MockService, kvd: KvdServer | None = None) -> Starlette:
         Route("/generate", sgl.generate, methods=["POST"]),
         Route("/get_model_info", sgl.model_info, methods=["GET"]),
         Route("/get_server_info", sgl.server_info, methods=["GET"]),
+        Route("/infera/faults", faults.get, methods=["GET"]),
+        Route("/infera/faults", faults.post, methods=["POST"]),
+        Route("/infera/requests", faults.requests, methods=["GET"]),
         *service.role.routes(),
     ]
     if service.engine.profiler is not None:
@@ -133,6 +140,8 @@ def build_app(service: MockService, kvd: KvdServer | None = None) -> Starlette:
                 await kvd.stop()
             await service.engine.stop()
 
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _server_error,
     })
+    app.add_middleware(FaultGate, faults=service.engine.faults)
+    return app

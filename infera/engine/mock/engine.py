@@ -18,6 +18,7 @@ from collections.abc import Sequence as SequenceOf
 from typing import TYPE_CHECKING
 
 from infera.engine.mock.cache import BlockPool
+from infera.engine.mock.faults import Faults
 from infera.engine.mock.metrics import EngineMetrics
 from infera.engine.mock.publisher import KvEventPublisher
 from infera.engine.mock.scheduler import Scheduler, StepPlan
@@ -76,6 +77,7 @@ class Engine:
         self.publisher = publisher
         self.steps = 0
         self.profiler: StepProfiler | None = None  # records a window of steps while active
+        self.faults = Faults()  # the reliability suite's knobs (slowdown, hang, publisher stall)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -123,6 +125,11 @@ class Engine:
         if events and self.publisher is not None:
             self.publisher.publish(events)
 
+    def faults_changed(self) -> None:
+        """Apply the publisher knob: a stalled publisher holds its batches, a resumed one sends them."""
+        if self.publisher is not None:
+            self.publisher.hold(self.faults.kv_events_paused)
+
     def reset_prefix_cache(self) -> bool:
         """vLLM's reset: refused while any request holds blocks; AllBlocksCleared goes out with the next step."""
         return self.pool.reset()
@@ -137,6 +144,9 @@ class Engine:
                 await self._wake.wait()
                 deadline = last_yield = loop.time()
                 continue
+            if self.faults.hang:  # hung: no step runs, every stream stalls where it is
+                await self.faults.wait_running()
+                deadline = last_yield = loop.time()
             plan = sched.schedule()
             self.steps += 1
             events = self.pool.take_events()
@@ -149,7 +159,7 @@ class Engine:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), 0.05)
                 continue
-            dt = self.timing.step_seconds(plan.prefill_tokens, plan.decode_rows, plan.kv_usage)
+            dt = self.timing.step_seconds(plan.prefill_tokens, plan.decode_rows, plan.kv_usage) * self.faults.slowdown
             now = loop.time()
             deadline = max(deadline + dt, now - MAX_LAG_S)
             if self.profiler is not None and self.profiler.active:

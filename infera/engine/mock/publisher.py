@@ -52,6 +52,7 @@ class KvEventPublisher:
         self._seq = 0
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=BUFFER_STEPS)
         self._task: asyncio.Task[None] | None = None
+        self._held: list[tuple[bytes, bytes, bytes]] | None = None  # a stalled publisher's unsent batches
 
     @property
     def next_seq(self) -> int:
@@ -75,8 +76,25 @@ class KvEventPublisher:
         seq = self._seq
         self._seq += 1
         self._buffer.append((seq, payload))
+        frames = (self.topic, seq_to_bytes(seq), payload)
+        if self._held is not None:
+            self._held.append(frames)
+            return
+        self._send(frames, seq)
+
+    def hold(self, held: bool) -> None:
+        """Stall (True) or resume (False) the live socket; a resume sends what was held, in order."""
+        if held:
+            if self._held is None:
+                self._held = []
+            return
+        pending, self._held = self._held or [], None
+        for frames in pending:
+            self._send(frames, int.from_bytes(frames[1], "big"))
+
+    def _send(self, frames: tuple[bytes, bytes, bytes], seq: int) -> None:
         try:
-            self._pub.send_multipart((self.topic, seq_to_bytes(seq), payload), flags=zmq.NOBLOCK, copy=True)
+            self._pub.send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
         except zmq.Again:
             log.warning("KV-event PUB queue full; dropped seq %d (replay still has it)", seq)
 
