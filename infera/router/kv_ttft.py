@@ -1,6 +1,6 @@
 """KV-aware scoring by predicted time to first token: the ``kv-aware`` policy (issue 14).
 
-cost(w) = scale(w) * (kv_overlap_weight * (prefill_ms(w) + eviction_ms(w) + stall_ms(w)) + decode_ms(w)),
+cost(w) = scale(w) * (kv_overlap_weight * (prefill_ms(w) + eviction_ms(w)) + decode_ms(w)),
 in modelled ms (``kv_overlap_weight`` keeps its meaning: the weight of prefill work against decode load):
 
 - prefill_ms: the prefill work ahead of this request on w (the uncached prompt tokens of the
@@ -20,18 +20,16 @@ in modelled ms (``kv_overlap_weight`` keeps its meaning: the weight of prefill w
   to the fleet's median, bounded to 1/2..2 and
   typical within 1.5x of the median (a shared host's noise must not move load).
 
-Two terms price what the request costs the *other* requests on w (issue 14, chosen in the fleet
-simulator on the Mooncake trace; ``kv-aware-ttft`` is the cost without them):
+The eviction term prices what the request costs the *other* requests on w (issue 14, chosen in
+the fleet simulator on the Mooncake trace; ``kv-aware-ttft`` is the cost without it):
 
 - eviction: when w's cache is full, the blocks of other prefixes it must evict to fit this
   request's uncached blocks (what is cached beyond w's free blocks, up to what no in-flight
   request pins), priced as :data:`EVICTION_WEIGHT` of recomputing them. Without it, placement
   keeps overflowing the worker that holds a popular first block and evicts live conversations.
-- stall: :data:`STALL_WEIGHT` of the modelled prefill already queued on w, once more. The
-  TTFT term counts that queue once, as the wait before this request's first token; but the
-  queued prompts are computed in the same steps as w's decoding requests (chunked prefill),
-  so a queue also stalls every stream running there. A small weight keeps placement off a
-  worker that is busy prefilling when the other costs are close.
+- stall (off by default, :data:`STALL_WEIGHT` 0): a share of the modelled prefill already
+  queued on w, once more (the queued prompts share steps with w's decoding streams and stall
+  them). Measured at 0.05 and 0.2 it changed nothing but a little hit ratio; kept for study.
 
 So a session stays where its blocks are until the queue there costs more than recomputing
 its prompt elsewhere, a burst on a new prefix spreads while a second copy of the prefix is
@@ -61,7 +59,8 @@ PREFILL = (4.21e-7, 0.0152, 16.5)
 DECODE = (-25.74, 54.01, 5.74)
 DECODE_FLOOR_MS = 1.0
 EVICTION_WEIGHT = 0.5  # share of an evicted block's recompute charged to the request that evicts it
-STALL_WEIGHT = 0.05  # weight of the stall term (see KvTtftPolicy.stall_ms)
+STALL_WEIGHT = 0.0  # weight of the stall term (KvTtftPolicy.stall_ms): 0.05 and 0.2 changed no TTFT p90 and
+# cost 0.001-0.003 of hit ratio on the Mooncake trace at 16 and 64 workers (bench/README.md), so it is off
 
 
 def _step_prefill_ms(tokens: float) -> float:
@@ -235,7 +234,7 @@ class KvTtftPolicy:
 
 
 class KvTtftOnlyPolicy(KvTtftPolicy):
-    """``kv-aware-ttft``: the predicted-TTFT cost without the eviction and stall terms (the default before)."""
+    """``kv-aware-ttft``: the predicted-TTFT cost without the eviction term (the default before)."""
 
     eviction_weight = 0.0
     stall_weight = 0.0

@@ -11,7 +11,7 @@ from infera.router.round_robin import RoundRobinPolicy
 
 POLICIES: dict[str, PolicyFactory] = {
     "kv-aware": KvTtftPolicy,  # predicted time to first token (chosen by measurement: bench/README.md)
-    "kv-aware-ttft": KvTtftOnlyPolicy,  # the same without the eviction and stall terms (the default before)
+    "kv-aware-ttft": KvTtftOnlyPolicy,  # the same without the eviction term (the default before)
     "kv-aware-blocks": KvAwarePolicy,  # the previous cost: blocks of prefill left + blocks held in flight
     "round-robin": RoundRobinPolicy,
     "least-load": LeastLoadPolicy,  # the decode leg of a prefill/decode pair
