@@ -10,9 +10,9 @@ DISCOVERY_BACKENDS = ("static", "etcd", "kubernetes")
 REQUEST_TRANSPORTS = ("http", "nats")
 KV_EVENT_TRANSPORTS = ("zmq", "nats", "none")
 ROUTER_MODES = ("auto", "direct")
-# kv-aware-blocks: kv-aware's previous cost; approx-prefix: sglang-router's cache_aware tree, for engines
-# that publish no KV events
-ROUTER_POLICIES = ("kv-aware", "round-robin", "kv-aware-blocks", "approx-prefix")
+# kv-aware-ttft: kv-aware without its eviction term (the default before); kv-aware-blocks: the cost before
+# that; approx-prefix: sglang-router's cache_aware tree, for engines that publish no KV events
+ROUTER_POLICIES = ("kv-aware", "round-robin", "kv-aware-ttft", "kv-aware-blocks", "approx-prefix")
 
 # A per-request nonce that Claude Code puts in the first system block; left in, it makes every
 # prompt unique at token 0 and defeats prefix caching on every engine.
