@@ -1,11 +1,10 @@
 """Choose kv-aware's cost by measurement: candidate costs side by side in the fleet simulator.
 
 Runs ``infera.sim`` (the real router and policies over the mock engine's classes, virtual time)
-on the bench workloads for the policies named, with the workers' records carrying their KV
-capacity as the mock engine's records do live (the simulator's records leave it out, and the
-kv-aware cost reads it for the decode term). Prints one table per workload and a summary of
-each policy's TTFT p50/p90 and hit ratio as ratios to round-robin, plus the geometric mean
-over workloads.
+on the bench workloads (or a trace) for the policies named, plus candidate variants of the cost
+(``_variants``); the workers' records carry their KV capacity as the mock engine's records do
+live. Prints one table per workload and a summary of each policy's TTFT p50/p90 and hit ratio
+as ratios to round-robin, plus the geometric mean over workloads.
 
     .venv/bin/python bench/cost_sweep.py --quick --workers 4
     .venv/bin/python bench/cost_sweep.py --quick --workers 16 --policies kv-aware-blocks,kv-aware,kv-aware-h8
@@ -23,7 +22,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infera.engine.mock.timing import StepTimeModel
-from infera.protocols.worker import Capacity
 from infera.router.policies import POLICIES
 from infera.sim import report, workloads
 from infera.sim.engine import EngineConfig
@@ -36,16 +34,27 @@ DEFAULT = "round-robin,least-load,kv-aware-blocks,kv-aware,approx-prefix"
 
 def _variants() -> None:
     """Candidate costs under study, registered for this run only."""
-    from infera.router.kv_ttft import KvTtftPolicy
+    from infera.router.kv_ttft import KvTtftOnlyPolicy, KvTtftPolicy, prefill_ms
 
     for h in (0, 1, 4, 8, 16, 32):
-        POLICIES[f"kv-aware-h{h}"] = type(f"KvTtft_h{h}", (KvTtftPolicy,), {"horizon": h})
+        POLICIES[f"kv-aware-h{h}"] = type(f"KvTtft_h{h}", (KvTtftOnlyPolicy,), {"horizon": h})
+    for e in (0.0, 0.25, 0.5, 1.0, 2.0):  # eviction weight, no stall term
+        POLICIES[f"kv-aware-e{e:g}"] = type(f"KvTtft_e{e:g}", (KvTtftPolicy,), {"eviction_weight": e,
+                                                                                "stall_weight": 0.0})
+    for st in (0.02, 0.05, 0.1, 0.2):  # stall weight with the default eviction weight
+        POLICIES[f"kv-aware-s{st:g}"] = type(f"KvTtft_s{st:g}", (KvTtftPolicy,), {"stall_weight": st})
+
+    def stall_batch(self: KvTtftPolicy, queued: float, own: float, decoding: int) -> float:
+        """Alternative stall term: this request's prefill stalls each request decoding on the worker."""
+        return self.stall_weight * self._weight * decoding * prefill_ms(own)
+
+    for st in (0.02, 0.05, 0.1):
+        POLICIES[f"kv-aware-b{st:g}"] = type(f"KvTtft_b{st:g}", (KvTtftPolicy,), {"stall_weight": st,
+                                                                                  "stall_ms": stall_batch})
 
 
 def run(w: Any, policy: str, workers: int, engine: EngineConfig, weight: float) -> dict[str, Any]:
     sim = Simulation(w, FleetConfig(workers=workers, engine=engine, policy=policy, kv_overlap_weight=weight))
-    for record in sim.router.router.fleet.workers().values():
-        record.capacity = Capacity(kv_blocks=engine.num_blocks - 1, max_num_seqs=engine.max_num_seqs)
     t0, c0 = time.perf_counter(), time.process_time()
     row = summarize(sim.run())
     row["wall_seconds"] = time.perf_counter() - t0
@@ -66,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scale", type=int, default=8, help="trace: divide lengths and the 512-token block by this")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--limit", type=int, default=0, help="trace: first N requests only")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival times by this")
     args = ap.parse_args(argv)
     _variants()
     engine = EngineConfig(num_blocks=args.kv_blocks, block_size=args.block_size, timing=StepTimeModel())
@@ -76,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     summary: dict[str, list[tuple[float, float, float]]] = {p: [] for p in policies}
     names = ["trace"] if args.trace else args.workloads.split(",")
     for name in names:
-        w = (load_mooncake(args.trace, args.scale, 1.0, args.limit, args.seed) if args.trace
+        w = (load_mooncake(args.trace, args.scale, args.time_scale, args.limit, args.seed) if args.trace
              else workloads.build(name, args.quick, args.seed))
         rows = [run(w, p, args.workers, engine, args.kv_overlap_weight) for p in policies]
         doc = {"name": w.name, "label": w.label, "workers": args.workers, "requests": w.n_requests,

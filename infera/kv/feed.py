@@ -5,7 +5,10 @@ each decoded batch into the :class:`PrefixIndex`, drops a worker's view when bat
 lost for good (the view may miss removals), and forgets everything about a worker that
 leaves. It also knows when the router is **blind** to a worker's cache: the worker
 publishes no events, the router follows none, or the worker served an uncached prompt
-more than ``stale_seconds`` ago and no batch has arrived since (its events stopped).
+more than ``stale_seconds`` ago and no batch has arrived since it was sent there (its events
+stopped). A batch that arrived between the dispatch and the first byte counts: an engine
+publishes the prompt's blocks at the start of the step that computes them, so they often
+arrive before the first token does.
 
 :meth:`IndexFeed.blind` is a pure query (metrics scrape it). The log line that says a
 worker went blind, or that its events flow again, is written by :meth:`IndexFeed.tick`,
@@ -41,6 +44,7 @@ class IndexFeed:
         self._stale = stale_seconds
         self._clock = clock
         self._expect_since: dict[str, float] = {}  # worker -> when it served an uncached prompt, no batch since
+        self._last_batch: dict[str, float] = {}  # worker -> when its last batch arrived (the clock's time)
         self._blind_logged: set[str] = set()
         self._ticker: asyncio.Task[None] | None = None
         fleet.subscribe(self._on_change)
@@ -83,6 +87,7 @@ class IndexFeed:
             self._events.unwatch(wid)
         self.index.remove_worker(wid)
         self._expect_since.pop(wid, None)
+        self._last_batch.pop(wid, None)
         self._blind_logged.discard(wid)
         self.batches.pop(wid, None)
         self.gaps.pop(wid, None)
@@ -91,6 +96,7 @@ class IndexFeed:
         """Feed one decoded batch of a worker's KV events into the index."""
         self.index.apply(worker_id, batch)
         self.batches[worker_id] += 1
+        self._last_batch[worker_id] = self._clock()
         self._expect_since.pop(worker_id, None)
         if worker_id in self._blind_logged:
             self._blind_logged.discard(worker_id)
@@ -101,11 +107,16 @@ class IndexFeed:
         self.gaps[worker_id] += lost
         self.index.remove_worker(worker_id)
 
-    def expect_events(self, worker_id: str) -> None:
-        """The worker computed an uncached prompt: its events should follow within ``stale_seconds``."""
+    def expect_events(self, worker_id: str, sent_at: float | None = None) -> None:
+        """The worker computed an uncached prompt sent to it at ``sent_at`` (the clock's time; None:
+        unknown): its events should follow within ``stale_seconds``, unless a batch arrived since."""
         worker = self._fleet.workers().get(worker_id)
-        if worker is not None and worker.kv_events is not None and worker_id not in self._expect_since:
-            self._expect_since[worker_id] = self._clock()
+        if worker is None or worker.kv_events is None or worker_id in self._expect_since:
+            return
+        last = self._last_batch.get(worker_id)
+        if sent_at is not None and last is not None and last > sent_at:
+            return  # its events already came (published as the prompt was computed, before the first byte)
+        self._expect_since[worker_id] = self._clock()
 
     def blind(self, worker_id: str) -> bool:
         """True when the router cannot see this worker's cache through events (no side effects)."""
@@ -122,7 +133,7 @@ class IndexFeed:
     def holds(self, worker_id: str) -> bool:
         """Whether any state about ``worker_id`` is held here (for tests of what leaving releases)."""
         return (worker_id in self._expect_since or worker_id in self._blind_logged or worker_id in self.batches
-                or worker_id in self.gaps)
+                or worker_id in self.gaps or worker_id in self._last_batch)
 
     def tick(self) -> None:
         """Log the workers whose events went silent since the last tick (once per silence)."""

@@ -1,6 +1,7 @@
 """KV-aware scoring by predicted time to first token: the ``kv-aware`` policy (issue 14).
 
-cost(w) = scale(w) * (kv_overlap_weight * prefill_ms(w) + decode_ms(w)), in modelled ms:
+cost(w) = scale(w) * (kv_overlap_weight * (prefill_ms(w) + eviction_ms(w)) + decode_ms(w)),
+in modelled ms (``kv_overlap_weight`` keeps its meaning: the weight of prefill work against decode load):
 
 - prefill_ms: the prefill work ahead of this request on w (the uncached prompt tokens of the
   requests routed there that have no first token yet) plus its own uncached part. Its cached
@@ -18,6 +19,17 @@ cost(w) = scale(w) * (kv_overlap_weight * prefill_ms(w) + decode_ms(w)), in mode
   last samples, plus the fleet's fastest request per sample (the fixed cost no model covers), relative
   to the fleet's median, bounded to 1/2..2 and
   typical within 1.5x of the median (a shared host's noise must not move load).
+
+The eviction term prices what the request costs the *other* requests on w (issue 14, chosen in
+the fleet simulator on the Mooncake trace; ``kv-aware-ttft`` is the cost without it):
+
+- eviction: when w's cache is full, the blocks of other prefixes it must evict to fit this
+  request's uncached blocks (what is cached beyond w's free blocks, up to what no in-flight
+  request pins), priced as :data:`EVICTION_WEIGHT` of recomputing them. Without it, placement
+  keeps overflowing the worker that holds a popular first block and evicts live conversations.
+- stall (off by default, :data:`STALL_WEIGHT` 0): a share of the modelled prefill already
+  queued on w, once more (the queued prompts share steps with w's decoding streams and stall
+  them). Measured at 0.05 and 0.2 it changed nothing but a little hit ratio; kept for study.
 
 So a session stays where its blocks are until the queue there costs more than recomputing
 its prompt elsewhere, a burst on a new prefix spreads while a second copy of the prefix is
@@ -46,6 +58,9 @@ UNKNOWN_USAGE = 0.5  # KV usage assumed for a worker whose record does not say i
 PREFILL = (4.21e-7, 0.0152, 16.5)
 DECODE = (-25.74, 54.01, 5.74)
 DECODE_FLOOR_MS = 1.0
+EVICTION_WEIGHT = 0.5  # share of an evicted block's recompute charged to the request that evicts it
+STALL_WEIGHT = 0.0  # weight of the stall term (KvTtftPolicy.stall_ms): 0.05 and 0.2 changed no TTFT p90 and
+# cost 0.001-0.003 of hit ratio on the Mooncake trace at 16 and 64 workers (bench/README.md), so it is off
 
 
 def _step_prefill_ms(tokens: float) -> float:
@@ -84,6 +99,25 @@ def memory_wait_ms(blocks: int, capacity: int, max_tokens: int) -> float:
     return (blocks - capacity) / capacity * max_tokens * (a + b + c)
 
 
+def recompute_ms(tokens: float) -> float:
+    """Modelled ms the tokens add to prefill steps that run anyway (no per-step constant)."""
+    a, b, _ = PREFILL
+    return a * tokens * tokens + b * tokens if tokens > 0 else 0.0
+
+
+def evicted_blocks(need: int, cached: int, active: int, capacity: int) -> int:
+    """Cached blocks of other prefixes a worker must evict to allocate ``need`` new blocks.
+
+    ``cached``: the blocks its cache holds (KV events); ``active``: the blocks its in-flight
+    requests hold or will (these count as occupied even before their events arrive, and cannot
+    be evicted). Unknown capacity: nothing.
+    """
+    if capacity <= 0 or need <= 0:
+        return 0
+    occupied = min(capacity, max(cached, active))
+    return max(0, min(need - (capacity - occupied), occupied - min(active, occupied)))
+
+
 def modelled_ms(weight: float, tokens: float, decoding: int, active_blocks: int, capacity: int) -> float:
     return weight * prefill_ms(tokens) + decode_ms(tokens, decoding, active_blocks, capacity)
 
@@ -102,6 +136,8 @@ class _Scale:
 class KvTtftPolicy:
     needs_tokens = True
     horizon = DECODE_HORIZON
+    eviction_weight = EVICTION_WEIGHT
+    stall_weight = STALL_WEIGHT
 
     def __init__(self, deps: PolicyDeps) -> None:
         self._index = deps.index
@@ -130,10 +166,15 @@ class KvTtftPolicy:
             decoding = self._load.decoding(wid)
             ms = modelled_ms(self._weight, cand.prefill_tokens + own, decoding,
                              cand.active_blocks, cand.worker.capacity.kv_blocks)
-            after = cand.active_blocks + -(-int(own) // size) + -(-ctx.max_tokens // size)
+            need = -(-int(own) // size) + -(-ctx.max_tokens // size)
+            after = cand.active_blocks + need
             capacity = cand.worker.capacity.kv_blocks
             ms += memory_wait_ms(after, capacity, ctx.max_tokens)
             ms += self.horizon * decode_ms(1, 1, after, capacity)
+            if self.eviction_weight:
+                evicted = evicted_blocks(need, self._index.block_count(wid), cand.active_blocks, capacity)
+                ms += self.eviction_weight * self._weight * recompute_ms(evicted * size)
+            ms += self.stall_ms(cand.prefill_tokens, own, decoding)
             costs.append(scale * ms)
         best_overlap = max(overlaps, default=0)
         if best_overlap == 0:
@@ -142,6 +183,11 @@ class KvTtftPolicy:
             cheapest = min(range(len(costs)), key=costs.__getitem__)
             reason = "cache-hit" if overlaps[cheapest] == best_overlap else "load"
         return Scores(costs=costs, reason=reason, overlap_blocks=overlaps)
+
+    def stall_ms(self, queued: float, own: float, decoding: int) -> float:
+        """The stall term: :data:`STALL_WEIGHT` of the prefill already queued on the worker (``queued``
+        tokens; ``own`` and ``decoding`` are there for variants under study, bench/cost_sweep.py)."""
+        return self.stall_weight * self._weight * prefill_ms(queued)
 
     def _relative_scales(self, candidates: Sequence[Candidate]) -> list[float]:
         """Each worker's speed relative to the fleet's median (1.0 = typical; 2.0 = twice as slow).
@@ -185,3 +231,10 @@ class KvTtftPolicy:
                                             capacity) for x in samples)
             sums.floor = min((x.seconds for x in samples), default=0.0) * 1000.0
         return sums
+
+
+class KvTtftOnlyPolicy(KvTtftPolicy):
+    """``kv-aware-ttft``: the predicted-TTFT cost without the eviction term (the default before)."""
+
+    eviction_weight = 0.0
+    stall_weight = 0.0

@@ -94,8 +94,9 @@ class Legs:
     def _served(self, placement: Placement, worker: WorkerRecord, role: str) -> None:
         """A worker's first byte: it is healthy; one that computed an uncached prompt owes KV events."""
         self._candidates.served(worker.instance_id)
-        if role != "decode" and placement.overlap < len(placement.tickets[role].hashes):
-            self._feed.expect_events(worker.instance_id)
+        ticket = placement.tickets[role]
+        if role != "decode" and placement.overlap < len(ticket.hashes):
+            self._feed.expect_events(worker.instance_id, ticket.started)
 
     def _moved(self, placement: Placement, worker: WorkerRecord) -> None:
         role = "decode" if placement.prefill is not None else "mixed"

@@ -22,6 +22,7 @@ import itertools
 from typing import Any
 
 from infera.protocols.kv_events import EventBatch
+from infera.protocols.worker import Capacity
 from infera.sim.engine import INF, EngineConfig, SimEngine, SimRequest, Sink
 from infera.sim.routing import SimRouter, worker_ids
 from infera.sim.workload import MIN_THINK, Workload
@@ -57,8 +58,10 @@ class Simulation:
         self._seq = itertools.count()
         self._arrivals: list[tuple[float, int, int, int]] = []  # (time, seq, session, turn)
         self._effects: list[tuple[float, int, int, Any, Any]] = []  # (time, seq, kind, a, b)
-        self.router = SimRouter(config.workers, config.engine.block_size, config.policy, self._clock,
-                                config.kv_overlap_weight, config.temperature, config.seed)
+        eng = config.engine
+        capacity = Capacity(kv_blocks=eng.num_blocks - 1, max_num_seqs=eng.max_num_seqs)  # as the mock's record
+        self.router = SimRouter(config.workers, eng.block_size, config.policy, self._clock,
+                                config.kv_overlap_weight, config.temperature, config.seed, capacity)
         sink = Sink(self._on_batch, self._on_first, self._on_finish)
         self.engines = [SimEngine(wid, config.engine, sink) for wid in worker_ids(config.workers)]
         self._by_id = {e.worker_id: e for e in self.engines}

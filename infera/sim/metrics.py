@@ -68,6 +68,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
     end = max(result.end_time, 1e-9)
     served = [e.tokens_served for e in result.engines]
     running = [e.running_seconds / end for e in result.engines]
+    busy = [e.busy_seconds / end for e in result.engines]
     mean_served = sum(served) / len(served)
     mean_running = sum(running) / len(running)
     routed_overlap = sum(r.overlap_blocks for r in done) * result.config.engine.block_size
@@ -86,6 +87,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "router_predicted_hit": routed_overlap / max(prompt, 1),
         "imbalance_tokens": max(served) / mean_served if mean_served else 0.0,
         "imbalance_running": max(running) / mean_running if mean_running else 0.0,
+        "utilisation": sum(busy) / len(busy),  # mean share of the run each engine spent stepping
         "preemptions": sum(r.preemptions for r in done),
         "output_tokens_per_s": sum(r.output_len for r in done) / end,
         "virtual_seconds": result.end_time,

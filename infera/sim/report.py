@@ -19,6 +19,7 @@ COLUMNS = (
     ("imbalance_tokens", "imbal tokens", "{:.2f}"),
     ("imbalance_running", "imbal running", "{:.2f}"),
     ("preemptions", "preempt", "{}"),
+    ("utilisation", "util", "{:.2f}"),
     ("cpu_seconds", "sim CPU s", "{:.0f}"),
 )
 MS = {"ttft_p50", "ttft_p90", "ttft_p99", "itl_mean", "itl_p90", "queue_p90"}

@@ -20,7 +20,7 @@ from infera.discovery.base import FleetListener
 from infera.kv.index import PrefixIndex
 from infera.kv.tokenizer import PromptRenderer
 from infera.protocols.kv_events import EventBatch
-from infera.protocols.worker import KvEventEndpoint, WorkerRecord
+from infera.protocols.worker import Capacity, KvEventEndpoint, WorkerRecord
 from infera.router.context import RouteRequest
 from infera.router.placement import Placement
 from infera.router.router import Router, RouterOptions
@@ -110,10 +110,13 @@ def worker_ids(n: int) -> list[str]:
 
 class SimRouter:
     def __init__(self, n_workers: int, block_size: int, policy: str, clock: Callable[[], float],
-                 kv_overlap_weight: float = 1.0, temperature: float = 0.0, seed: int = 0) -> None:
+                 kv_overlap_weight: float = 1.0, temperature: float = 0.0, seed: int = 0,
+                 capacity: Capacity | None = None) -> None:
+        # ``capacity``: what each record says, as the mock engine's records do live (usable blocks, max sequences)
         records = {
             wid: WorkerRecord(instance_id=wid, model=MODEL, engine="mock", http_url=f"http://{wid}.sim",
-                              kv_events=KvEventEndpoint(endpoint=f"sim://{wid}"), kv_block_size=block_size)
+                              kv_events=KvEventEndpoint(endpoint=f"sim://{wid}"), kv_block_size=block_size,
+                              capacity=capacity.model_copy() if capacity is not None else Capacity())
             for wid in worker_ids(n_workers)
         }
         options = RouterOptions(policy=policy, kv_overlap_weight=kv_overlap_weight, temperature=temperature)

@@ -16,7 +16,7 @@ from infera.protocols.kv_events import BlockStored, EventBatch
 from infera.protocols.worker import Capacity, WorkerRecord
 from infera.router.base import Candidate, Policy, PolicyDeps, RoutingContext
 from infera.router.kv_aware import KvAwarePolicy
-from infera.router.kv_ttft import KvTtftPolicy, prefill_ms
+from infera.router.kv_ttft import KvTtftOnlyPolicy, KvTtftPolicy, evicted_blocks, prefill_ms
 
 BS = 16
 WORKERS = [WorkerRecord(instance_id=f"w{k}", model="m", http_url="http://x", kv_block_size=BS,
@@ -26,7 +26,9 @@ WORKERS = [WorkerRecord(instance_id=f"w{k}", model="m", http_url="http://x", kv_
 class Fleet:
     """The router's bookkeeping around a policy, without the network."""
 
-    def __init__(self, policy: type[KvTtftPolicy] | type[KvAwarePolicy] = KvTtftPolicy) -> None:
+    def __init__(self, policy: type[KvTtftPolicy] | type[KvAwarePolicy] = KvTtftPolicy,
+                 workers: list[WorkerRecord] = WORKERS) -> None:
+        self.workers = workers
         self.now = 0.0
         self.index = PrefixIndex()
         self.load = LoadTracker(clock=lambda: self.now)
@@ -36,12 +38,12 @@ class Fleet:
     def pick(self, tokens: list[int], max_tokens: int = 32) -> str:
         ctx = RoutingContext(model="m", token_ids=tokens, prompt_tokens=len(tokens), max_tokens=max_tokens)
         cands = [Candidate(w, self.load.in_flight(w.instance_id), self.load.prefill_tokens(w.instance_id),
-                           self.load.active_blocks(w.instance_id)) for w in WORKERS]
+                           self.load.active_blocks(w.instance_id)) for w in self.workers]
         scores = self.policy.score(ctx, cands)
         low = min(scores.costs)
         # ties as the router breaks them: fewest in flight, then the first
         best = min((c for c in range(len(cands)) if scores.costs[c] - low <= 1e-9), key=lambda c: cands[c].in_flight)
-        return WORKERS[best].instance_id
+        return self.workers[best].instance_id
 
     def route(self, tokens: list[int], max_tokens: int = 32) -> tuple[str, object]:
         """Pick, then account the request as the router does (load ticket + predicted blocks)."""
@@ -147,3 +149,56 @@ def test_noise_in_observed_ttfts_does_not_move_load() -> None:
     fleet.load.begin("w1", 200, [], 1)
     fleet.load.begin("w3", 100, [], 1)
     assert fleet.pick(tokens(41, 2000)) == "w2"  # the least work, as without samples
+
+
+# ---- the eviction and stall terms (kv-aware; kv-aware-ttft is the cost without them) ---------------------
+
+SMALL = [WorkerRecord(instance_id=f"w{k}", model="m", http_url="http://x", kv_block_size=BS,
+                      capacity=Capacity(kv_blocks=512)) for k in range(4)]
+
+
+def fill(fleet: Fleet, wid: str, blocks: int, seed: int) -> None:
+    """``blocks`` cached blocks of other, finished conversations on ``wid``."""
+    fleet.cache(wid, tokens(seed, blocks * BS))
+
+
+def test_a_full_worker_holding_only_the_common_first_blocks_loses_to_an_idle_one() -> None:
+    common = tokens(5, 4 * BS)  # almost every prompt starts with the same few blocks (as on the Mooncake trace)
+    for policy, expect_full in ((KvTtftPolicy, False), (KvTtftOnlyPolicy, True)):
+        fleet = Fleet(policy, SMALL)
+        fleet.cache("w0", common)
+        fill(fleet, "w0", 506, 50)  # w0's cache is full of other conversations
+        for wid in ("w1", "w2", "w3"):
+            fill(fleet, wid, 100, 60 + int(wid[1]))  # room to spare
+        got = fleet.pick(common + tokens(6, 1500))
+        # without the eviction term four cached blocks win, and w0 evicts ~95 blocks of live conversations
+        assert (got == "w0") is expect_full, (policy.__name__, got)
+
+
+def test_a_session_stays_on_its_full_worker_when_little_must_be_evicted() -> None:
+    fleet = Fleet(KvTtftPolicy, SMALL)
+    session = tokens(7, 2000)
+    fleet.cache("w0", session[:1984])  # its previous turns: 124 blocks
+    fill(fleet, "w0", 386, 70)  # the rest of w0's cache: full
+    assert fleet.pick(session + tokens(8, 100)) == "w0"  # 7 new blocks to fit: a few evicted, 1984 tokens saved
+
+
+def test_a_burst_on_a_new_prefix_does_not_pile_up_when_caches_are_full() -> None:
+    fleet = Fleet(KvTtftPolicy, SMALL)
+    for k in range(4):
+        fill(fleet, f"w{k}", 500, 80 + k)
+    prefix = tokens(9, 2496)
+    placed = [fleet.route(prefix + tokens(200 + i, 80))[0] for i in range(16)]
+    counts = Counter(placed)
+    # a second copy of the prefix now evicts 156 blocks of others: fewer copies than with room
+    # to spare (the test above: four), but never one worker for the whole burst
+    assert len(counts) >= 2 and max(counts.values()) <= 10, counts
+
+
+def test_evicted_blocks() -> None:
+    assert evicted_blocks(need=10, cached=100, active=0, capacity=200) == 0  # room to spare
+    assert evicted_blocks(need=10, cached=195, active=0, capacity=200) == 5  # five must go
+    assert evicted_blocks(need=10, cached=200, active=150, capacity=200) == 10
+    assert evicted_blocks(need=100, cached=200, active=150, capacity=200) == 50  # the rest is pinned: a wait
+    assert evicted_blocks(need=10, cached=50, active=195, capacity=200) == 0  # in flight, not yet in events
+    assert evicted_blocks(need=10, cached=200, active=0, capacity=0) == 0  # capacity unknown

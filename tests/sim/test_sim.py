@@ -130,3 +130,14 @@ def test_the_command_line_writes_a_table_and_json(tmp_path, capsys) -> None:  # 
     doc = json.loads((tmp_path / "t.json").read_text())
     assert [p["policy"] for p in doc["policies"]] == ["round-robin", "kv-aware"]
     assert "| kv-aware |" in capsys.readouterr().out
+
+
+def test_with_nothing_shared_kv_aware_is_within_noise_of_round_robin() -> None:
+    # unique prompts of mixed lengths, open loop at a load that queues a little (~20 ms), caches small enough to
+    # fill (the eviction term is then live on every worker): no placement can save prefill here
+    r = random.Random(5)
+    prompts = [_tokens(400 + i, r.randint(100, 1200)) for i in range(240)]
+    w = _open_loop(prompts, gap=0.06, out=24)
+    rr, kv = (summarize(_run(w, policy, workers=4, blocks=256)) for policy in ("round-robin", "kv-aware"))
+    assert kv["hit_ratio"] == rr["hit_ratio"] == 0.0
+    assert kv["ttft_p50"] <= 1.05 * rr["ttft_p50"] and kv["ttft_p90"] <= 1.05 * rr["ttft_p90"], (kv, rr)
