@@ -84,7 +84,7 @@ class ServerSettings:
     worker_poll_interval: float = option(2.0, "static discovery: seconds between worker health checks")
     log_level: str = option("info", "logging level", choices=("debug", "info", "warning", "error"))
     admin_token: str = option("", "when set, /v1/admin/... and /v1/cache/prewarm need 'Authorization: Bearer "
-                                  "<token>' (401 otherwise)")
+                                  "<token>' (401 otherwise)", secret=True)
     enable_profiling: bool = option(False, "serve POST /v1/admin/profile/start|stop (403 without), fanned out "
                                            "to the workers' /start_profile and /stop_profile")
     profile_timeout: float = option(60.0, "seconds each worker may take to answer a profile start/stop (a "
