@@ -69,6 +69,12 @@ class ServerSettings:
     nats_req_max_pending: int = option(0, "NATS requests: per-worker limit of requests in flight from this "
                                           "frontend; at the cap -> 429 (retried on another worker); 0 = off")
     max_body_bytes: int = option(8 * 1024 * 1024, "largest request body accepted (413 above it)")
+    client_header_timeout: float = option(10.0, "seconds a client may take to send a request's headers (from the "
+                                                "connection's opening, or the request's first byte on a kept-alive "
+                                                "connection); past it the connection is closed; 0 = no limit")
+    client_body_timeout: float = option(60.0, "seconds a client may take to send a request's body once its "
+                                              "headers are in; past it a 408 and the connection closed; "
+                                              "0 = no limit")
     upstream_connect_timeout: float = option(5.0, "seconds to connect to a worker")
     upstream_first_byte_timeout: float = option(600.0, "HTTP requests: seconds to wait for a worker's first "
                                                        "response byte (then it counts as failed and may be "
@@ -107,5 +113,7 @@ class ServerSettings:
         if self.nats_req_idle_timeout < 0 or self.nats_req_max_duration < 0 or self.nats_req_max_pending < 0:
             raise ConfigError("--nats-req-idle-timeout, --nats-req-max-duration and --nats-req-max-pending "
                               "must be >= 0")
+        if self.client_header_timeout < 0 or self.client_body_timeout < 0:
+            raise ConfigError("--client-header-timeout and --client-body-timeout must be >= 0")
         if self.max_body_bytes <= 0:
             raise ConfigError("--max-body-bytes must be > 0")

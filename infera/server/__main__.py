@@ -16,7 +16,7 @@ from infera.config.server import ServerSettings
 from infera.router.assembly import FLEETS, KV_EVENT_SOURCES, REQUEST_TRANSPORTS, assemble
 from infera.router.policies import selectable
 from infera.server.app import build_app, install_operations
-from infera.server.nodelay import NoDelayHttpToolsProtocol
+from infera.server.deadlines import with_deadlines
 
 log = logging.getLogger("infera.server")
 
@@ -69,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError, OSError) as exc:
         print(f"infera.server: error: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop", http=NoDelayHttpToolsProtocol,
+    protocol = with_deadlines(settings.client_header_timeout, settings.client_body_timeout)
+    uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop", http=protocol,
                 log_level="warning", access_log=False, timeout_graceful_shutdown=5)
     return 0
 
