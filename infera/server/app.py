@@ -16,6 +16,7 @@ from infera.server.auth import AdminTokenMiddleware
 from infera.server.errors import install_error_handlers
 from infera.server.metrics import ServerMetrics
 from infera.server.openai_api import OpenAIHandlers
+from infera.server.openapi import install_openapi
 from infera.server.prewarm import PrewarmHandlers
 from infera.server.profiling import ProfilingHandlers
 from infera.server.request_id import RequestIdMiddleware
@@ -47,6 +48,7 @@ def build_app(router: Router, *, max_body_bytes: int, strip_patterns: Sequence[s
     app.include_router(AnthropicHandlers(router, metrics, max_body_bytes, strip_patterns).routes())
     app.include_router(AdminHandlers(router, metrics).routes())
     app.add_middleware(RequestIdMiddleware)
+    install_openapi(app, router.view.models, admin_token=False)
     return app
 
 
@@ -57,5 +59,6 @@ def install_operations(app: FastAPI, router: Router, *, strip_patterns: Sequence
     kvd = KvdClient(kvd_socket_path) if kvd_socket_path else None
     app.include_router(PrewarmHandlers(router, kvd, strip_patterns).routes())
     app.include_router(ProfilingHandlers(router, enable_profiling, profile_timeout).routes())
+    install_openapi(app, router.view.models, admin_token=bool(admin_token))
     if admin_token:  # inside the request-id middleware, so that a 401 carries the id too
         app.user_middleware.append(Middleware(AdminTokenMiddleware, token=admin_token))
