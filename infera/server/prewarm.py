@@ -74,7 +74,8 @@ class PrewarmHandlers:
         if req.model not in router.view.models():
             return openai_error(404, f"The model '{req.model}' does not exist", "not_found_error", "model")
         try:
-            tokens = router.tokens("chat" if req.messages is not None else "completion", payload)
+            tokens = await router.tokens_off_loop("chat" if req.messages is not None else "completion", payload,
+                                                  len(intake.body))
         except Exception as exc:  # a template that rejects the conversation
             return openai_error(400, f"cannot render the prompt: {exc}", param="messages")
         if req.worker is not None:
