@@ -52,9 +52,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"machine": machine_info(), "command": " ".join(["python -m bench.fuzz", *sys.argv[1:]]),
                            "deadlines_s": {"header": HEADER_TIMEOUT, "body": BODY_TIMEOUT}, "logs": str(tmp)}
     try:
-        with Sampler(front.pid) as sampler, Bystander(front.url, MODEL) as bystander:
+        with Sampler(front.pid) as sampler, Bystander(front.url, MODEL) as bystander, \
+                Bystander(front.url, MODEL, probe=True) as prober:
             def phase(name: str) -> None:
-                sampler.phase = bystander.phase = name
+                sampler.phase = bystander.phase = prober.phase = name
                 print(f"[fuzz] {name}: RSS {sampler.now()[0]:.0f} MB, fds {sampler.now()[1]}", flush=True)
 
             out["rss_mb_start"], out["fds_start"] = sampler.now()
@@ -78,6 +79,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["ten_mb"] = ten_mb(front.url, TOKEN)
             phase("huge-prompt")
             out["huge_prompt"] = huge_prompt(front.url, MODEL, args.huge_prompt_mb)
+            out["rss_mb_after_huge"] = [sampler.now()[0]]
+            for _ in range(args.huge_repeats - 1):  # is what a huge prompt leaves behind bounded?
+                huge_prompt(front.url, MODEL, args.huge_prompt_mb)
+                out["rss_mb_after_huge"].append(sampler.now()[0])
             phase("slowloris")
             out["slowloris"] = slowloris(port, MODEL, bound=HEADER_TIMEOUT + BODY_TIMEOUT + 30)
             phase("half-open")
@@ -88,6 +93,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["rss_mb_peak"] = max(s[2] for s in sampler.samples)
             out["bystander"] = {p: bystander.summary(p) for p in dict.fromkeys(r[0] for r in bystander.results)}
             out["bystander"]["all"] = bystander.summary()
+            out["livez"] = {p: prober.summary(p) for p in dict.fromkeys(r[0] for r in prober.results)}
+            out["livez"]["all"] = prober.summary()
         out["frontend_alive"] = front.alive()
     finally:
         front.stop()
@@ -98,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(out: dict[str, Any]) -> str:
     st, hs, tm, hp = out["schemathesis"], out["hostile"], out["ten_mb"], out["huge_prompt"]
-    sl, ho, by = out["slowloris"], out["half_open"], out["bystander"]
+    sl, ho, by, lz = out["slowloris"], out["half_open"], out["bystander"], out["livez"]
     fives = st["server_errors"] + sum(sum(n for s, n in h["statuses"].items() if int(s) >= 500) for h in hs)
     rows = [
         ("schemathesis", f"{st['cases']} cases over {st['operations']} operations, {st['server_errors']} 5xx, "
@@ -110,14 +117,20 @@ def table(out: dict[str, Any]) -> str:
         (f"{hp['prompt_mb']} MB prompt", f"chat {hp['chat']['status']} in {hp['chat']['seconds']} s, count_tokens "
                                          f"{hp['count_tokens']['status']} in {hp['count_tokens']['seconds']} s; "
                                          f"bystander meanwhile p99 {by.get('huge-prompt', {}).get('p99_ms')} ms, "
-                                         f"max {by.get('huge-prompt', {}).get('max_ms')} ms"),
+                                         f"max {by.get('huge-prompt', {}).get('max_ms')} ms; RSS after each of "
+                                         f"{len(out['rss_mb_after_huge'])}: "
+                                         f"{', '.join(f'{r:.0f}' for r in out['rss_mb_after_huge'])} MB"),
         ("slow-drip headers", f"{sl['headers']['answer']} after {sl['headers']['seconds']} s"),
         ("slow-drip body", f"{sl['body']['status']} after {sl['body']['seconds']} s"),
         (f"{ho['opened']} half-open connections", f"{ho['closed_by_server']} closed by the server within "
                                                   f"{ho['seconds_to_close']} s; fds {ho['fds_before']} -> peak "
                                                   f"{ho['fds_peak']} -> {ho['fds_after']}"),
         ("bystander (all phases)", f"{by['all']['requests']} requests, {by['all']['failed']} failed, p50 "
-                                   f"{by['all']['p50_ms']} ms, p99 {by['all']['p99_ms']} ms"),
+                                   f"{by['all']['p50_ms']} ms, p99 {by['all']['p99_ms']} ms, max "
+                                   f"{by['all']['max_ms']} ms"),
+        ("frontend's own /livez (all phases)", f"{lz['all']['requests']} probes, {lz['all']['failed']} failed, p50 "
+                                               f"{lz['all']['p50_ms']} ms, p99 {lz['all']['p99_ms']} ms, max "
+                                               f"{lz['all']['max_ms']} ms"),
         ("frontend memory", f"RSS {out['rss_mb_start']:.0f} MB at start -> {out['rss_mb_after_schemathesis']:.0f} "
                             f"after schemathesis -> peak {out['rss_mb_peak']:.0f} -> {out['rss_mb_end']:.0f} at end; "
                             f"fds {out['fds_start']} -> {out['fds_end']}"),
@@ -132,6 +145,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the hostile catalogue (memory growth)")
     parser.add_argument("--huge-chars", type=int, default=2 << 20, help="length of the catalogue's huge strings")
     parser.add_argument("--huge-prompt-mb", type=float, default=7.0, help="the huge prompt's size (under 8 MiB)")
+    parser.add_argument("--huge-repeats", type=int, default=3, help="huge prompts sent (RSS after each)")
     parser.add_argument("--half-open", type=int, default=1000, help="concurrent half-open connections")
     args = parser.parse_args()
     out = run(args)
@@ -140,6 +154,9 @@ def main() -> None:
     for h in out["hostile"]:
         for line in h["wrong"][:20]:
             print("  not shaped:", line)
+        print("  slowest hostile cases (s, kind, path, status):", h["slowest"][:5])
+    for name, rows in (("bystander", out["bystander"]), ("livez", out["livez"])):
+        print(f"  {name} by phase:", {p: (r["p99_ms"], r["max_ms"]) for p, r in rows.items()})
     for line in out["schemathesis"]["failures"][:10]:
         print("  schemathesis:", line[:400])
     print(f"results: {path}")

@@ -69,10 +69,12 @@ class Sampler:
 
 
 class Bystander:
-    """One ordinary client sending a small chat request after another; latency and failures per phase."""
+    """One ordinary client sending a small chat request after another; latency and failures per phase.
 
-    def __init__(self, url: str, model: str, timeout: float = 30.0) -> None:
-        self.url, self.model, self.timeout = url, model, timeout
+    ``probe``: GET /livez instead, every 50 ms: the frontend's own responsiveness, engines aside."""
+
+    def __init__(self, url: str, model: str, timeout: float = 30.0, probe: bool = False) -> None:
+        self.url, self.model, self.timeout, self.probe = url, model, timeout, probe
         self.phase = "start"
         self.results: list[tuple[str, float, int]] = []  # phase, seconds, status (0 = no answer)
         self._stop = threading.Event()
@@ -93,10 +95,13 @@ class Bystander:
             while not self._stop.is_set():
                 phase, started = self.phase, time.perf_counter()
                 try:
-                    status = client.post("/v1/chat/completions", json=body).status_code
+                    status = (client.get("/livez") if self.probe else
+                              client.post("/v1/chat/completions", json=body)).status_code
                 except httpx.HTTPError:
                     status = 0
                 self.results.append((phase, time.perf_counter() - started, status))
+                if self.probe:
+                    self._stop.wait(0.05)
 
     def summary(self, phase: str | None = None) -> dict[str, Any]:
         rows = [r for r in self.results if phase is None or r[0] == phase]
@@ -112,21 +117,24 @@ def hostile_round(url: str, model: str, token: str, huge_chars: int) -> dict[str
     statuses: Counter[int] = Counter()
     wrong: list[str] = []
     kinds: set[str] = set()
+    took: list[tuple[float, str, str, int]] = []
     with httpx.Client(base_url=url, timeout=120) as client:
         for case in hostile_bodies(model, huge_chars=huge_chars):
             kinds.add(case.name)
             headers = {**case.headers, "authorization": f"Bearer {token}"}
+            started = time.perf_counter()
             try:
                 resp = client.post(case.path, content=case.body, headers=headers)
             except httpx.HTTPError as exc:
                 wrong.append(f"{case.name} -> {case.path}: no answer ({exc!r})")
                 continue
+            took.append((round(time.perf_counter() - started, 2), case.name, case.path, resp.status_code))
             statuses[resp.status_code] += 1
             problem = shaped(case.path, resp.status_code, resp.headers.get("content-type", ""), resp.content)
             if problem:
                 wrong.append(f"{case.name} -> {case.path}: {problem}")
     return {"kinds": len(kinds), "cases": sum(statuses.values()), "statuses": dict(sorted(statuses.items())),
-            "wrong": wrong}
+            "wrong": wrong, "slowest": sorted(took, reverse=True)[:8]}
 
 
 def ten_mb(url: str, token: str) -> dict[str, Any]:

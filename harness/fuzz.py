@@ -197,7 +197,7 @@ def _body(path: str, model: str, content: Any) -> dict[str, Any]:
 def shaped(path: str, status: int, content_type: str, body: bytes) -> str | None:
     """None when an answer is in the shape the API documents for ``path``, else what is wrong."""
     if status >= 500:
-        return f"a {status}"
+        return f"a {status}: {body[:300]!r}"
     if status == 499 or content_type.startswith("text/event-stream"):
         return None
     if not content_type.startswith("application/json"):
