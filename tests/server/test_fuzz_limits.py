@@ -205,3 +205,19 @@ async def test_deadlines_never_cut_a_long_answer_or_a_kept_alive_connection() ->
         await asyncio.sleep(0.5)  # idle on the kept-alive connection past the header deadline
         second = await c.post("/slow", content=b"{}")
     assert first.text == second.text == "data: x\n\n" * 8
+
+
+async def test_a_prewarm_hints_at_most_the_workers_device_capacity(kvd_socket: str) -> None:
+    from infera.kv.tokenizer import PromptRenderer
+    from infera.protocols.worker import Capacity
+
+    small = worker("w1").model_copy(update={"capacity": Capacity(kv_blocks=4)})
+    router = Router(FakeFleet(small), FakeTransport(), None, PromptRenderer.byte_level(),
+                    RouterOptions(policy="round-robin"), rng=random.Random(1))
+    app = build_app(router, max_body_bytes=64 * 1024, strip_patterns=[])
+    install_operations(app, router, strip_patterns=[], kvd_socket_path=kvd_socket)
+    async with client(app) as c:
+        resp = await c.post("/v1/cache/prewarm", json={"model": MODEL, "prompt": "p" * 500, "worker": "w1"})
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    assert body["blocks"] == 4 and body["prompt_blocks"] == 500 // 16
