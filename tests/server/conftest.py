@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import socketserver
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,19 +65,3 @@ def procs() -> Iterator[list[Process]]:
     for proc in reversed(started):
         proc.stop()
 
-
-class _Drain(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        self.rfile.read()
-
-
-@pytest.fixture
-def kvd_socket(tmp_path: Path) -> Iterator[str]:
-    """A stand-in KV daemon: a Unix socket that takes hint lines and answers nothing."""
-    path = str(tmp_path / "kvd.sock")
-    server = socketserver.ThreadingUnixStreamServer(path, _Drain)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield path
-    server.shutdown()
-    server.server_close()

@@ -4,6 +4,8 @@ was sent to, and what reaches an engine is only what passed validation."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,7 +14,7 @@ from harness.fuzz import JSON_PATHS, Hostile, hostile_bodies, shaped
 from infera.kv.tokenizer import PromptRenderer
 from infera.router.router import Router, RouterOptions
 from infera.server.app import build_app, install_operations
-from tests.fakes import MODEL, FakeFleet, FakeTransport, worker
+from tests.fakes import MODEL, FakeFleet, FakeTransport, kvd_stub, worker
 
 MAX_BODY = 1 << 20
 CASES = list(hostile_bodies(MODEL, huge_chars=200_000))
@@ -21,6 +23,12 @@ CASES = list(hostile_bodies(MODEL, huge_chars=200_000))
 def test_the_catalogue_covers_every_json_endpoint_and_kind() -> None:
     assert {c.path for c in CASES} == set(JSON_PATHS)
     assert len({c.name for c in CASES}) >= 26
+
+
+@pytest.fixture
+def kvd_socket(tmp_path: Path) -> Iterator[str]:
+    with kvd_stub(str(tmp_path / "kvd.sock")) as path:
+        yield path
 
 
 @pytest.fixture

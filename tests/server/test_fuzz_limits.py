@@ -8,7 +8,8 @@ import contextlib
 import random
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,7 +25,7 @@ from starlette.routing import Route
 from infera.router.router import Router, RouterOptions
 from infera.server.app import build_app, install_operations
 from infera.server.deadlines import with_deadlines
-from tests.fakes import MODEL, FakeFleet, FakeTransport, worker
+from tests.fakes import MODEL, FakeFleet, FakeTransport, kvd_stub, worker
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 MESSAGES = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
@@ -116,6 +117,12 @@ async def test_when_every_engine_refuses_the_profiler_answers_their_4xx(refusing
 
 
 # ---- slow-drip clients against the deadlines ---------------------------------------------------------
+
+@pytest.fixture
+def kvd_socket(tmp_path: Path) -> Iterator[str]:
+    with kvd_stub(str(tmp_path / "kvd.sock")) as path:
+        yield path
+
 
 @contextlib.asynccontextmanager
 async def serve(app: Any, header_timeout: float, body_timeout: float) -> AsyncIterator[int]:

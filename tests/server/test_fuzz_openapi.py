@@ -4,17 +4,26 @@ generated request to every operation gets a non-5xx answer in its documented sta
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 import schemathesis
 
 from harness.fuzz import fuzz_schema
 from infera.kv.tokenizer import PromptRenderer
 from infera.router.router import Router, RouterOptions
 from infera.server.app import build_app, install_operations
-from tests.fakes import MODEL, FakeFleet, FakeTransport, worker
+from tests.fakes import MODEL, FakeFleet, FakeTransport, kvd_stub, worker
 
 TOKEN = "fuzz-admin-token"
 EXAMPLES = 20  # per operation: 13 operations, under a minute
+
+
+@pytest.fixture
+def kvd_socket(tmp_path: Path) -> Iterator[str]:
+    with kvd_stub(str(tmp_path / "kvd.sock")) as path:
+        yield path
 
 
 def test_every_published_operation_survives_generated_requests(kvd_socket: str) -> None:
