@@ -64,4 +64,3 @@ def procs() -> Iterator[list[Process]]:
     yield started
     for proc in reversed(started):
         proc.stop()
-
