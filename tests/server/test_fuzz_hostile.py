@@ -71,3 +71,15 @@ async def test_duplicate_keys_take_the_last_value_as_validated_and_as_forwarded(
     assert resp.status_code < 500
     # what the router validated ("model" last = the served one) is what the engine is sent: no smuggling
     assert all(c.body["model"] == MODEL for c in transport.calls)
+
+
+@pytest.mark.parametrize("prompt", [[2**32], [-1], [[1, 2], [2**40]], [1, 2**63]])
+async def test_token_ids_outside_32_bits_are_refused_before_any_engine(
+        app: tuple[httpx.AsyncClient, FakeTransport], prompt: list[object]) -> None:
+    client, transport = app
+    async with client:
+        resp = await client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+        fine = await client.post("/v1/completions", json={"model": MODEL, "prompt": [0, 2**32 - 1], "max_tokens": 2})
+    assert resp.status_code == 400 and resp.json()["error"]["param"].startswith("prompt")
+    assert fine.status_code == 200
+    assert [c.body["prompt"] for c in transport.calls] == [[0, 2**32 - 1]]
