@@ -12,8 +12,11 @@ can assert that every path released what it opened.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Mapping
+import socketserver
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -202,3 +205,22 @@ class FakeEvents:
 
     def unwatch(self, worker_id: str) -> None:
         self.watched.discard(worker_id)
+
+
+class _Drain(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        self.rfile.read()
+
+
+@contextlib.contextmanager
+def kvd_stub(path: str) -> Iterator[str]:
+    """A stand-in KV daemon, in this process: a Unix socket at ``path`` that takes hint lines and
+    answers nothing."""
+    server = socketserver.ThreadingUnixStreamServer(path, _Drain)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -35,12 +35,14 @@ def option(
     env: str | Sequence[str] | None = None,
     choices: Sequence[str] | None = None,
     parse: Callable[[str], Any] | None = None,
+    secret: bool = False,
 ) -> Any:
-    """Declare a settings field. ``env`` defaults to ``INFERA_<FIELD_NAME>``."""
+    """Declare a settings field. ``env`` defaults to ``INFERA_<FIELD_NAME>``; a ``secret`` is left out of
+    the settings' repr, so logging the settings never logs it."""
     envs: tuple[str, ...] = (env,) if isinstance(env, str) else tuple(env or ())
     repeat = isinstance(default, tuple)
     meta = Option(help=help, env=envs, choices=tuple(choices) if choices else None, repeat=repeat, parse=parse)
-    return dataclasses.field(default=default, metadata={"infera": meta})
+    return dataclasses.field(default=default, metadata={"infera": meta}, repr=not secret)
 
 
 class ConfigError(ValueError):

@@ -71,6 +71,12 @@ class ServerSettings:
     nats_req_max_pending: int = option(0, "NATS requests: per-worker limit of requests in flight from this "
                                           "frontend; at the cap -> 429 (retried on another worker); 0 = off")
     max_body_bytes: int = option(8 * 1024 * 1024, "largest request body accepted (413 above it)")
+    client_header_timeout: float = option(10.0, "seconds a client may take to send a request's headers (from the "
+                                                "connection's opening, or the request's first byte on a kept-alive "
+                                                "connection); past it the connection is closed; 0 = no limit")
+    client_body_timeout: float = option(60.0, "seconds a client may take to send a request's body once its "
+                                              "headers are in; past it a 408 and the connection closed; "
+                                              "0 = no limit")
     upstream_connect_timeout: float = option(5.0, "seconds to connect to a worker")
     upstream_first_byte_timeout: float = option(600.0, "HTTP requests: seconds to wait for a worker's first "
                                                        "response byte (then it counts as failed and may be "
@@ -101,7 +107,7 @@ class ServerSettings:
                                         "sampled as OTEL_TRACES_SAMPLER says) or console (stdout)",
                                 env=("INFERA_OTEL_EXPORTER", "OTEL_TRACES_EXPORTER"), choices=OTEL_EXPORTERS)
     admin_token: str = option("", "when set, /v1/admin/... and /v1/cache/prewarm need 'Authorization: Bearer "
-                                  "<token>' (401 otherwise)")
+                                  "<token>' (401 otherwise)", secret=True)
     enable_profiling: bool = option(False, "serve POST /v1/admin/profile/start|stop (403 without), fanned out "
                                            "to the workers' /start_profile and /stop_profile")
     profile_timeout: float = option(60.0, "seconds each worker may take to answer a profile start/stop (a "
@@ -128,5 +134,7 @@ class ServerSettings:
             raise ConfigError("--upstream-first-byte-timeout and --upstream-idle-timeout must be >= 0")
         if self.drain_seconds < 0:
             raise ConfigError("--drain-seconds must be >= 0")
+        if self.client_header_timeout < 0 or self.client_body_timeout < 0:
+            raise ConfigError("--client-header-timeout and --client-body-timeout must be >= 0")
         if self.max_body_bytes <= 0:
             raise ConfigError("--max-body-bytes must be > 0")

@@ -33,6 +33,11 @@ class Codec(Protocol):
     def token_to_id(self, token: str) -> int | None: ...
 
 
+# ``Tokenizer.encode`` holds the GIL throughout (seconds for a multi-megabyte prompt, stalling the
+# event loop even from a worker thread); ``encode_batch`` releases it and gives the same ids.
+GIL_FREE_CHARS = 16 * 1024
+
+
 class HfCodec:
     """A ``tokenizers.Tokenizer``, with transformers' explicit add_bos/add_eos override."""
 
@@ -50,7 +55,13 @@ class HfCodec:
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         if add_special_tokens and self._explicit:
-            return self._bos + self._encode(text, add_special_tokens=False).ids + self._eos
+            return self._bos + self._ids(text, False) + self._eos
+        return self._ids(text, add_special_tokens)
+
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        if len(text) >= GIL_FREE_CHARS:
+            ids: list[int] = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+            return ids
         return self._encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -56,8 +56,13 @@ class ChatCompletionRequest(_Common):
         return self.max_completion_tokens or self.max_tokens
 
 
+# A token id outside 32 bits reached engines as given, and their KV events then broke the router's
+# block hashing (ids are hashed as uint32), ending that worker's event stream: refuse it here.
+TokenId = Annotated[int, Field(ge=0, lt=2**32)]
+
+
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
 
     def output_limit(self) -> int | None:
         return self.max_tokens

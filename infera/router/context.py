@@ -43,6 +43,11 @@ class ContextBuilder:
         self.renderer = renderer
         self._tokenize = tokenize and renderer is not None
 
+    @property
+    def tokenizes(self) -> bool:
+        """True when :meth:`build` renders and tokenizes the prompt (else it only estimates its length)."""
+        return self._tokenize
+
     def build(self, req: RouteRequest) -> RoutingContext:
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
         token_ids = self.tokens(req) if self._tokenize else None

@@ -17,6 +17,7 @@ docstring says (``answered``, ``release``, ``failed``, ``moved_to``). ``dispatch
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import random
@@ -49,6 +50,10 @@ __all__ = ["Placement", "RouteRequest", "RoutedResponse", "Router", "RouterOptio
 
 log = logging.getLogger(__name__)
 DECODE_POLICY = "least-load"  # the decode worker of a pair computes no prompt: its load is what counts
+# A prompt of more bytes is rendered and tokenized in a worker thread: a multi-megabyte prompt takes
+# seconds, which on the event loop would stall every other client. Below it (~16k tokens, a few
+# milliseconds of work) the thread hop would cost more than it saves.
+OFF_LOOP_BYTES = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,7 +133,11 @@ class Router:
 
     async def place(self, req: RouteRequest, allowed: Allowed | None = None, fallbacks: int = 0) -> Placement:
         """Choose the worker(s) for ``req`` and hold their load; see the module docstring."""
-        return self.place_now(req, allowed, fallbacks)
+        ctx = None
+        if (len(req.body) > OFF_LOOP_BYTES and self._context.tokenizes
+                and not (self._options.mode == "direct" and req.worker_hint)):
+            ctx = await asyncio.to_thread(self._build_context, req, current())
+        return self._place(req, {}, None, allowed, fallbacks, ctx)
 
     def place_now(self, req: RouteRequest, allowed: Allowed | None = None, fallbacks: int = 0) -> Placement:
         """:meth:`place` for callers in virtual time (the simulator). ``allowed`` bounds the mixed or decode
@@ -136,8 +145,9 @@ class Router:
         return self._place(req, {}, None, allowed, fallbacks)
 
     def _place(self, req: RouteRequest, tried: Mapping[str, set[str]], previous: Placement | None,
-               allowed: Allowed | None = None, fallbacks: int = 0) -> Placement:
-        """``previous``: the placement of the last attempt, whose topology and context a retry keeps."""
+               allowed: Allowed | None = None, fallbacks: int = 0, built: RoutingContext | None = None) -> Placement:
+        """``previous``: the placement of the last attempt, whose topology and context a retry keeps;
+        ``built``: the request's context, when already built off the event loop."""
         self._feed.tick()
         direct = (named(self._fleet.workers(), req.model, req.worker_hint, req.prefill_hint)
                   if self._options.mode == "direct" else None)
@@ -158,7 +168,7 @@ class Router:
                 raise NoWorkers(topology.explain(req.model) if self._fleet.workers() else "no workers are available")
             kind, connector = topology.kind, topology.connector
         record = current()
-        ctx = previous.ctx if previous is not None else self._build_context(req, record)
+        ctx = previous.ctx if previous is not None else built or self._build_context(req, record)
         if kind == "mixed":
             pool = self._candidates.pool(req.model, "mixed", req.kind, tried.get("mixed", ()), allowed=allowed)
             if not pool:
@@ -220,4 +230,11 @@ class Router:
 
     def tokens(self, kind: Literal["chat", "completion"], payload: Mapping[str, Any]) -> list[int]:
         """The prompt's token ids as the engine will see them (raises what the chat template raises)."""
+        return self._context.prompt_tokens(kind, payload)
+
+    async def tokens_off_loop(self, kind: Literal["chat", "completion"], payload: Mapping[str, Any],
+                              size: int) -> list[int]:
+        """:meth:`tokens`, in a worker thread when the request's body is over ``OFF_LOOP_BYTES`` (``size``)."""
+        if size > OFF_LOOP_BYTES:
+            return await asyncio.to_thread(self._context.prompt_tokens, kind, payload)
         return self._context.prompt_tokens(kind, payload)

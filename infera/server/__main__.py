@@ -17,8 +17,8 @@ from infera.config.server import ServerSettings
 from infera.router.assembly import FLEETS, KV_EVENT_SOURCES, REQUEST_TRANSPORTS, assemble
 from infera.router.policies import selectable
 from infera.server.app import build_app, install_operations
+from infera.server.deadlines import with_deadlines
 from infera.server.drain import DrainingServer, DrainMiddleware, DrainState
-from infera.server.nodelay import NoDelayHttpToolsProtocol
 from infera.telemetry.setup import build_telemetry, configure_logging
 
 log = logging.getLogger("infera.server")
@@ -83,8 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"infera.server: error: {exc}", file=sys.stderr)
         return 2
     drain = DrainState()
+    protocol = with_deadlines(settings.client_header_timeout, settings.client_body_timeout)
     config = uvicorn.Config(DrainMiddleware(app, drain), host=settings.host, port=settings.port, loop="uvloop",
-                            http=NoDelayHttpToolsProtocol, log_level="warning", access_log=False)
+                            http=protocol, log_level="warning", access_log=False)
     DrainingServer(config, drain, settings.drain_seconds).run()  # SIGTERM: a graceful drain (server/drain.py)
     return 0
 

@@ -33,7 +33,7 @@ from infera.router.errors import RoutingError
 from infera.router.router import RoutedResponse, Router, RouteRequest
 from infera.server.errors import ANTHROPIC_PREFIX as PATH
 from infera.server.errors import anthropic_error, anthropic_routing_error, anthropic_status, routing_status
-from infera.server.intake import IntakeError, take
+from infera.server.intake import Intake, IntakeError, take
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
     PREFILL_HEADER,
@@ -94,32 +94,38 @@ class AnthropicHandlers:
     # ---- requests ------------------------------------------------------------------------
 
     async def _parse(self, request: Request, schema: type[Req]) -> Req | Response:
+        parsed = await self._take(request, schema)
+        return parsed if isinstance(parsed, Response) else parsed.parsed
+
+    async def _take(self, request: Request, schema: type[Req]) -> Intake[Req] | Response:
         try:
-            parsed = (await take(request, self.max_body, schema, describe, self._strip)).parsed
+            intake = await take(request, self.max_body, schema, describe, self._strip)
         except IntakeError as exc:
             return anthropic_error(exc.status, str(exc))
+        parsed = intake.parsed
         view = self.router.view
         if parsed.model not in view.models():
             if not view.has_workers():
                 return anthropic_error(503, "no workers are available")
             return anthropic_error(404, f"model: {parsed.model} (served here: {', '.join(view.models())})")
-        return parsed
+        return intake
 
     def _strip(self, payload: dict[str, Any], parsed: Any) -> bool:
         strip_system(parsed, self.patterns)
         return False  # the parsed request is what is translated and forwarded
 
     async def count_tokens(self, request: Request) -> Response:
-        parsed = await self._parse(request, CountTokensRequest)
-        if isinstance(parsed, Response):
-            return parsed
+        intake = await self._take(request, CountTokensRequest)
+        if isinstance(intake, Response):
+            return intake
+        parsed = intake.parsed
         if not self.router.can_tokenize:
             return anthropic_error(500, "count_tokens needs the router's tokenizer (--router-tokenizer-path)")
         final_assistant = parsed.messages[-1].role == "assistant"
         prompt = {"messages": openai_messages(parsed), "tools": openai_tools(parsed),
                   "chat_template_kwargs": {"add_generation_prompt": not final_assistant}}
         try:
-            ids = self.router.tokens("chat", prompt)
+            ids = await self.router.tokens_off_loop("chat", prompt, len(intake.body))
         except Exception as exc:  # the chat template refused the conversation
             return anthropic_error(400, f"cannot render the prompt: {exc}")
         return JsonResponse({"input_tokens": len(ids)})

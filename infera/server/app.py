@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import FastAPI
+from starlette.middleware import Middleware
 
 from infera import __version__
 from infera.router.router import Router
@@ -16,9 +17,11 @@ from infera.server.errors import install_error_handlers
 from infera.server.metrics import ServerMetrics
 from infera.server.observe import Observe
 from infera.server.openai_api import OpenAIHandlers
+from infera.server.openapi import install_openapi
 from infera.server.prewarm import PrewarmHandlers
 from infera.server.profiling import ProfilingHandlers
 from infera.telemetry.tracing import Telemetry
+from infera.server.request_id import RequestIdMiddleware
 from infera.transport.kvd import KvdClient
 
 Hook = Callable[[], Awaitable[None]]
@@ -50,6 +53,8 @@ def build_app(router: Router, *, max_body_bytes: int, strip_patterns: Sequence[s
     app.include_router(AdminHandlers(router, metrics).routes())
     if telemetry is not None and telemetry.active:
         app.add_middleware(Observe, telemetry=telemetry)
+    app.add_middleware(RequestIdMiddleware)  # outermost: Observe and the relays see the id in the headers
+    install_openapi(app, router.view.models, admin_token=False)
     return app
 
 
@@ -60,5 +65,6 @@ def install_operations(app: FastAPI, router: Router, *, strip_patterns: Sequence
     kvd = KvdClient(kvd_socket_path) if kvd_socket_path else None
     app.include_router(PrewarmHandlers(router, kvd, strip_patterns).routes())
     app.include_router(ProfilingHandlers(router, enable_profiling, profile_timeout).routes())
-    if admin_token:
-        app.add_middleware(AdminTokenMiddleware, token=admin_token)
+    install_openapi(app, router.view.models, admin_token=bool(admin_token))
+    if admin_token:  # inside the request-id middleware, so that a 401 carries the id too
+        app.user_middleware.append(Middleware(AdminTokenMiddleware, token=admin_token))

@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from infera.telemetry.record import clock_ns, current
 
@@ -47,11 +48,14 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise too_large
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect as exc:  # gone, or cut off by --client-body-timeout: nobody reads the answer
+        raise IntakeError(499, "the client went away before its request body was complete") from exc
     return b"".join(chunks)
 
 

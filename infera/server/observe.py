@@ -1,7 +1,7 @@
 """Observe: the ASGI middleware that begins and ends each inference request's telemetry.
 
 It makes the request's record current (the router's hooks add the intake, tokenize, pick and leg
-spans and the decision to it), answers with ``x-request-id``, reads the status and the output token
+spans and the decision to it; the id is the one RequestIdMiddleware put in the headers), reads the status and the output token
 count off the response as it passes (the usage the worker reported, else the number of streamed
 events), and at the end closes the root span and writes the request line. Paths other than the
 inference endpoints pass straight through.
@@ -48,8 +48,7 @@ class Observe:
             nonlocal events
             kind = message["type"]
             if kind == "http.response.start":
-                record.status = message["status"]
-                message["headers"] = [*message.get("headers", ()), (b"x-request-id", record.request_id.encode())]
+                record.status = message["status"]  # x-request-id: RequestIdMiddleware, outside this one
             elif kind == "http.response.body":
                 body = message.get("body", b"")
                 if body:

@@ -6,7 +6,9 @@ as the router does for a real request (system-prompt nonces stripped too); optio
 ``worker`` (an instance id; default: the worker the kv-aware policy would pick now) and
 ``priority`` (an int, higher first). The prompt's full blocks go to the kvd socket as one
 :mod:`infera.protocols.kvd` line and the answer is 202 with the worker and the number of
-blocks hinted. 400: a bad body; 404: an unknown model or worker; 503: no kvd socket
+blocks hinted: at most the worker's device capacity (``capacity.kv_blocks`` of its record),
+since a longer hint would only evict its own leading blocks (and a multi-megabyte hint can
+keep a daemon busy for seconds). 400: a bad body; 404: an unknown model or worker; 503: no kvd socket
 configured, the socket unreachable, no tokenizer, or no worker. Nothing here touches the
 inference path: a hint is sent by this endpoint only, with a short timeout.
 """
@@ -74,7 +76,8 @@ class PrewarmHandlers:
         if req.model not in router.view.models():
             return openai_error(404, f"The model '{req.model}' does not exist", "not_found_error", "model")
         try:
-            tokens = router.tokens("chat" if req.messages is not None else "completion", payload)
+            tokens = await router.tokens_off_loop("chat" if req.messages is not None else "completion", payload,
+                                                  len(intake.body))
         except Exception as exc:  # a template that rejects the conversation
             return openai_error(400, f"cannot render the prompt: {exc}", param="messages")
         if req.worker is not None:
@@ -89,9 +92,12 @@ class PrewarmHandlers:
             worker = picked
         size = worker.kv_block_size
         hashes = block_hashes(tokens, size)
+        prompt_blocks, cap = len(hashes), worker.capacity.kv_blocks
+        if cap and prompt_blocks > cap:  # more than the device holds would only evict the prompt's own head
+            hashes = hashes[:cap]
         answer = {"object": "cache.prewarm", "worker": worker.instance_id, "model": req.model,
                   "prompt_tokens": len(tokens), "block_size": size, "blocks": len(hashes),
-                  "priority": req.priority}
+                  "prompt_blocks": prompt_blocks, "priority": req.priority}
         if hashes:
             hint = make_hint(worker.instance_id, req.model, size, hashes, tokens, req.priority)
             try:

@@ -8,7 +8,11 @@ reads ``output_dir``, ``num_steps``, ``activities``; vLLM ignores it).
 
 The answer lists one result per worker: ``ok``, the engine's ``status`` and its ``response``
 (JSON or text), or an ``error`` (unreachable, timed out, not in the fleet). 200 when every
-worker succeeded, 207 when some did, 502 when none did; never one opaque 500.
+worker succeeded, 207 when some did, 502 when none did (but the engines' own 4xx when every
+engine refused the request, e.g. a profile already running: a client error, not a failure);
+never one opaque 500. A bad request is
+a 4xx before any engine is called: 400 for a body that is not a JSON object or a bad
+``workers``, 404 when none of the named workers is in the fleet, 413 for a body over 64 KiB.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from fastapi import APIRouter, Request
 from infera.protocols.worker import WorkerRecord
 from infera.router.router import Router
 from infera.server.errors import openai_error
+from infera.server.intake import IntakeError, read_body
 from infera.server.responses import JsonResponse
 
 ENGINE_PATHS = {"start": "/start_profile", "stop": "/stop_profile"}
 MAX_DETAIL = 2000  # characters of a non-JSON engine answer kept in the result
+MAX_BODY = 64 * 1024  # a profiler's options are a few fields
 
 
 class ProfilingHandlers:
@@ -50,7 +56,10 @@ class ProfilingHandlers:
     async def _fan_out(self, request: Request, action: str) -> JsonResponse:
         if not self.enabled:
             return openai_error(403, "profiling is disabled: start the server with --enable-profiling")
-        raw = await request.body()
+        try:
+            raw = await read_body(request, MAX_BODY)
+        except IntakeError as exc:
+            return openai_error(exc.status, str(exc))
         try:
             body = orjson.loads(raw) if raw.strip() else {}
         except orjson.JSONDecodeError as exc:
@@ -58,13 +67,17 @@ class ProfilingHandlers:
         if not isinstance(body, dict):
             return openai_error(400, "the request body must be a JSON object")
         names = body.pop("workers", None)
-        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
-            return openai_error(400, "workers must be a list of worker instance ids", param="workers")
+        if names is not None and (not isinstance(names, list) or not names
+                                  or not all(isinstance(n, str) for n in names)):
+            return openai_error(400, "workers must be a non-empty list of worker instance ids", param="workers")
         fleet = self.router.view.records()
         if names is None:
             targets: list[tuple[str, WorkerRecord | None]] = sorted(fleet.items())
         else:
             targets = [(n, fleet.get(n)) for n in dict.fromkeys(names)]
+            if all(worker is None for _, worker in targets):
+                return openai_error(404, f"none of the workers {', '.join(map(repr, names))} is in the fleet",
+                                    "not_found_error", "workers")
         if not targets:
             return openai_error(503, "no workers are available")
         forwarded = orjson.dumps(body)
@@ -73,7 +86,7 @@ class ProfilingHandlers:
             results = await asyncio.gather(*(
                 self._call(session, wid, worker, ENGINE_PATHS[action], forwarded) for wid, worker in targets))
         ok = sum(1 for r in results if r["ok"])
-        status = 200 if ok == len(results) else 207 if ok else 502
+        status = 200 if ok == len(results) else 207 if ok else _none_succeeded(results)
         return JsonResponse({"action": action, "ok": ok == len(results), "succeeded": ok, "failed": len(results) - ok,
                              "workers": results}, status_code=status)
 
@@ -98,3 +111,12 @@ class ProfilingHandlers:
         if not out["ok"]:
             out["error"] = f"the engine answered {out['status']}"
         return out
+
+
+def _none_succeeded(results: list[dict[str, Any]]) -> int:
+    """The status when no worker succeeded: the engines' 4xx if every one refused alike (400 if they
+    differ), 502 when any failed otherwise (unreachable, timed out, 5xx, not in the fleet)."""
+    statuses = {r["status"] for r in results}
+    if all(isinstance(s, int) and 400 <= s < 500 for s in statuses):
+        return statuses.pop() if len(statuses) == 1 else 400
+    return 502

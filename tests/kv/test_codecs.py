@@ -39,3 +39,18 @@ def test_any_mix_of_text_and_specials(qwen_tokenizer_dir: Path, parts: list[str]
     fast, slow = renderers(qwen_tokenizer_dir)
     text = "".join(parts)
     assert fast.encode(text) == slow.encode(text)
+
+
+def test_long_text_goes_through_the_gil_free_path_with_the_same_ids(qwen_tokenizer_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from infera.kv.codecs import GIL_FREE_CHARS
+
+    tok = Tokenizer.from_file(str(qwen_tokenizer_dir / "tokenizer.json"))
+    _, slow = renderers(qwen_tokenizer_dir)
+    rng = random.Random(9)
+    words = ["alpha", " beta", "γάμμα", "数据", "\n\n", "  ", "1234", "<|im_end|>", "🙂", "y" * 300]
+    text = "".join(rng.choice(words) for _ in range(GIL_FREE_CHARS // 10))
+    assert len(text) > GIL_FREE_CHARS
+    for special in (False, True):
+        assert slow.encode(text, add_special_tokens=special) == tok.encode(text, add_special_tokens=special).ids

@@ -62,7 +62,7 @@ def test_profiling_fans_out_and_reports_each_worker(tmp_path: Path, qwen_tokeniz
         assert by_id[ids[0]]["ok"] and not by_id["no-such-worker"]["ok"]
         assert by_id["no-such-worker"]["error"] == "not in the fleet"
         again = httpx.post(url + "/start", json={"workers": [ids[0]]})  # the engine refuses: already running
-        assert again.status_code == 502 and again.json()["workers"][0]["status"] == 400
+        assert again.status_code == 400 and again.json()["workers"][0]["status"] == 400
 
         mocks[1].kill()
         partial = httpx.post(url + "/stop")

@@ -1,0 +1,113 @@
+"""Client deadlines against slow-drip (slowloris) clients: uvicorn's HTTP protocol with two timers.
+
+uvicorn bounds only the idle time between requests on a kept-alive connection; a client that
+sends its headers or its body a byte at a time holds a connection (and a parser, and for a body
+a running handler) for as long as it likes. Two deadlines, per request:
+
+- **headers** (``--client-header-timeout``): from the connection's opening (first request) or
+  the request's first byte (later requests on a kept-alive connection) to the end of its headers.
+  Past it the connection is closed without an answer: no handler has run, nobody is waiting.
+- **body** (``--client-body-timeout``): from the end of the headers to the end of the body. Past
+  it the client gets a 408 in the shape of the API it called, and the connection is closed; the
+  handler sees a disconnect and stops.
+
+Neither applies once a request is complete: a long answer, a stream, or a graceful drain of
+requests in flight is never cut by them. ``0`` turns a deadline off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+
+from infera.protocols.anthropic import error_body as anthropic_error_body
+from infera.protocols.openai import error_body as openai_error_body
+from infera.server.nodelay import NoDelayHttpToolsProtocol
+
+ANTHROPIC_PREFIX = b"/v1/messages"
+
+
+def timeout_answer(path: bytes, seconds: float) -> bytes:
+    """The raw 408 response to a request whose body did not arrive within ``seconds``."""
+    message = f"the request body did not arrive within {seconds:g}s (--client-body-timeout)"
+    if path.startswith(ANTHROPIC_PREFIX):
+        body = orjson.dumps(anthropic_error_body("timeout_error", message))
+    else:
+        body = orjson.dumps(openai_error_body(message, "timeout_error", None, 408))
+    head = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n")
+    return head + body
+
+
+class DeadlineHttpToolsProtocol(NoDelayHttpToolsProtocol):
+    """Set the two deadlines (seconds) with :func:`with_deadlines`, which makes a subclass."""
+
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+
+    _header_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_headers()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._header_timer is None:  # a later request on a kept-alive connection: counts from its first byte
+            self._arm_headers()
+
+    def on_headers_complete(self) -> None:
+        self._cancel_headers()
+        super().on_headers_complete()
+        if self.body_timeout > 0 and not self.transport.is_closing():
+            self._body_timer = self.loop.call_later(self.body_timeout, self._body_late)
+
+    def on_message_complete(self) -> None:
+        self._cancel_body()
+        super().on_message_complete()
+
+    def _arm_headers(self) -> None:
+        if self.header_timeout > 0:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _body_late(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            cycle.disconnected = True  # the handler's next receive() is a disconnect; its sends go nowhere
+            cycle.message_event.set()
+            self.transport.write(timeout_answer(self.url, self.body_timeout))
+        self.transport.close()
+
+    def _cancel_headers(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _cancel_body(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _cancel(self) -> None:
+        self._cancel_headers()
+        self._cancel_body()
+
+
+def with_deadlines(header_timeout: float, body_timeout: float) -> type[DeadlineHttpToolsProtocol]:
+    """The protocol class to give ``uvicorn.run(http=...)``, with these deadlines in seconds."""
+    return type("DeadlineHttpToolsProtocol", (DeadlineHttpToolsProtocol,),
+                {"header_timeout": header_timeout, "body_timeout": body_timeout})

@@ -1,0 +1,86 @@
+"""Request ids: every request has one ``x-request-id``, from the client or made here.
+
+A client's id is kept when it is 1-128 visible ASCII characters (anything else, for
+example a 10 kB or control-character value, is replaced rather than echoed or forwarded);
+otherwise one is generated (``req_`` + 24 hex digits). The id is put in the request's
+headers, so the relays forward it to the engine (``infera.server.relay.FORWARD_HEADERS``),
+and returned in the response's ``x-request-id`` header. Anthropic's error shape has a
+``request_id`` field; an error body under ``/v1/messages`` gets it. A pure ASGI
+middleware: one header scan and one header appended per request.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+HEADER = b"x-request-id"
+MAX_LENGTH = 128
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def valid(value: bytes) -> bool:
+    """A client-given id is kept only when it is 1-128 visible ASCII characters."""
+    return 0 < len(value) <= MAX_LENGTH and all(0x21 <= b <= 0x7E for b in value)
+
+
+def new_id() -> str:
+    return "req_" + uuid.uuid4().hex[:24]
+
+
+class RequestIdMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        given = next((v for k, v in headers if k == HEADER), None)
+        if given is not None and valid(given):
+            rid = given
+        else:
+            rid = new_id().encode()
+            headers = [(k, v) for k, v in headers if k != HEADER]
+            headers.append((HEADER, rid))
+            scope = {**scope, "headers": headers}
+        inject = scope["path"].startswith(ANTHROPIC_PREFIX)
+        held: list[Message] = []
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (HEADER, rid)]}
+                if inject and message["status"] >= 400 and _json(message):
+                    held.append(message)  # an Anthropic error: its body gets the id (it is small)
+                    return
+            elif held and message["type"] == "http.response.body":
+                held.append(message)
+                if message.get("more_body", False):
+                    return
+                await _send_error(send, held, rid.decode())
+                return
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def _json(start: Message) -> bool:
+    return any(k == b"content-type" and v.startswith(b"application/json") for k, v in start.get("headers", ()))
+
+
+async def _send_error(send: Send, held: list[Message], rid: str) -> None:
+    """Send a held Anthropic error response with ``request_id`` in its body (as is if it is not one)."""
+    start, body = held[0], b"".join(m.get("body", b"") for m in held[1:])
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict) and data.get("type") == "error":
+        body = orjson.dumps({**data, "request_id": rid})
+        start = {**start, "headers": [(k, str(len(body)).encode() if k == b"content-length" else v)
+                                      for k, v in start["headers"]]}
+    await send(start)
+    await send({"type": "http.response.body", "body": body, "more_body": False})
