@@ -20,8 +20,8 @@ from infera.server.openai_api import OpenAIHandlers
 from infera.server.openapi import install_openapi
 from infera.server.prewarm import PrewarmHandlers
 from infera.server.profiling import ProfilingHandlers
-from infera.telemetry.tracing import Telemetry
 from infera.server.request_id import RequestIdMiddleware
+from infera.telemetry.tracing import Telemetry
 from infera.transport.kvd import KvdClient
 
 Hook = Callable[[], Awaitable[None]]

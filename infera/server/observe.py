@@ -1,10 +1,11 @@
 """Observe: the ASGI middleware that begins and ends each inference request's telemetry.
 
 It makes the request's record current (the router's hooks add the intake, tokenize, pick and leg
-spans and the decision to it; the id is the one RequestIdMiddleware put in the headers), reads the status and the output token
-count off the response as it passes (the usage the worker reported, else the number of streamed
-events), and at the end closes the root span and writes the request line. Paths other than the
-inference endpoints pass straight through.
+spans and the decision to it; its id is the ``x-request-id`` that RequestIdMiddleware, outside this
+one, put in the headers), reads the status and the output token count off the response as it
+passes (the usage the worker reported, else the number of streamed events), and at the end closes
+the root span and writes the request line. Paths other than the inference endpoints pass straight
+through.
 """
 
 from __future__ import annotations
