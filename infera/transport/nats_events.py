@@ -22,9 +22,10 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from infera.protocols import nats_wire as wire
-from infera.protocols.kv_events import KvEventDecodeError, decode_batch, replay_step, seq_from_bytes, seq_to_bytes
+from infera.protocols.kv_events import replay_step, seq_from_bytes, seq_to_bytes
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import EventSink, GapSink
+from infera.transport.delivery import deliver
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +168,4 @@ class NatsEventSource:
                 await sub.unsubscribe()
 
     def _deliver(self, worker_id: str, payload: bytes) -> None:
-        try:
-            batch = decode_batch(payload)
-        except KvEventDecodeError as exc:
-            log.warning("worker %s: undecodable KV-event batch: %s", worker_id, exc)
-            return
-        self._sink(worker_id, batch)
+        deliver(worker_id, payload, self._sink, self._on_gap)

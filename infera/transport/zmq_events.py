@@ -15,9 +15,10 @@ import logging
 import zmq
 import zmq.asyncio
 
-from infera.protocols.kv_events import KvEventDecodeError, decode_batch, replay_step, seq_from_bytes, seq_to_bytes
+from infera.protocols.kv_events import replay_step, seq_from_bytes, seq_to_bytes
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import EventSink, GapSink
+from infera.transport.delivery import deliver
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +134,4 @@ class ZmqEventSource:
             dealer.close(linger=0)
 
     def _deliver(self, worker_id: str, payload: bytes) -> None:
-        try:
-            batch = decode_batch(payload)
-        except KvEventDecodeError as exc:
-            log.warning("worker %s: undecodable KV-event batch: %s", worker_id, exc)
-            return
-        self._sink(worker_id, batch)
+        deliver(worker_id, payload, self._sink, self._on_gap)

@@ -110,3 +110,34 @@ async def test_unrepairable_gap_is_reported(golden_dir: Path) -> None:
         await source.stop()
         pub.close()
         ctx.destroy(0)
+
+
+async def test_a_batch_the_router_cannot_apply_resets_the_view_and_the_stream_goes_on(golden_dir: Path) -> None:
+    """A batch whose apply raises (say a token id the block hashing refuses) is dropped and counted as
+    one lost batch (the worker's cache view is reset); the batches after it still arrive."""
+    frames = golden_frames(golden_dir)
+    ctx = zmq.asyncio.Context()
+    pub = Publisher(ctx, [])
+    got: list[EventBatch] = []
+    gaps: list[int] = []
+
+    def sink(worker_id: str, batch: EventBatch) -> None:
+        if not got and not gaps:
+            raise OverflowError("int too big to convert")
+        got.append(batch)
+
+    source = ZmqEventSource()
+    source.bind(sink, lambda w, n: gaps.append(n))
+    await source.start()
+    try:
+        source.watch(pub.record(replay=False))
+        await pub.subscribed()
+        for frame in frames[:3]:
+            await pub.pub.send_multipart(frame)
+        await await_until(lambda: len(got) == 2, 5, "the two batches after the one that failed")
+        assert gaps == [1]
+        assert got == [decode_batch(f[2]) for f in frames[1:3]]
+    finally:
+        await source.stop()
+        pub.close()
+        ctx.destroy(0)
