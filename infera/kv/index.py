@@ -73,6 +73,9 @@ class PrefixIndex:
         self._workers: dict[str, WorkerTable] = {}
         self._slots = Slots()
         self._holders: dict[int, int] = {}  # router hash -> mask of workers holding it (confirmed)
+        # The same masks for the router hashes two or more workers hold, in a table of their own: a
+        # query's lookups of a hot prefix then probe a small table instead of the whole index.
+        self._shared: dict[int, int] = {}
         self._guesses = Predictions()
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
         self._expiry_heap = self._guesses.heap
@@ -131,6 +134,8 @@ class PrefixIndex:
         holders = self._holders
         masks = list(map(xor, map(holders.__getitem__, gone), repeat(worker.bit)))
         holders.update(zip(gone, masks, strict=True))
+        if any(masks):  # held by others too: those were in the shared table
+            self._unshare(gone, masks)
         if 0 in masks:  # no holder left
             for local in compress(gone, map(not_, masks)):
                 del holders[local]
@@ -156,6 +161,16 @@ class PrefixIndex:
             else:
                 del extra[local]
         return list(dropped)
+
+    def _unshare(self, locals_: list[int], masks: list[int]) -> None:
+        """One worker left each of ``locals_``, which ``masks`` (new, non-zero) says it shared with
+        others: still shared, or held by one worker now."""
+        shared = self._shared
+        for local, mask in zip(locals_, masks, strict=True):
+            if mask & (mask - 1):
+                shared[local] = mask
+            elif mask:
+                del shared[local]
 
     def _store(self, worker: WorkerTable, event: BlockStored) -> None:
         hashes = event.block_hashes
@@ -201,6 +216,8 @@ class PrefixIndex:
                 extra[local] = extra.get(local, 0) + 1
             else:
                 holders[local] = mask | bit
+                if mask:
+                    self._shared[local] = mask | bit
                 if not top:
                     lower[local] = str(medium)
             if top and lower:
@@ -226,6 +243,11 @@ class PrefixIndex:
             for local in compress(masks, map(and_, masks.values(), repeat(bit))):
                 extra[local] = extra.get(local, 0) + 1
         holders.update(zip(masks, map(or_, masks.values(), repeat(bit)), strict=True))
+        if any(masks.values()):  # held before, by others or through another engine block
+            shared = self._shared
+            for local, mask in masks.items():
+                if mask and mask != bit:
+                    shared[local] = mask | bit
         if worker.lower:
             for local in locals_:
                 worker.lower.pop(local, None)
@@ -280,6 +302,7 @@ class PrefixIndex:
         mask = self._holders[local] ^ worker.bit
         if mask:
             self._holders[local] = mask
+            self._unshare([local], [mask])
         else:
             del self._holders[local]
         worker.lower.pop(local, None)
@@ -295,14 +318,15 @@ class PrefixIndex:
             worker.lower.pop(local, None)
 
     def _clear(self, worker: WorkerTable) -> None:
-        holders = self._holders
-        keep = ~worker.bit
+        holders, bit = self._holders, worker.bit
+        keep = ~bit
         for local in worker.blocks.values():
             mask = holders.get(local)
-            if mask is not None:
+            if mask is not None and mask & bit:
                 mask &= keep
                 if mask:
                     holders[local] = mask
+                    self._unshare([local], [mask])
                 else:
                     del holders[local]
         worker.blocks.clear()
@@ -350,7 +374,7 @@ class PrefixIndex:
                 workers = self._workers
                 allowed = -1 if use_predicted is True else sum({workers[w].bit for w in use_predicted if w in workers})
                 return walk_guessed(hashes, self._holders.get, self._predicted.get, allowed, self._slots.names)
-        return walk(hashes, self._holders.get, self._slots.names)
+        return walk(hashes, self._shared, self._holders.get, self._slots.names)
 
     def lower_tier_blocks(self, worker_id: str, hashes: Sequence[int], count: int) -> dict[str, int]:
         """Of the first ``count`` blocks of ``hashes`` (what :meth:`overlaps` found on the worker),

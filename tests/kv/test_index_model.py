@@ -174,6 +174,7 @@ def test_random_streams_match_the_model_and_the_old_index(ops: list[tuple[Any, .
             assert view == old.cache_view(wid)
             assert view["predicted_blocks"] == len(model.predicted.get(wid, {}))
         assert new.counters.as_dict() == old.counters.as_dict()
+        assert new._shared == {h: m for h, m in new._holders.items() if m.bit_count() > 1}
         for hashes in ROUTER:
             for use in (False, True, {"a"}, set()):
                 want = model.overlaps(hashes, now, use)
