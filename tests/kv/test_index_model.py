@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.index_v1 import PrefixIndex as OldIndex
+from bench.index_v2 import PrefixIndex as BeforeIndex
 from infera.kv.hashing import block_hashes
 from infera.kv.index import TOP_MEDIA, PrefixIndex
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KvEvent
@@ -144,25 +145,26 @@ def _events(spec: list[tuple[Any, ...]]) -> list[KvEvent]:
 @given(st.lists(op, max_size=40))
 def test_random_streams_match_the_model_and_the_old_index(ops: list[tuple[Any, ...]]) -> None:
     new, old, model = PrefixIndex(block_size=BLOCK), OldIndex(block_size=BLOCK), Model()
+    before = BeforeIndex(block_size=BLOCK)  # main 2d3553e: the same state, tier for tier
     now = 100.0
     for o in ops:
         w = o[1] if o[0] != "tick" else ""
         if o[0] == "events":
             batch = EventBatch(1.0, _events(o[2]))
-            for index in (new, old):
+            for index in (new, old, before):
                 index.apply(w, batch, now=5.0)
             model.apply(w, batch.events)
         elif o[0] == "clear":
-            for index in (new, old):
+            for index in (new, old, before):
                 index.apply(w, EventBatch(1.0, [AllBlocksCleared()]), now=5.0)
             model.apply(w, [AllBlocksCleared()])
         elif o[0] == "remove_worker":
-            for index in (new, old):
+            for index in (new, old, before):
                 index.remove_worker(w)
             model.remove_worker(w)
         elif o[0] == "predict":
             hashes = ROUTER[o[2]][: o[3]]
-            for index in (new, old):
+            for index in (new, old, before):
                 index.predict(w, hashes, ttl=o[4], now=now)
             model.predict(w, hashes, o[4], now)
         else:
@@ -175,10 +177,15 @@ def test_random_streams_match_the_model_and_the_old_index(ops: list[tuple[Any, .
             assert view["predicted_blocks"] == len(model.predicted.get(wid, {}))
         assert new.counters.as_dict() == old.counters.as_dict()
         assert new._shared == {h: m for h, m in new._holders.items() if m.bit_count() > 1}
+        assert new._holders == before._holders and new.counters.as_dict() == before.counters.as_dict()
+        for wid in (*WORKERS, "c"):
+            assert new.cache_view(wid) == before.cache_view(wid)
+            assert new.lower_tier_blocks(wid, ROUTER[0], 4) == before.lower_tier_blocks(wid, ROUTER[0], 4)
         for hashes in ROUTER:
             for use in (False, True, {"a"}, set()):
                 want = model.overlaps(hashes, now, use)
                 assert new.overlaps(hashes, now=now, use_predicted=use) == want, (hashes, use)
+                assert before.overlaps(hashes, now=now, use_predicted=use) == want
                 assert old.overlaps(hashes, now=now, use_predicted=use) == want
             for wid, count in new.overlaps(hashes, now=now).items():
                 lower = new.lower_tier_blocks(wid, hashes, count)
@@ -240,3 +247,34 @@ def test_a_shared_block_whose_device_copy_goes_is_left_in_the_lower_tier() -> No
     index.apply("a", EventBatch(1.0, _events([("remove", 0, 0, "GPU", 1)])), now=5.0)
     assert index.overlaps(ROUTER[0]) == {"a": 1}
     assert index.lower_tier_blocks("a", ROUTER[0], 1) == {"CPU": 1}
+
+
+LONG = list(range(1000, 1000 + 700 * BLOCK))  # 700 blocks: the query walks several chunks
+LONG_HASHES = block_hashes(LONG, BLOCK)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 700), st.lists(st.integers(0, 699), max_size=3)), min_size=1, max_size=70),
+       st.integers(1, 700))
+def test_long_prompts_with_many_holders_match_brute_force(holds: list[tuple[int, list[int]]], length: int) -> None:
+    """Worker k holds the first ``depth`` blocks of a long prompt minus a few holes (evicted
+    blocks); the query over the first ``length`` blocks must equal a plain per-worker scan."""
+    index = PrefixIndex(block_size=BLOCK)
+    held: dict[str, set[int]] = {}
+    for k, (depth, holes) in enumerate(holds):
+        w = f"w{k}"
+        engine = [k * 10_000 + j for j in range(depth)]
+        events: list[KvEvent] = [BlockStored(engine, None, LONG[: depth * BLOCK], BLOCK)] if depth else []
+        events += [BlockRemoved([engine[j]]) for j in sorted(set(holes)) if j < depth]
+        index.apply(w, EventBatch(1.0, events or [AllBlocksCleared()]))
+        held[w] = {LONG_HASHES[j] for j in range(depth)} - {LONG_HASHES[j] for j in holes}
+    hashes = LONG_HASHES[:length]
+    want = {}
+    for w, blocks in held.items():
+        n = 0
+        while n < len(hashes) and hashes[n] in blocks:
+            n += 1
+        if n:
+            want[w] = n
+    assert index.overlaps(hashes) == want
+    assert index._shared == {h: m for h, m in index._holders.items() if m.bit_count() > 1}
