@@ -9,10 +9,13 @@ holders, plus one step per worker that drops out.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from itertools import accumulate, compress, count, islice, repeat, takewhile
-from operator import add, and_, ne, sub, xor
+from operator import add, and_, ne, or_, sub, xor
+from typing import Any
 
 _BYTE_BITS = tuple(tuple(j for j in range(8) if b >> j & 1) for b in range(256))
 
@@ -41,44 +44,93 @@ class Slots:
         heapq.heappush(self._free, slot)
 
 
-def walk(hashes: Sequence[int], shared: dict[int, int], held: MaskGet, names: list[str]) -> dict[str, int]:
+@dataclasses.dataclass(slots=True)
+class Run:
+    """A walk's state after a prompt's leading blocks that two or more workers hold each (their
+    masks all come from the shared table): valid for any prompt with the same first ``end``
+    blocks while none of those masks changes."""
+
+    end: int  # blocks covered
+    last: int  # router hash of block ``end - 1``: a chained hash, so it names the whole prefix
+    active: int  # workers holding all ``end`` blocks (0: the walk ended inside the run)
+    result: dict[str, int]  # workers that dropped out before ``end``, with their depth (the caller's copy)
+
+
+def walk(hashes: Sequence[int], shared: dict[int, int], held: MaskGet, names: list[str], *,
+         resume: Run | None = None, capture: int = 0,
+         guessed: MaskGet | None = None, allowed: int = 0) -> tuple[dict[str, int], Run | None]:
     """Per worker (by slot name), how many leading blocks of ``hashes`` its bit covers contiguously.
 
     ``shared``: the masks with two or more bits (a small table, cheap to probe); ``held``: every
-    mask. The walk goes in chunks of growing size, each in a few passes in C: look the chunk's
-    blocks up in ``shared`` (then ``held`` for the rest), AND them cumulatively until no bit is
-    left, and find where the running mask changes. A prompt every worker holds costs one probe
-    of the small table and one AND per block, and one step per worker that drops out.
+    mask. With ``guessed``, a block also counts for the workers in ``allowed`` whose guessed bit
+    is set. The walk goes in chunks of growing size, each a few passes in C: look the chunk's
+    blocks up (``shared`` first), AND them cumulatively until no bit is left, and find where the
+    running mask changes. Cost: one probe and one AND per block up to the deepest holder, plus
+    one step per worker that drops out, whatever the number of holders.
+
+    ``resume``: start after a :class:`Run` that the caller checked applies to ``hashes``.
+    ``capture`` (blocks, > 0; not with ``guessed``): also return the :class:`Run` of the
+    prompt's leading shared blocks when it covers at least that many, else None.
     """
     shared_get = shared.get
-    first = shared_get(hashes[0])
-    if first is None:
-        first = held(hashes[0], 0)
-        if not first:
-            return {}
-    result: dict[str, int] = {}
-    active = first
-    base = 1  # blocks walked: ``active`` holds every one of them
     n = len(hashes)
+    result: dict[str, int]
+    if resume is not None:
+        base, active, result = resume.end, resume.active, dict(resume.result)
+        if not active:
+            return result, None
+        in_run = False
+    else:
+        first = shared_get(hashes[0])
+        in_run = first is not None and capture > 0 and guessed is None
+        if first is None:
+            first = held(hashes[0], 0)
+        if guessed is not None:
+            first |= guessed(hashes[0], 0) & allowed
+        if not first:
+            return {}, None
+        base, active, result = 1, first, {}  # ``active``: the workers holding all ``base`` blocks walked
+    run: Run | None = None
     size = _FIRST_CHUNK
     while base < n:
         chunk = hashes[base : base + size]
-        masks = list(map(shared_get, chunk))
+        masks: list[Any] = list(map(shared_get, chunk))
+        cut = len(masks)  # where the run of shared blocks ends in this chunk
         if None in masks:
+            if in_run:
+                cut = masks.index(None)
             masks = [held(h, 0) if m is None else m for m, h in zip(masks, chunk, strict=True)]
+        if guessed is not None:
+            masks = list(map(or_, masks, map(and_, map(guessed, chunk, repeat(0)), repeat(allowed))))
         # running[i]: the workers holding blocks 0 .. base+i-1 (running[0] = active); stops before 0
         running = list(takewhile(bool, accumulate(masks, and_, initial=active)))
         steps = list(compress(count(), map(ne, running, islice(running, 1, None))))
-        if steps:
-            _record_drops(result, running, steps, base, names)
-        if len(running) <= len(masks):  # no worker holds block base+len(running)-1
+        ends = len(running) <= len(masks)  # no worker holds block base+len(running)-1
+        if in_run and (ends or cut < len(masks)):
+            in_run = False
+            if ends and len(running) - 1 < cut:  # the answer comes from shared masks alone
+                _record_drops(result, running, steps, base, names)
+                record(result, running[-1], base + len(running) - 1, names)
+                end = base + len(running)
+                if end >= capture:
+                    run = Run(end, hashes[end - 1], 0, dict(result))
+                return result, run
+            k = bisect_left(steps, cut)
+            _record_drops(result, running, steps[:k], base, names)
+            if base + cut >= capture:
+                run = Run(base + cut, hashes[base + cut - 1], running[cut], dict(result))
+            steps = steps[k:]
+        _record_drops(result, running, steps, base, names)
+        if ends:
             record(result, running[-1], base + len(running) - 1, names)
-            return result
+            return result, run
         active = running[-1]
         base += len(masks)
         size = min(2 * size, _MAX_CHUNK)
+    if in_run and n >= capture:
+        run = Run(n, hashes[n - 1], active, dict(result))
     record(result, active, n, names)
-    return result
+    return result, run
 
 
 _FIRST_CHUNK = 16  # blocks looked up beyond the deepest holder: at most one chunk
@@ -87,6 +139,8 @@ _MAX_CHUNK = 512
 
 def _record_drops(result: dict[str, int], running: list[int], steps: list[int], base: int, names: list[str]) -> None:
     """Workers in ``running[i]`` but not ``running[i + 1]`` hold ``base + i`` blocks, for each ``i`` in ``steps``."""
+    if not steps:
+        return
     before = list(map(running.__getitem__, steps))
     after = list(map(running.__getitem__, map(_plus_one, steps)))
     gone = list(map(xor, before, after))
@@ -100,26 +154,6 @@ def _record_drops(result: dict[str, int], running: list[int], steps: list[int], 
 
 
 _plus_one = (1).__add__
-
-
-def walk_guessed(hashes: Sequence[int], held: MaskGet, guessed: MaskGet, allowed: int,
-                 names: list[str]) -> dict[str, int]:
-    """:func:`walk` where a block also counts for the workers in ``allowed`` whose ``guessed`` bit is set."""
-    active = held(hashes[0], 0) | guessed(hashes[0], 0) & allowed
-    if not active:
-        return {}
-    result: dict[str, int] = {}
-    depth = 1
-    for local in islice(hashes, 1, None):
-        still = active & (held(local, 0) | guessed(local, 0) & allowed)
-        if still != active:
-            record(result, active ^ still, depth, names)
-            if not still:
-                return result
-            active = still
-        depth += 1
-    record(result, active, depth, names)
-    return result
 
 
 def record(result: dict[str, int], mask: int, depth: int, names: list[str]) -> None:

@@ -10,6 +10,10 @@ Representation (ingest ~1 M block events/s; query cost independent of the number
 each router hash maps to an int mask of the workers holding it (``infera.kv.bitmasks``), and
 each worker maps engine hash -> router hash (``WorkerTable``): a removal is a dict pop and a
 mask update, no per-block object, and runs of events are applied in whole-run passes in C.
+The masks of router hashes two or more workers hold are also kept in a small table of their own
+(``_shared``), which a query probes first; and a query remembers its walk over a long run of such
+blocks at the start of a prompt (a hot system prompt), which the next query of that prefix resumes
+until one of those masks changes.
 
 Each block keeps the tiers (``medium``: "GPU", "CPU", ...) holding it; a block left only
 below the device tier is also listed per worker, so that a scorer can give it partial
@@ -35,12 +39,15 @@ from itertools import chain, compress, groupby, islice, repeat
 from operator import and_, attrgetter, not_, or_, xor
 from typing import Any
 
-from infera.kv.bitmasks import Slots, walk, walk_guessed
+from infera.kv.bitmasks import Run, Slots, walk
 from infera.kv.hashing import block_hashes
 from infera.kv.index_tables import Predictions, WorkerTable
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 CACHE_VIEW_MAX_HASHES = 256
+RUN_MIN_BLOCKS = 64  # a query remembers the walk over a prompt's leading shared blocks from this many on
+RUNS_MAX = 256  # remembered runs (by first router hash); the oldest goes first
+WATCHED_MAX = 1 << 18  # router hashes the remembered runs may cover before all are forgotten
 TOP_MEDIA = frozenset({"GPU", None})  # the device tier (None: an engine that does not say)
 _PLAIN = "GPU"  # a block held in this medium only has no entry in WorkerTable.media
 _HASHES = attrgetter("block_hashes")
@@ -76,6 +83,10 @@ class PrefixIndex:
         # The same masks for the router hashes two or more workers hold, in a table of their own: a
         # query's lookups of a hot prefix then probe a small table instead of the whole index.
         self._shared: dict[int, int] = {}
+        # Walks over prompts' leading shared blocks, by first router hash, and the router hashes they
+        # cover: any change to one of those masks forgets every run (see overlaps).
+        self._runs: dict[int, Run] = {}
+        self._watched: set[int] = set()
         self._guesses = Predictions()
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
         self._expiry_heap = self._guesses.heap
@@ -165,12 +176,20 @@ class PrefixIndex:
     def _unshare(self, locals_: list[int], masks: list[int]) -> None:
         """One worker left each of ``locals_``, which ``masks`` (new, non-zero) says it shared with
         others: still shared, or held by one worker now."""
-        shared = self._shared
+        shared, watched = self._shared, self._watched
         for local, mask in zip(locals_, masks, strict=True):
             if mask & (mask - 1):
                 shared[local] = mask
             elif mask:
                 del shared[local]
+            else:
+                continue
+            if watched and local in watched:
+                self._forget_runs()
+
+    def _forget_runs(self) -> None:
+        self._runs.clear()
+        self._watched.clear()
 
     def _store(self, worker: WorkerTable, event: BlockStored) -> None:
         hashes = event.block_hashes
@@ -218,6 +237,8 @@ class PrefixIndex:
                 holders[local] = mask | bit
                 if mask:
                     self._shared[local] = mask | bit
+                    if local in self._watched:
+                        self._forget_runs()
                 if not top:
                     lower[local] = str(medium)
             if top and lower:
@@ -244,10 +265,12 @@ class PrefixIndex:
                 extra[local] = extra.get(local, 0) + 1
         holders.update(zip(masks, map(or_, masks.values(), repeat(bit)), strict=True))
         if any(masks.values()):  # held before, by others or through another engine block
-            shared = self._shared
+            shared, watched = self._shared, self._watched
             for local, mask in masks.items():
                 if mask and mask != bit:
                     shared[local] = mask | bit
+                    if local in watched:
+                        self._forget_runs()
         if worker.lower:
             for local in locals_:
                 worker.lower.pop(local, None)
@@ -373,8 +396,25 @@ class PrefixIndex:
             if self._predicted:
                 workers = self._workers
                 allowed = -1 if use_predicted is True else sum({workers[w].bit for w in use_predicted if w in workers})
-                return walk_guessed(hashes, self._holders.get, self._predicted.get, allowed, self._slots.names)
-        return walk(hashes, self._shared, self._holders.get, self._slots.names)
+                return walk(hashes, self._shared, self._holders.get, self._slots.names,
+                            guessed=self._predicted.get, allowed=allowed)[0]
+        first = hashes[0]
+        run = self._runs.get(first)
+        if run is not None and len(hashes) >= run.end and hashes[run.end - 1] == run.last:
+            return walk(hashes, self._shared, self._holders.get, self._slots.names, resume=run)[0]
+        found, run = walk(hashes, self._shared, self._holders.get, self._slots.names, capture=RUN_MIN_BLOCKS)
+        if run is not None:
+            self._remember(first, run, hashes)
+        return found
+
+    def _remember(self, first: int, run: Run, hashes: Sequence[int]) -> None:
+        runs, watched = self._runs, self._watched
+        if len(watched) + run.end > WATCHED_MAX:
+            self._forget_runs()
+        elif len(runs) >= RUNS_MAX and first not in runs:
+            del runs[next(iter(runs))]  # its hashes stay watched: a change there forgets too much, never too little
+        runs[first] = run
+        watched.update(islice(hashes, run.end))
 
     def lower_tier_blocks(self, worker_id: str, hashes: Sequence[int], count: int) -> dict[str, int]:
         """Of the first ``count`` blocks of ``hashes`` (what :meth:`overlaps` found on the worker),

@@ -9,6 +9,7 @@ several engine blocks per router hash, cache views, counters) exactly as they we
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -144,6 +145,11 @@ def _events(spec: list[tuple[Any, ...]]) -> list[KvEvent]:
 @settings(max_examples=500, deadline=None)
 @given(st.lists(op, max_size=40))
 def test_random_streams_match_the_model_and_the_old_index(ops: list[tuple[Any, ...]]) -> None:
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", 1):  # every query remembers its run: resumed and forgotten
+        _random_stream(ops)
+
+
+def _random_stream(ops: list[tuple[Any, ...]]) -> None:
     new, old, model = PrefixIndex(block_size=BLOCK), OldIndex(block_size=BLOCK), Model()
     before = BeforeIndex(block_size=BLOCK)  # main 2d3553e: the same state, tier for tier
     now = 100.0
@@ -253,12 +259,18 @@ LONG = list(range(1000, 1000 + 700 * BLOCK))  # 700 blocks: the query walks seve
 LONG_HASHES = block_hashes(LONG, BLOCK)
 
 
+churn = st.lists(st.tuples(st.integers(0, 69), st.integers(0, 699), st.booleans(), st.integers(1, 700)), max_size=12)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 700), st.lists(st.integers(0, 699), max_size=3)), min_size=1, max_size=70),
-       st.integers(1, 700))
-def test_long_prompts_with_many_holders_match_brute_force(holds: list[tuple[int, list[int]]], length: int) -> None:
+       st.integers(1, 700), churn)
+def test_long_prompts_with_many_holders_match_brute_force(holds: list[tuple[int, list[int]]], length: int,
+                                                          steps: list[tuple[int, int, bool, int]]) -> None:
     """Worker k holds the first ``depth`` blocks of a long prompt minus a few holes (evicted
-    blocks); the query over the first ``length`` blocks must equal a plain per-worker scan."""
+    blocks); the query over the first ``length`` blocks must equal a plain per-worker scan. Then
+    workers evict or re-store single blocks between queries of other lengths (the index's
+    remembered runs are resumed, or forgotten when a mask they cover changes)."""
     index = PrefixIndex(block_size=BLOCK)
     held: dict[str, set[int]] = {}
     for k, (depth, holes) in enumerate(holds):
@@ -268,6 +280,22 @@ def test_long_prompts_with_many_holders_match_brute_force(holds: list[tuple[int,
         events += [BlockRemoved([engine[j]]) for j in sorted(set(holes)) if j < depth]
         index.apply(w, EventBatch(1.0, events or [AllBlocksCleared()]))
         held[w] = {LONG_HASHES[j] for j in range(depth)} - {LONG_HASHES[j] for j in holes}
+    _check_long(index, held, length)
+    for k, j, evict, n in steps:
+        w = f"w{k % len(holds)}"
+        eh = (k % len(holds)) * 10_000 + j
+        if evict:
+            index.apply(w, EventBatch(1.0, [BlockRemoved([eh])]))
+            held[w].discard(LONG_HASHES[j])
+        elif LONG_HASHES[j] not in held[w] and (j == 0 or LONG_HASHES[j - 1] in held[w]):
+            parent = None if j == 0 else eh - 1
+            index.apply(w, EventBatch(1.0, [BlockStored([eh], parent, LONG[j * BLOCK : (j + 1) * BLOCK], BLOCK)]))
+            held[w].add(LONG_HASHES[j])
+        _check_long(index, held, length)
+        _check_long(index, held, n)
+
+
+def _check_long(index: PrefixIndex, held: dict[str, set[int]], length: int) -> None:
     hashes = LONG_HASHES[:length]
     want = {}
     for w, blocks in held.items():
