@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Sequence
 from itertools import chain, compress, groupby, islice, repeat
-from operator import and_, attrgetter, not_, or_, xor
+from operator import attrgetter, not_, xor
 from typing import Any
 
 from infera.kv.bitmasks import Run, Slots, walk
@@ -234,11 +234,12 @@ class PrefixIndex:
             if mask & bit:  # another engine block of this worker has the same tokens
                 extra[local] = extra.get(local, 0) + 1
             else:
-                holders[local] = mask | bit
                 if mask:
-                    self._shared[local] = mask | bit
+                    holders[local] = self._shared[local] = mask | bit
                     if local in self._watched:
                         self._forget_runs()
+                else:
+                    holders[local] = bit
                 if not top:
                     lower[local] = str(medium)
             if top and lower:
@@ -259,16 +260,17 @@ class PrefixIndex:
             for engine_hash in hashes:
                 blocks.pop(engine_hash, None)
             return False
-        if any(map(and_, masks.values(), repeat(bit))):  # held already via other engine blocks
-            extra = worker.extra
-            for local in compress(masks, map(and_, masks.values(), repeat(bit))):
-                extra[local] = extra.get(local, 0) + 1
-        holders.update(zip(masks, map(or_, masks.values(), repeat(bit)), strict=True))
+        # A block held by this worker alone maps to the worker's own ``bit`` object: no int per block.
+        holders.update(zip(locals_, repeat(bit)))
         if any(masks.values()):  # held before, by others or through another engine block
-            shared, watched = self._shared, self._watched
-            for local, mask in masks.items():
-                if mask and mask != bit:
-                    shared[local] = mask | bit
+            extra, shared, watched = worker.extra, self._shared, self._watched
+            for local in compress(masks, masks.values()):
+                mask = masks[local]
+                if mask & bit:  # held already via another engine block: one more reference
+                    extra[local] = extra.get(local, 0) + 1
+                    holders[local] = mask
+                else:
+                    holders[local] = shared[local] = mask | bit
                     if local in watched:
                         self._forget_runs()
         if worker.lower:
