@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Sequence
 from itertools import chain, compress, groupby, islice, repeat
-from operator import attrgetter, not_, xor
+from operator import and_, attrgetter, ne, not_, or_, sub, xor
 from typing import Any
 
 from infera.kv.bitmasks import Run, Slots, walk
@@ -146,7 +146,7 @@ class PrefixIndex:
         masks = list(map(xor, map(holders.__getitem__, gone), repeat(worker.bit)))
         holders.update(zip(gone, masks, strict=True))
         if any(masks):  # held by others too: those were in the shared table
-            self._unshare(gone, masks)
+            self._unshare(list(compress(gone, masks)), list(filter(None, masks)))
         if 0 in masks:  # no holder left
             for local in compress(gone, map(not_, masks)):
                 del holders[local]
@@ -174,18 +174,16 @@ class PrefixIndex:
         return list(dropped)
 
     def _unshare(self, locals_: list[int], masks: list[int]) -> None:
-        """One worker left each of ``locals_``, which ``masks`` (new, non-zero) says it shared with
-        others: still shared, or held by one worker now."""
-        shared, watched = self._shared, self._watched
-        for local, mask in zip(locals_, masks, strict=True):
-            if mask & (mask - 1):
-                shared[local] = mask
-            elif mask:
+        """One worker left each of ``locals_``, which it shared with others: ``masks`` (non-zero) are
+        the holders left; still shared, or held by one worker now."""
+        shared = self._shared
+        single = list(map(not_, map(and_, masks, map(sub, masks, repeat(1)))))
+        shared.update(zip(compress(locals_, map(not_, single)), compress(masks, map(not_, single)), strict=True))
+        if any(single):
+            for local in compress(locals_, single):
                 del shared[local]
-            else:
-                continue
-            if watched and local in watched:
-                self._forget_runs()
+        if self._watched and not self._watched.isdisjoint(locals_):
+            self._forget_runs()
 
     def _forget_runs(self) -> None:
         self._runs.clear()
@@ -253,31 +251,46 @@ class PrefixIndex:
         changed nothing, when a hash repeats within the event: the caller goes block by block.
         """
         blocks, holders, bit = worker.blocks, self._holders, worker.bit
-        masks = dict(zip(locals_, map(holders.get, locals_, repeat(0)), strict=True))
+        n = len(locals_)
+        old = list(map(holders.get, locals_, repeat(0)))
         before = len(blocks)
         blocks.update(zip(hashes, locals_, strict=True))
-        if len(masks) < len(locals_) or len(blocks) - before < len(locals_):
+        if len(blocks) - before < n:  # an engine hash repeats within the event
             for engine_hash in hashes:
                 blocks.pop(engine_hash, None)
             return False
-        # A block held by this worker alone maps to the worker's own ``bit`` object: no int per block.
-        holders.update(zip(locals_, repeat(bit)))
-        if any(masks.values()):  # held before, by others or through another engine block
-            extra, shared, watched = worker.extra, self._shared, self._watched
-            for local in compress(masks, masks.values()):
-                mask = masks[local]
-                if mask & bit:  # held already via another engine block: one more reference
+        if any(old):  # some held before, by others or through another engine block
+            if len(set(locals_)) < n:  # a router hash repeats within the event
+                for engine_hash in hashes:
+                    blocks.pop(engine_hash, None)
+                return False
+            new = list(map(or_, old, repeat(bit)))
+            holders.update(zip(locals_, repeat(bit)))
+            holders.update(zip(compress(locals_, old), compress(new, old), strict=True))
+            own = list(map(and_, old, repeat(bit)))
+            if any(own):  # held already via another engine block: one more reference
+                extra = worker.extra
+                for local in compress(locals_, own):
                     extra[local] = extra.get(local, 0) + 1
-                    holders[local] = mask
-                else:
-                    holders[local] = shared[local] = mask | bit
-                    if local in watched:
-                        self._forget_runs()
+            others = list(map(ne, new, repeat(bit)))  # shared with other workers now
+            if any(others):
+                self._shared.update(zip(compress(locals_, others), compress(new, others), strict=True))
+                if self._watched and not self._watched.isdisjoint(compress(locals_, others)):
+                    self._forget_runs()
+        else:
+            # A block held by this worker alone maps to the worker's own ``bit`` object: no int per block.
+            size = len(holders)
+            holders.update(zip(locals_, repeat(bit)))
+            if len(holders) - size < n:  # a router hash repeats within the event
+                for engine_hash, local in zip(hashes, locals_, strict=True):
+                    blocks.pop(engine_hash, None)
+                    holders.pop(local, None)
+                return False
         if worker.lower:
             for local in locals_:
                 worker.lower.pop(local, None)
         if worker.predicted:  # confirmed now
-            for local in worker.predicted.keys() & masks.keys():
+            for local in worker.predicted.keys() & set(locals_):
                 self._guesses.drop(worker, local)
         return True
 
