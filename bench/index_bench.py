@@ -17,7 +17,7 @@ decoder and block hashing frozen with it), in the same run.
   memory   bytes per indexed block (tracemalloc, retained after applying) at 1M blocks.
   tokenize chat template render + tokenize + block hashes per prompt size (1k/8k/32k tokens).
 
-    .venv/bin/python bench/index_bench.py [--quick] [--only ingest,query,memory,tokenize]
+    .venv/bin/python bench/index_bench.py [--quick] [--only ingest,query,memory,tokenize] [--workers 16,128,1024]
 """
 
 from __future__ import annotations
@@ -87,14 +87,14 @@ def ingest(quick: bool) -> dict[str, Any]:
     return out
 
 
-def query(quick: bool) -> list[dict[str, Any]]:
+def query(quick: bool, workers: tuple[int, ...] = WORKERS) -> list[dict[str, Any]]:
     from infera.kv.hashing import block_hashes
     from infera.protocols.kv_events import BlockRemoved, BlockStored, EventBatch
 
     rows = []
     reps = 200 if quick else 1000
     for spread in ("few", "all"):
-        for n_workers in WORKERS:
+        for n_workers in workers:
             for name, (cls, _) in _impls().items():
                 index, prompts = synth.hot_prompt_index(n_workers, max(PROMPT_TOKENS) // synth.BLOCK, spread,
                                                         index=cls())
@@ -217,10 +217,15 @@ def tokenize(tok: Path, quick: bool) -> list[dict[str, Any]]:
 STEPS = ("ingest", "query", "memory", "tokenize")
 
 
-def run(tok: Path, quick: bool, only: tuple[str, ...] = STEPS) -> dict[str, Any]:
+def run(tok: Path, quick: bool, only: tuple[str, ...] = STEPS, workers: tuple[int, ...] = WORKERS) -> dict[str, Any]:
     res: dict[str, Any] = {"machine": machine_info()}
     for step in only:
-        res[step] = tokenize(tok, quick) if step == "tokenize" else globals()[step](quick)
+        if step == "tokenize":
+            res[step] = tokenize(tok, quick)
+        elif step == "query":
+            res[step] = query(quick, workers)
+        else:
+            res[step] = globals()[step](quick)
     return res
 
 
@@ -264,9 +269,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tokenizer", type=Path, default=None)
     ap.add_argument("--only", default=",".join(STEPS), help="comma-separated steps: " + ",".join(STEPS))
+    ap.add_argument("--workers", default=",".join(map(str, WORKERS)), help="query: comma-separated fleet sizes")
     args = ap.parse_args(argv)
     only = tuple(s for s in args.only.split(",") if s)
-    res = run(args.tokenizer or default_tokenizer_dir(), args.quick, only)
+    workers = tuple(int(w) for w in args.workers.split(",") if w)
+    res = run(args.tokenizer or default_tokenizer_dir(), args.quick, only, workers)
     print_report(res)
     print(f"results: {write_results('index_bench', res)}")
     return res
