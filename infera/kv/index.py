@@ -47,7 +47,7 @@ from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStor
 CACHE_VIEW_MAX_HASHES = 256
 RUN_MIN_BLOCKS = 64  # a query remembers the walk over a prompt's leading shared blocks from this many on
 RUNS_MAX = 256  # remembered runs (by first router hash); the oldest goes first
-WATCHED_MAX = 1 << 18  # router hashes the remembered runs may cover before all are forgotten
+WATCHED_MAX = 1 << 16  # router hashes the remembered runs may cover before all are forgotten
 TOP_MEDIA = frozenset({"GPU", None})  # the device tier (None: an engine that does not say)
 _PLAIN = "GPU"  # a block held in this medium only has no entry in WorkerTable.media
 _HASHES = attrgetter("block_hashes")
