@@ -68,9 +68,13 @@ def walk(hashes: Sequence[int], shared: dict[int, int], held: MaskGet, names: li
     running mask changes. Cost: one probe and one AND per block up to the deepest holder, plus
     one step per worker that drops out, whatever the number of holders.
 
+    While no more than a few workers are left, a plain loop is cheaper (no look-ahead, small
+    masks): the walk finishes with it, and captures nothing.
+
     ``resume``: start after a :class:`Run` that the caller checked applies to ``hashes``.
     ``capture`` (blocks, > 0; not with ``guessed``): also return the :class:`Run` of the
-    prompt's leading shared blocks when it covers at least that many, else None.
+    prompt's leading shared blocks when it covers at least that many (and, after ``resume``,
+    more than it), else None.
     """
     shared_get = shared.get
     n = len(hashes)
@@ -79,7 +83,8 @@ def walk(hashes: Sequence[int], shared: dict[int, int], held: MaskGet, names: li
         base, active, result = resume.end, resume.active, dict(resume.result)
         if not active:
             return result, None
-        in_run = False
+        in_run = capture > 0  # the run may go on where the prompt it was taken from ended
+        capture = max(capture, base + 1)
     else:
         first = shared_get(hashes[0])
         in_run = first is not None and capture > 0 and guessed is None
@@ -93,6 +98,9 @@ def walk(hashes: Sequence[int], shared: dict[int, int], held: MaskGet, names: li
     run: Run | None = None
     size = _FIRST_CHUNK
     while base < n:
+        if active.bit_count() <= _FEW:
+            result.update(_loop(hashes, base, active, held, guessed, allowed, names))
+            return result, run
         chunk = hashes[base : base + size]
         masks: list[Any] = list(map(shared_get, chunk))
         cut = len(masks)  # where the run of shared blocks ends in this chunk
@@ -134,6 +142,27 @@ def walk(hashes: Sequence[int], shared: dict[int, int], held: MaskGet, names: li
 
 
 _FIRST_CHUNK = 16  # blocks looked up beyond the deepest holder: at most one chunk
+_FEW = 8  # workers left from which on the walk goes block by block
+
+
+def _loop(hashes: Sequence[int], base: int, active: int, held: MaskGet, guessed: MaskGet | None, allowed: int,
+          names: list[str]) -> dict[str, int]:
+    """The rest of a walk from block ``base`` (``active`` holding all blocks before it), one block at a time."""
+    result: dict[str, int] = {}
+    depth = base
+    for local in islice(hashes, base, None):
+        mask = held(local, 0)
+        if guessed is not None:
+            mask |= guessed(local, 0) & allowed
+        still = active & mask
+        if still != active:
+            record(result, active ^ still, depth, names)
+            if not still:
+                return result
+            active = still
+        depth += 1
+    record(result, active, depth, names)
+    return result
 _MAX_CHUNK = 512
 
 

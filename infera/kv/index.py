@@ -415,9 +415,10 @@ class PrefixIndex:
                             guessed=self._predicted.get, allowed=allowed)[0]
         first = hashes[0]
         run = self._runs.get(first)
-        if run is not None and len(hashes) >= run.end and hashes[run.end - 1] == run.last:
-            return walk(hashes, self._shared, self._holders.get, self._slots.names, resume=run)[0]
-        found, run = walk(hashes, self._shared, self._holders.get, self._slots.names, capture=RUN_MIN_BLOCKS)
+        if run is None or len(hashes) < run.end or hashes[run.end - 1] != run.last:
+            run = None
+        found, run = walk(hashes, self._shared, self._holders.get, self._slots.names, resume=run,
+                          capture=RUN_MIN_BLOCKS)
         if run is not None:
             self._remember(first, run, hashes)
         return found

@@ -145,7 +145,8 @@ def _events(spec: list[tuple[Any, ...]]) -> list[KvEvent]:
 @settings(max_examples=500, deadline=None)
 @given(st.lists(op, max_size=40))
 def test_random_streams_match_the_model_and_the_old_index(ops: list[tuple[Any, ...]]) -> None:
-    with patch("infera.kv.index.RUN_MIN_BLOCKS", 1):  # every query remembers its run: resumed and forgotten
+    # Every query walks in chunks (not block by block) and remembers its run: resumed, extended, forgotten.
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", 1), patch("infera.kv.bitmasks._FEW", 0):
         _random_stream(ops)
 
 
@@ -271,6 +272,11 @@ def test_long_prompts_with_many_holders_match_brute_force(holds: list[tuple[int,
     blocks); the query over the first ``length`` blocks must equal a plain per-worker scan. Then
     workers evict or re-store single blocks between queries of other lengths (the index's
     remembered runs are resumed, or forgotten when a mask they cover changes)."""
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", 4):
+        _long_prompts(holds, length, steps)
+
+
+def _long_prompts(holds: list[tuple[int, list[int]]], length: int, steps: list[tuple[int, int, bool, int]]) -> None:
     index = PrefixIndex(block_size=BLOCK)
     held: dict[str, set[int]] = {}
     for k, (depth, holes) in enumerate(holds):
