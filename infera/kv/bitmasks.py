@@ -69,7 +69,7 @@ def walk(hashes: Sequence[int], shared: dict[int, int], held: MaskGet, names: li
     one step per worker that drops out, whatever the number of holders.
 
     While no more than a few workers are left, a plain loop is cheaper (no look-ahead, small
-    masks): the walk finishes with it, and captures nothing.
+    masks): the walk finishes with it, and a run in progress ends where it starts.
 
     ``resume``: start after a :class:`Run` that the caller checked applies to ``hashes``.
     ``capture`` (blocks, > 0; not with ``guessed``): also return the :class:`Run` of the
@@ -99,6 +99,8 @@ def walk(hashes: Sequence[int], shared: dict[int, int], held: MaskGet, names: li
     size = _FIRST_CHUNK
     while base < n:
         if active.bit_count() <= _FEW:
+            if in_run and base >= capture:  # every block so far was shared: the run ends here
+                run = Run(base, hashes[base - 1], active, dict(result))
             result.update(_loop(hashes, base, active, held, guessed, allowed, names))
             return result, run
         chunk = hashes[base : base + size]
