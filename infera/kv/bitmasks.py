@@ -144,7 +144,7 @@ def walk(hashes: Sequence[int], shared: dict[int, int], held: MaskGet, names: li
 
 
 _FIRST_CHUNK = 16  # blocks looked up beyond the deepest holder: at most one chunk
-_FEW = 8  # workers left from which on the walk goes block by block
+_FEW = 64  # workers left from which on the walk goes block by block (ANDs of small masks, no look-ahead)
 
 
 def _loop(hashes: Sequence[int], base: int, active: int, held: MaskGet, guessed: MaskGet | None, allowed: int,
