@@ -272,7 +272,7 @@ def test_long_prompts_with_many_holders_match_brute_force(holds: list[tuple[int,
     blocks); the query over the first ``length`` blocks must equal a plain per-worker scan. Then
     workers evict or re-store single blocks between queries of other lengths (the index's
     remembered runs are resumed, or forgotten when a mask they cover changes)."""
-    with patch("infera.kv.index.RUN_MIN_BLOCKS", 4):
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", 4), patch("infera.kv.bitmasks._FEW", 4):  # both walks
         _long_prompts(holds, length, steps)
 
 
