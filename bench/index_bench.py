@@ -1,7 +1,7 @@
 """The prefix index and the tokenizer path in process: ingest rate, query latency, memory, render+tokenize+hash.
 
-The index is measured side by side with the one before issue 15 (``bench/index_v1.py``, and the
-general msgpack decoder ``kv_events._decode_general`` for its decode), in the same run.
+The index is measured side by side with the one of main 2d3553e ("old": ``bench/index_v2.py``, its
+decoder and block hashing frozen with it), in the same run.
 
   ingest   block events/s (one per stored or removed block) through ``PrefixIndex.apply``, and through
            ``decode_batch`` + ``apply`` from msgpack frames (``encode_batch``), for 16 workers whose
@@ -11,11 +11,13 @@ general msgpack decoder ``kv_events._decode_general`` for its decode), in the sa
   query    ``PrefixIndex.overlaps`` latency (p50/p99, wall) for 16/128/1024 workers and prompts of
            1k/8k/32k tokens; "few": each prompt's prefix on 1-4 workers (what kv-aware routing
            makes), "all": every worker holds a prefix of staggered depth (the worst case);
-           "+pred": the same with ``use_predicted=True`` while every worker holds a prediction.
+           "+pred": the same with ``use_predicted=True`` while every worker holds a prediction;
+           "+churn": before each (untimed) a one-block store or removal on an extra worker
+           changes the mask of the prompt's first block, so no query resumes a remembered walk.
   memory   bytes per indexed block (tracemalloc, retained after applying) at 1M blocks.
   tokenize chat template render + tokenize + block hashes per prompt size (1k/8k/32k tokens).
 
-    .venv/bin/python bench/index_bench.py [--quick] [--only ingest,query,memory,tokenize]
+    .venv/bin/python bench/index_bench.py [--quick] [--only ingest,query,memory,tokenize] [--workers 16,128,1024]
 """
 
 from __future__ import annotations
@@ -36,16 +38,15 @@ from bench.common import _text, default_tokenizer_dir, machine_info, percentile,
 
 WORKERS = (16, 128, 1024)
 PROMPT_TOKENS = (1024, 8192, 32768)
-OLD_QUERY_BUDGET_S = 3.0  # the old index's worst case takes ~0.1 s a query: cap its samples per row
 
 
 def _impls() -> dict[str, tuple[Any, Any]]:
-    """name -> (index class, decode function)."""
-    from bench import index_v1
+    """name -> (index class, decode function); old = main 2d3553e (bench/index_v2.py)."""
+    from bench import index_v2
     from infera.kv.index import PrefixIndex
-    from infera.protocols.kv_events import _decode_general, decode_batch
+    from infera.protocols.kv_events import decode_batch
 
-    return {"old": (index_v1.PrefixIndex, _decode_general), "new": (PrefixIndex, decode_batch)}
+    return {"old": (index_v2.PrefixIndex, index_v2.decode_batch), "new": (PrefixIndex, decode_batch)}
 
 
 def ingest(quick: bool) -> dict[str, Any]:
@@ -86,18 +87,19 @@ def ingest(quick: bool) -> dict[str, Any]:
     return out
 
 
-def query(quick: bool) -> list[dict[str, Any]]:
+def query(quick: bool, workers: tuple[int, ...] = WORKERS) -> list[dict[str, Any]]:
     from infera.kv.hashing import block_hashes
+    from infera.protocols.kv_events import BlockRemoved, BlockStored, EventBatch
 
     rows = []
     reps = 200 if quick else 1000
     for spread in ("few", "all"):
-        for n_workers in WORKERS:
+        for n_workers in workers:
             for name, (cls, _) in _impls().items():
                 index, prompts = synth.hot_prompt_index(n_workers, max(PROMPT_TOKENS) // synth.BLOCK, spread,
                                                         index=cls())
-                modes = [False, True] if name == "new" else [False]
-                for use_predicted in modes:
+                for mode in ("", "+churn", "+pred"):
+                    use_predicted = mode == "+pred"
                     if use_predicted:  # every worker expects the first 64 blocks of every prompt
                         for k in range(n_workers):
                             for p in prompts:
@@ -105,26 +107,32 @@ def query(quick: bool) -> list[dict[str, Any]]:
                                               ttl=1e9, now=0.0)
                     for size in PROMPT_TOKENS:
                         hashes = [block_hashes(p[:size], synth.BLOCK) for p in prompts]
-                        index.overlaps(hashes[0], now=1.0, use_predicted=use_predicted)
+                        for h in hashes:  # each prompt once, untimed (the new index remembers its run)
+                            index.overlaps(h, now=1.0, use_predicted=use_predicted)
                         lat: list[float] = []
                         cpu: list[float] = []  # on a loaded box wall time mostly measures the scheduler
                         gc.disable()
-                        t_end = time.perf_counter() + (OLD_QUERY_BUDGET_S if name == "old" else 1e9)
                         for i in range(reps):
                             h = hashes[i % len(hashes)]
+                            if mode == "+churn":  # toggle block 0 of this prompt on worker "x"
+                                p = prompts[i % len(prompts)]
+                                on = (i // len(prompts)) % 2 == 0
+                                ev = BlockStored([i % len(prompts)], None, p[: synth.BLOCK], synth.BLOCK) if on \
+                                    else BlockRemoved([i % len(prompts)])
+                                index.apply("x", EventBatch(0.0, [ev]))
                             c0 = time.thread_time_ns()
                             t0 = time.perf_counter_ns()
                             found = index.overlaps(h, now=1.0, use_predicted=use_predicted)
                             lat.append((time.perf_counter_ns() - t0) / 1e3)
                             cpu.append((time.thread_time_ns() - c0) / 1e3)
-                            if time.perf_counter() > t_end and i >= 20:
-                                break
                         gc.enable()
-                        rows.append({"impl": name, "spread": spread + ("+pred" if use_predicted else ""),
+                        rows.append({"impl": name, "spread": spread + mode,
                                      "workers": n_workers, "prompt_tokens": size, "samples": len(lat),
                                      "p50_us": percentile(lat, 50), "p99_us": percentile(lat, 99),
                                      "cpu_p50_us": percentile(cpu, 50), "cpu_p99_us": percentile(cpu, 99),
                                      "holders": len(found), "best_overlap_blocks": max(found.values(), default=0)})
+                    if mode == "+churn":
+                        index.remove_worker("x")
                 del index
                 gc.collect()
     return rows
@@ -210,10 +218,15 @@ def tokenize(tok: Path, quick: bool) -> list[dict[str, Any]]:
 STEPS = ("ingest", "query", "memory", "tokenize")
 
 
-def run(tok: Path, quick: bool, only: tuple[str, ...] = STEPS) -> dict[str, Any]:
+def run(tok: Path, quick: bool, only: tuple[str, ...] = STEPS, workers: tuple[int, ...] = WORKERS) -> dict[str, Any]:
     res: dict[str, Any] = {"machine": machine_info()}
     for step in only:
-        res[step] = tokenize(tok, quick) if step == "tokenize" else globals()[step](quick)
+        if step == "tokenize":
+            res[step] = tokenize(tok, quick)
+        elif step == "query":
+            res[step] = query(quick, workers)
+        else:
+            res[step] = globals()[step](quick)
     return res
 
 
@@ -228,15 +241,16 @@ def print_report(res: dict[str, Any]) -> None:
             print(f"{mode:<14}{old / 1e6:>8.2f}{new / 1e6:>8.2f}{new / old:>8.1f}x")
     if "query" in res:
         print("\noverlap query (PrefixIndex.overlaps), wall and CPU µs:")
-        print(f"{'spread':<10}{'workers':>8}{'prompt tok':>11}"
-              f"{'old p50':>10}{'old p99':>10}{'new p50':>10}{'new p99':>10}{'new cpu p50':>12}{'new cpu p99':>12}"
-              f"{'holders':>8}")
+        print(f"{'spread':<12}{'workers':>8}{'prompt tok':>11}"
+              f"{'old p50':>10}{'old p99':>10}{'new p50':>10}{'new p99':>10}"
+              f"{'old cpu p50':>12}{'old cpu p99':>12}{'new cpu p50':>12}{'new cpu p99':>12}{'holders':>8}")
         old = {(r["spread"], r["workers"], r["prompt_tokens"]): r for r in res["query"] if r["impl"] == "old"}
         for r in (r for r in res["query"] if r["impl"] == "new"):
             o = old.get((r["spread"], r["workers"], r["prompt_tokens"]))
             olds = f"{o['p50_us']:>10.1f}{o['p99_us']:>10.1f}" if o else f"{'':>20}"
-            print(f"{r['spread']:<10}{r['workers']:>8}{r['prompt_tokens']:>11}{olds}{r['p50_us']:>10.1f}"
-                  f"{r['p99_us']:>10.1f}{r['cpu_p50_us']:>12.1f}{r['cpu_p99_us']:>12.1f}{r['holders']:>8}")
+            old_cpu = f"{o['cpu_p50_us']:>12.1f}{o['cpu_p99_us']:>12.1f}" if o else f"{'':>24}"
+            print(f"{r['spread']:<12}{r['workers']:>8}{r['prompt_tokens']:>11}{olds}{r['p50_us']:>10.1f}"
+                  f"{r['p99_us']:>10.1f}{old_cpu}{r['cpu_p50_us']:>12.1f}{r['cpu_p99_us']:>12.1f}{r['holders']:>8}")
     if "memory" in res:
         print("\nmemory per indexed block (tracemalloc, retained):")
         for r in res["memory"]:
@@ -256,9 +270,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tokenizer", type=Path, default=None)
     ap.add_argument("--only", default=",".join(STEPS), help="comma-separated steps: " + ",".join(STEPS))
+    ap.add_argument("--workers", default=",".join(map(str, WORKERS)), help="query: comma-separated fleet sizes")
     args = ap.parse_args(argv)
     only = tuple(s for s in args.only.split(",") if s)
-    res = run(args.tokenizer or default_tokenizer_dir(), args.quick, only)
+    workers = tuple(int(w) for w in args.workers.split(",") if w)
+    res = run(args.tokenizer or default_tokenizer_dir(), args.quick, only, workers)
     print_report(res)
     print(f"results: {write_results('index_bench', res)}")
     return res

@@ -93,8 +93,8 @@ def index_section(run: dict[str, Any]) -> str:
     ix = run.get("index")
     if not ix:
         return "Not run (skipped).\n"
-    lines = [_header(run), "", "`bench/index_bench.py` (in process), the index before issue 15 (`bench/index_v1.py`, "
-             "general msgpack decoder) and after it side by side in one run."]
+    lines = [_header(run), "", "`bench/index_bench.py` (in process): old = the index, walk, hashing and decoder of "
+             "main 2d3553e (`bench/index_v2.py`), new = this tree, side by side in one run."]
     ing = ix.get("ingest")
     if ing:
         lines += ["", f"KV-event ingest, {ing['workers']} workers with full caches (each store evicts; one block event "
@@ -112,8 +112,9 @@ def index_section(run: dict[str, Any]) -> str:
     if ix.get("query"):
         lines += ["", "Overlap query (`PrefixIndex.overlaps`, wall µs); few = each prompt's prefix on 1–4 workers "
                   "(what kv-aware routing makes), all = every worker holds a prefix of staggered depth (worst case); "
-                  "+pred = `use_predicted=True` with a live prediction on every worker (new index only). The old "
-                  "index's slow rows stop after ~3 s of samples:", "",
+                  "+pred = `use_predicted=True` with a live prediction on every worker; +churn = before each query "
+                  "(untimed) a one-block change on an extra worker alters the prompt's first mask, so the new index "
+                  "never resumes a remembered walk (its cold path):", "",
                   "| spread | workers | prompt tokens | old p50 µs | old p99 µs | new p50 µs | new p99 µs "
                   "| new CPU p50 µs | new CPU p99 µs | old CPU p50 µs | old CPU p99 µs |",
                   "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]

@@ -73,7 +73,7 @@ def evaluate(run: dict[str, Any]) -> list[tuple[str, str, str]]:
         rows.append(_row("index: ≥ 1 M block events/s ingest (decode+apply)",
                          f"decode+apply {rates['decode+apply'] / 1e6:.2f} M/s; apply {rates['apply'] / 1e6:.2f} M/s",
                          rates["decode+apply"] >= 1e6))
-        for spread in ("few", "all", "all+pred"):
+        for spread in ("few", "all", "all+churn", "all+pred"):
             hit = [r for r in ix["query"] if r["spread"] == spread and r["workers"] == 1024
                    and r["prompt_tokens"] == 32768 and r.get("impl", "new") == "new"]
             if hit:

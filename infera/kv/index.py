@@ -10,6 +10,10 @@ Representation (ingest ~1 M block events/s; query cost independent of the number
 each router hash maps to an int mask of the workers holding it (``infera.kv.bitmasks``), and
 each worker maps engine hash -> router hash (``WorkerTable``): a removal is a dict pop and a
 mask update, no per-block object, and runs of events are applied in whole-run passes in C.
+The masks of router hashes two or more workers hold are also kept in a small table of their own
+(``_shared``), which a query probes first; and a query remembers its walk over a long run of such
+blocks at the start of a prompt (a hot system prompt), which the next query of that prefix resumes
+until one of those masks changes.
 
 Each block keeps the tiers (``medium``: "GPU", "CPU", ...) holding it; a block left only
 below the device tier is also listed per worker, so that a scorer can give it partial
@@ -32,15 +36,18 @@ import time
 from collections import Counter
 from collections.abc import Collection, Sequence
 from itertools import chain, compress, groupby, islice, repeat
-from operator import and_, attrgetter, not_, or_, xor
+from operator import and_, attrgetter, ne, not_, or_, sub, xor
 from typing import Any
 
-from infera.kv.bitmasks import Slots, walk, walk_guessed
+from infera.kv.bitmasks import Run, Slots, walk
 from infera.kv.hashing import block_hashes
 from infera.kv.index_tables import Predictions, WorkerTable
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 CACHE_VIEW_MAX_HASHES = 256
+RUN_MIN_BLOCKS = 64  # a query remembers the walk over a prompt's leading shared blocks from this many on
+RUNS_MAX = 256  # remembered runs (by first router hash); the oldest goes first
+WATCHED_MAX = 1 << 16  # router hashes the remembered runs may cover before all are forgotten
 TOP_MEDIA = frozenset({"GPU", None})  # the device tier (None: an engine that does not say)
 _PLAIN = "GPU"  # a block held in this medium only has no entry in WorkerTable.media
 _HASHES = attrgetter("block_hashes")
@@ -73,6 +80,13 @@ class PrefixIndex:
         self._workers: dict[str, WorkerTable] = {}
         self._slots = Slots()
         self._holders: dict[int, int] = {}  # router hash -> mask of workers holding it (confirmed)
+        # The same masks for the router hashes two or more workers hold, in a table of their own: a
+        # query's lookups of a hot prefix then probe a small table instead of the whole index.
+        self._shared: dict[int, int] = {}
+        # Walks over prompts' leading shared blocks, by first router hash, and the router hashes they
+        # cover: any change to one of those masks forgets every run (see overlaps).
+        self._runs: dict[int, Run] = {}
+        self._watched: set[int] = set()
         self._guesses = Predictions()
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
         self._expiry_heap = self._guesses.heap
@@ -131,6 +145,8 @@ class PrefixIndex:
         holders = self._holders
         masks = list(map(xor, map(holders.__getitem__, gone), repeat(worker.bit)))
         holders.update(zip(gone, masks, strict=True))
+        if any(masks):  # held by others too: those were in the shared table
+            self._unshare(list(compress(gone, masks)), list(filter(None, masks)))
         if 0 in masks:  # no holder left
             for local in compress(gone, map(not_, masks)):
                 del holders[local]
@@ -156,6 +172,22 @@ class PrefixIndex:
             else:
                 del extra[local]
         return list(dropped)
+
+    def _unshare(self, locals_: list[int], masks: list[int]) -> None:
+        """One worker left each of ``locals_``, which it shared with others: ``masks`` (non-zero) are
+        the holders left; still shared, or held by one worker now."""
+        shared = self._shared
+        single = list(map(not_, map(and_, masks, map(sub, masks, repeat(1)))))
+        shared.update(zip(compress(locals_, map(not_, single)), compress(masks, map(not_, single)), strict=True))
+        if any(single):
+            for local in compress(locals_, single):
+                del shared[local]
+        if self._watched and not self._watched.isdisjoint(locals_):
+            self._forget_runs()
+
+    def _forget_runs(self) -> None:
+        self._runs.clear()
+        self._watched.clear()
 
     def _store(self, worker: WorkerTable, event: BlockStored) -> None:
         hashes = event.block_hashes
@@ -200,7 +232,12 @@ class PrefixIndex:
             if mask & bit:  # another engine block of this worker has the same tokens
                 extra[local] = extra.get(local, 0) + 1
             else:
-                holders[local] = mask | bit
+                if mask:
+                    holders[local] = self._shared[local] = mask | bit
+                    if local in self._watched:
+                        self._forget_runs()
+                else:
+                    holders[local] = bit
                 if not top:
                     lower[local] = str(medium)
             if top and lower:
@@ -214,23 +251,46 @@ class PrefixIndex:
         changed nothing, when a hash repeats within the event: the caller goes block by block.
         """
         blocks, holders, bit = worker.blocks, self._holders, worker.bit
-        masks = dict(zip(locals_, map(holders.get, locals_, repeat(0)), strict=True))
+        n = len(locals_)
+        old = list(map(holders.get, locals_, repeat(0)))
         before = len(blocks)
         blocks.update(zip(hashes, locals_, strict=True))
-        if len(masks) < len(locals_) or len(blocks) - before < len(locals_):
+        if len(blocks) - before < n:  # an engine hash repeats within the event
             for engine_hash in hashes:
                 blocks.pop(engine_hash, None)
             return False
-        if any(map(and_, masks.values(), repeat(bit))):  # held already via other engine blocks
-            extra = worker.extra
-            for local in compress(masks, map(and_, masks.values(), repeat(bit))):
-                extra[local] = extra.get(local, 0) + 1
-        holders.update(zip(masks, map(or_, masks.values(), repeat(bit)), strict=True))
+        if any(old):  # some held before, by others or through another engine block
+            if len(set(locals_)) < n:  # a router hash repeats within the event
+                for engine_hash in hashes:
+                    blocks.pop(engine_hash, None)
+                return False
+            new = list(map(or_, old, repeat(bit)))
+            holders.update(zip(locals_, repeat(bit)))
+            holders.update(zip(compress(locals_, old), compress(new, old), strict=True))
+            own = list(map(and_, old, repeat(bit)))
+            if any(own):  # held already via another engine block: one more reference
+                extra = worker.extra
+                for local in compress(locals_, own):
+                    extra[local] = extra.get(local, 0) + 1
+            others = list(map(ne, new, repeat(bit)))  # shared with other workers now
+            if any(others):
+                self._shared.update(zip(compress(locals_, others), compress(new, others), strict=True))
+                if self._watched and not self._watched.isdisjoint(compress(locals_, others)):
+                    self._forget_runs()
+        else:
+            # A block held by this worker alone maps to the worker's own ``bit`` object: no int per block.
+            size = len(holders)
+            holders.update(zip(locals_, repeat(bit)))
+            if len(holders) - size < n:  # a router hash repeats within the event
+                for engine_hash, local in zip(hashes, locals_, strict=True):
+                    blocks.pop(engine_hash, None)
+                    holders.pop(local, None)
+                return False
         if worker.lower:
             for local in locals_:
                 worker.lower.pop(local, None)
         if worker.predicted:  # confirmed now
-            for local in worker.predicted.keys() & masks.keys():
+            for local in worker.predicted.keys() & set(locals_):
                 self._guesses.drop(worker, local)
         return True
 
@@ -280,6 +340,7 @@ class PrefixIndex:
         mask = self._holders[local] ^ worker.bit
         if mask:
             self._holders[local] = mask
+            self._unshare([local], [mask])
         else:
             del self._holders[local]
         worker.lower.pop(local, None)
@@ -295,14 +356,15 @@ class PrefixIndex:
             worker.lower.pop(local, None)
 
     def _clear(self, worker: WorkerTable) -> None:
-        holders = self._holders
-        keep = ~worker.bit
+        holders, bit = self._holders, worker.bit
+        keep = ~bit
         for local in worker.blocks.values():
             mask = holders.get(local)
-            if mask is not None:
+            if mask is not None and mask & bit:
                 mask &= keep
                 if mask:
                     holders[local] = mask
+                    self._unshare([local], [mask])
                 else:
                     del holders[local]
         worker.blocks.clear()
@@ -349,8 +411,26 @@ class PrefixIndex:
             if self._predicted:
                 workers = self._workers
                 allowed = -1 if use_predicted is True else sum({workers[w].bit for w in use_predicted if w in workers})
-                return walk_guessed(hashes, self._holders.get, self._predicted.get, allowed, self._slots.names)
-        return walk(hashes, self._holders.get, self._slots.names)
+                return walk(hashes, self._shared, self._holders.get, self._slots.names,
+                            guessed=self._predicted.get, allowed=allowed)[0]
+        first = hashes[0]
+        run = self._runs.get(first)
+        if run is None or len(hashes) < run.end or hashes[run.end - 1] != run.last:
+            run = None
+        found, run = walk(hashes, self._shared, self._holders.get, self._slots.names, resume=run,
+                          capture=RUN_MIN_BLOCKS)
+        if run is not None:
+            self._remember(first, run, hashes)
+        return found
+
+    def _remember(self, first: int, run: Run, hashes: Sequence[int]) -> None:
+        runs, watched = self._runs, self._watched
+        if len(watched) + run.end > WATCHED_MAX:
+            self._forget_runs()
+        elif len(runs) >= RUNS_MAX and first not in runs:
+            del runs[next(iter(runs))]  # its hashes stay watched: a change there forgets too much, never too little
+        runs[first] = run
+        watched.update(islice(hashes, run.end))
 
     def lower_tier_blocks(self, worker_id: str, hashes: Sequence[int], count: int) -> dict[str, int]:
         """Of the first ``count`` blocks of ``hashes`` (what :meth:`overlaps` found on the worker),

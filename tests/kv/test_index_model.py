@@ -9,11 +9,13 @@ several engine blocks per router hash, cache views, counters) exactly as they we
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.index_v1 import PrefixIndex as OldIndex
+from bench.index_v2 import PrefixIndex as BeforeIndex
 from infera.kv.hashing import block_hashes
 from infera.kv.index import TOP_MEDIA, PrefixIndex
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KvEvent
@@ -143,26 +145,33 @@ def _events(spec: list[tuple[Any, ...]]) -> list[KvEvent]:
 @settings(max_examples=500, deadline=None)
 @given(st.lists(op, max_size=40))
 def test_random_streams_match_the_model_and_the_old_index(ops: list[tuple[Any, ...]]) -> None:
+    # Every query walks in chunks (not block by block) and remembers its run: resumed, extended, forgotten.
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", 1), patch("infera.kv.bitmasks._FEW", 0):
+        _random_stream(ops)
+
+
+def _random_stream(ops: list[tuple[Any, ...]]) -> None:
     new, old, model = PrefixIndex(block_size=BLOCK), OldIndex(block_size=BLOCK), Model()
+    before = BeforeIndex(block_size=BLOCK)  # main 2d3553e: the same state, tier for tier
     now = 100.0
     for o in ops:
         w = o[1] if o[0] != "tick" else ""
         if o[0] == "events":
             batch = EventBatch(1.0, _events(o[2]))
-            for index in (new, old):
+            for index in (new, old, before):
                 index.apply(w, batch, now=5.0)
             model.apply(w, batch.events)
         elif o[0] == "clear":
-            for index in (new, old):
+            for index in (new, old, before):
                 index.apply(w, EventBatch(1.0, [AllBlocksCleared()]), now=5.0)
             model.apply(w, [AllBlocksCleared()])
         elif o[0] == "remove_worker":
-            for index in (new, old):
+            for index in (new, old, before):
                 index.remove_worker(w)
             model.remove_worker(w)
         elif o[0] == "predict":
             hashes = ROUTER[o[2]][: o[3]]
-            for index in (new, old):
+            for index in (new, old, before):
                 index.predict(w, hashes, ttl=o[4], now=now)
             model.predict(w, hashes, o[4], now)
         else:
@@ -174,10 +183,16 @@ def test_random_streams_match_the_model_and_the_old_index(ops: list[tuple[Any, .
             assert view == old.cache_view(wid)
             assert view["predicted_blocks"] == len(model.predicted.get(wid, {}))
         assert new.counters.as_dict() == old.counters.as_dict()
+        assert new._shared == {h: m for h, m in new._holders.items() if m.bit_count() > 1}
+        assert new._holders == before._holders and new.counters.as_dict() == before.counters.as_dict()
+        for wid in (*WORKERS, "c"):
+            assert new.cache_view(wid) == before.cache_view(wid)
+            assert new.lower_tier_blocks(wid, ROUTER[0], 4) == before.lower_tier_blocks(wid, ROUTER[0], 4)
         for hashes in ROUTER:
             for use in (False, True, {"a"}, set()):
                 want = model.overlaps(hashes, now, use)
                 assert new.overlaps(hashes, now=now, use_predicted=use) == want, (hashes, use)
+                assert before.overlaps(hashes, now=now, use_predicted=use) == want
                 assert old.overlaps(hashes, now=now, use_predicted=use) == want
             for wid, count in new.overlaps(hashes, now=now).items():
                 lower = new.lower_tier_blocks(wid, hashes, count)
@@ -239,3 +254,61 @@ def test_a_shared_block_whose_device_copy_goes_is_left_in_the_lower_tier() -> No
     index.apply("a", EventBatch(1.0, _events([("remove", 0, 0, "GPU", 1)])), now=5.0)
     assert index.overlaps(ROUTER[0]) == {"a": 1}
     assert index.lower_tier_blocks("a", ROUTER[0], 1) == {"CPU": 1}
+
+
+LONG = list(range(1000, 1000 + 700 * BLOCK))  # 700 blocks: the query walks several chunks
+LONG_HASHES = block_hashes(LONG, BLOCK)
+
+
+churn = st.lists(st.tuples(st.integers(0, 69), st.integers(0, 699), st.booleans(), st.integers(1, 700)), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 700), st.lists(st.integers(0, 699), max_size=3)), min_size=1, max_size=70),
+       st.integers(1, 700), churn)
+def test_long_prompts_with_many_holders_match_brute_force(holds: list[tuple[int, list[int]]], length: int,
+                                                          steps: list[tuple[int, int, bool, int]]) -> None:
+    """Worker k holds the first ``depth`` blocks of a long prompt minus a few holes (evicted
+    blocks); the query over the first ``length`` blocks must equal a plain per-worker scan. Then
+    workers evict or re-store single blocks between queries of other lengths (the index's
+    remembered runs are resumed, or forgotten when a mask they cover changes)."""
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", 4), patch("infera.kv.bitmasks._FEW", 4):  # both walks
+        _long_prompts(holds, length, steps)
+
+
+def _long_prompts(holds: list[tuple[int, list[int]]], length: int, steps: list[tuple[int, int, bool, int]]) -> None:
+    index = PrefixIndex(block_size=BLOCK)
+    held: dict[str, set[int]] = {}
+    for k, (depth, holes) in enumerate(holds):
+        w = f"w{k}"
+        engine = [k * 10_000 + j for j in range(depth)]
+        events: list[KvEvent] = [BlockStored(engine, None, LONG[: depth * BLOCK], BLOCK)] if depth else []
+        events += [BlockRemoved([engine[j]]) for j in sorted(set(holes)) if j < depth]
+        index.apply(w, EventBatch(1.0, events or [AllBlocksCleared()]))
+        held[w] = {LONG_HASHES[j] for j in range(depth)} - {LONG_HASHES[j] for j in holes}
+    _check_long(index, held, length)
+    for k, j, evict, n in steps:
+        w = f"w{k % len(holds)}"
+        eh = (k % len(holds)) * 10_000 + j
+        if evict:
+            index.apply(w, EventBatch(1.0, [BlockRemoved([eh])]))
+            held[w].discard(LONG_HASHES[j])
+        elif LONG_HASHES[j] not in held[w] and (j == 0 or LONG_HASHES[j - 1] in held[w]):
+            parent = None if j == 0 else eh - 1
+            index.apply(w, EventBatch(1.0, [BlockStored([eh], parent, LONG[j * BLOCK : (j + 1) * BLOCK], BLOCK)]))
+            held[w].add(LONG_HASHES[j])
+        _check_long(index, held, length)
+        _check_long(index, held, n)
+
+
+def _check_long(index: PrefixIndex, held: dict[str, set[int]], length: int) -> None:
+    hashes = LONG_HASHES[:length]
+    want = {}
+    for w, blocks in held.items():
+        n = 0
+        while n < len(hashes) and hashes[n] in blocks:
+            n += 1
+        if n:
+            want[w] = n
+    assert index.overlaps(hashes) == want
+    assert index._shared == {h: m for h, m in index._holders.items() if m.bit_count() > 1}
