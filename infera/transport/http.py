@@ -11,14 +11,12 @@ before the first byte, so the router may retry elsewhere.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
 import aiohttp
 
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import UpstreamError, UpstreamResponse
-
-_CHUNK = 64 * 1024
 
 
 class HttpTransport:
@@ -67,30 +65,56 @@ class HttpTransport:
             text = (await resp.read())[:300].decode("utf-8", "replace")
             resp.release()
             raise UpstreamError(f"worker {worker.instance_id} answered {resp.status}: {text}")
-        return UpstreamResponse(
-            status=resp.status,
-            content_type=resp.headers.get("Content-Type", "application/json"),
-            body=self._iter_body(resp, worker.instance_id, deadline),
-            close=resp.close,
-        )
+        reader = _Body(resp, worker.instance_id, deadline, self._first_byte_timeout)
+        return UpstreamResponse(status=resp.status, content_type=resp.headers.get("Content-Type", "application/json"),
+                                body=reader, close=resp.close, drain=reader.drain)
 
-    async def _iter_body(self, resp: aiohttp.ClientResponse, worker_id: str,
-                         deadline: float | None) -> AsyncIterator[bytes]:
-        """The body's chunks; the first must come by ``deadline`` (loop time; None = no limit)."""
-        chunks = resp.content.iter_any()
+
+class _Body:
+    """A response body as one async iterator over aiohttp's reader: no generator in between, so a
+    relayed chunk costs one ``readany`` (which already joins everything buffered).
+
+    The first chunk must come by ``deadline`` (loop time; None = no limit); the connection goes
+    back to the pool at the end of the body or on a failure (``close`` covers abandonment).
+    """
+
+    __slots__ = ("_content", "_deadline", "_first", "_resp", "_timeout", "_worker_id")
+
+    def __init__(self, resp: aiohttp.ClientResponse, worker_id: str, deadline: float | None, timeout: float) -> None:
+        self._resp = resp
+        self._content = resp.content
+        self._worker_id = worker_id
+        self._deadline = deadline
+        self._timeout = timeout
+        self._first = True
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
         try:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    first = await anext(chunks)
-            except StopAsyncIteration:
-                return
-            except TimeoutError as exc:
-                raise UpstreamError(f"worker {worker_id} sent no first byte within {self._first_byte_timeout:g}s",
-                                    status=504) from exc
-            yield first
-            async for chunk in chunks:
-                yield chunk
+            if self._first:
+                self._first = False
+                try:
+                    async with asyncio.timeout_at(self._deadline):
+                        chunk = await self._content.readany()
+                except TimeoutError as exc:
+                    self._resp.release()
+                    raise UpstreamError(f"worker {self._worker_id} sent no first byte within {self._timeout:g}s",
+                                        status=504) from exc
+            else:
+                chunk = await self._content.readany()
         except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
-            raise UpstreamError(f"worker {worker_id} broke the stream: {exc}", before_first_byte=False) from exc
-        finally:
-            resp.release()
+            self._resp.release()
+            raise UpstreamError(f"worker {self._worker_id} broke the stream: {exc}", before_first_byte=False) from exc
+        if not chunk:
+            self._resp.release()
+            raise StopAsyncIteration
+        return chunk
+
+    def drain(self) -> bytes:
+        """What the reader holds already (b"" when nothing, or the body failed: the next read says how)."""
+        try:
+            return self._content.read_nowait()
+        except Exception:
+            return b""
