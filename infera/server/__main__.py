@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 
 import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.config import STARTUP_FAILURE
 
 from infera.config import load
 from infera.config.base import ConfigError
@@ -17,6 +19,7 @@ from infera.router.assembly import FLEETS, KV_EVENT_SOURCES, REQUEST_TRANSPORTS,
 from infera.router.policies import selectable
 from infera.server.app import build_app, install_operations
 from infera.server.nodelay import NoDelayHttpToolsProtocol
+from infera.server.processes import listen, supervise
 
 log = logging.getLogger("infera.server")
 
@@ -59,19 +62,37 @@ def build(settings: ServerSettings) -> FastAPI:
     return app
 
 
+def serve(app: FastAPI, sock: socket.socket | None = None, host: str = "", port: int = 0) -> int:
+    """Serve ``app`` on ``sock`` (a listening socket), else on ``host:port``; returns at shutdown."""
+    config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=NoDelayHttpToolsProtocol,
+                            log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock] if sock is not None else None)
+    return 0 if server.started else STARTUP_FAILURE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings = load(ServerSettings, argv, prog="python -m infera.server",
                     description="infera frontend: OpenAI-compatible API and KV-aware router",
                     choices=registry_choices())
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.workers > 1:
+        try:
+            socks = listen(settings.host, settings.port, settings.workers)
+        except OSError as exc:
+            print(f"infera.server: error: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+            return 2
+        return supervise(socks, lambda sock: _build_and_serve(settings, sock))
+    return _build_and_serve(settings, None)
+
+
+def _build_and_serve(settings: ServerSettings, sock: socket.socket | None) -> int:
     try:
         app = build(settings)
     except (ConfigError, ValueError, OSError) as exc:
         print(f"infera.server: error: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop", http=NoDelayHttpToolsProtocol,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=5)
-    return 0
+    return serve(app, sock, settings.host, settings.port)
 
 
 if __name__ == "__main__":
