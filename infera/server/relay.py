@@ -152,8 +152,9 @@ class Outcome:
 class SseRelay(Response):
     """A worker's SSE stream relayed to the client as one coroutine, bytes untouched.
 
-    Per chunk: one read from the upstream (which joins what is buffered), a :class:`StreamTally`
-    scan for the end marker and usage, an inter-chunk histogram sample, one send. The chunk that
+    Per chunk: one read from the upstream plus a drain of what else is buffered (joined into one
+    send), a :class:`StreamTally` scan for the end marker and usage, an inter-chunk histogram
+    sample, one send. The chunk that
     holds ``data: [DONE]`` is sent as the body's end (no separate empty send). A failure mid-stream
     becomes ``error_event`` and a clean close. ``complete`` gets the :class:`Outcome` at the end.
     """
@@ -188,12 +189,16 @@ class SseRelay(Response):
                 ended = tally.done
                 await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
             last = time.perf_counter()
+            drain = routed.drain
             async for chunk in routed.rest:
                 if ended:
                     continue  # nothing follows [DONE]; the body is only read to its end
                 now = time.perf_counter()
                 observe_gap(now - last)
                 last = now
+                more = drain()  # chunks that came meanwhile go out in the same send
+                if more:
+                    chunk += more
                 tally.feed(chunk)
                 ended = tally.done
                 await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
