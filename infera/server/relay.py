@@ -154,9 +154,9 @@ class SseRelay(Response):
 
     Per chunk: one read from the upstream plus a drain of what else is buffered (joined into one
     send), a :class:`StreamTally` scan for the end marker and usage, an inter-chunk histogram
-    sample, one send. The chunk that
-    holds ``data: [DONE]`` is sent as the body's end (no separate empty send). A failure mid-stream
-    becomes ``error_event`` and a clean close. ``complete`` gets the :class:`Outcome` at the end.
+    sample, one send. The chunk that holds ``data: [DONE]`` is sent as the body's end (no separate
+    empty send). A failure mid-stream becomes ``error_event`` and a clean close. ``complete`` gets
+    the :class:`Outcome` at the end.
     """
 
     media_type = "text/event-stream"
@@ -203,11 +203,10 @@ class SseRelay(Response):
                 ended = tally.done
                 await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
         except UpstreamError as exc:
-            if not watch.left:
+            if not watch.left and not ended:  # after [DONE] the client has its whole answer already
                 status = "stream_error"
-                if not ended:
-                    ended = True
-                    await send({"type": "http.response.body", "body": self._error_event(exc), "more_body": False})
+                ended = True
+                await send({"type": "http.response.body", "body": self._error_event(exc), "more_body": False})
         except asyncio.CancelledError:
             status = "499"
             raise

@@ -202,6 +202,19 @@ async def test_models_health_workers_and_metrics(one: tuple[App, httpx.AsyncClie
     assert 'infera_routing_decisions_total{policy="round-robin"' in text
 
 
+async def test_openai_requests_and_tokens_are_counted_once_each(one: tuple[App, httpx.AsyncClient]) -> None:
+    _, client = one
+    await client.post("/v1/chat/completions", json=CHAT)
+    await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    text = (await client.get("/metrics")).text
+    # the relay saw [DONE]: the stream counts as a 200, not "incomplete"
+    assert 'infera_requests_total{endpoint="/v1/chat/completions",status="200"} 2.0' in text
+    assert "incomplete" not in text
+    # usage: 3 + 3 prompt tokens; 1 (whole body) + 2 (two streamed words) completion tokens
+    assert 'infera_tokens_total{endpoint="/v1/chat/completions",kind="prompt"} 6.0' in text
+    assert 'infera_tokens_total{endpoint="/v1/chat/completions",kind="completion"} 3.0' in text
+
+
 # ---- client disconnects ----------------------------------------------------------------------------
 
 async def leave_after_first_chunk(app: App, path: str, body: dict[str, Any]) -> list[bytes]:
