@@ -187,6 +187,8 @@ class SseRelay(Response):
             if chunk:
                 tally.feed(chunk)
                 ended = tally.done
+                if ended:
+                    self._finishing()
                 await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
             last = time.perf_counter()
             drain = routed.drain
@@ -201,6 +203,8 @@ class SseRelay(Response):
                     chunk += more
                 tally.feed(chunk)
                 ended = tally.done
+                if ended:
+                    self._finishing()
                 await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
         except UpstreamError as exc:
             if not watch.left and not ended:  # after [DONE] the client has its whole answer already
@@ -213,10 +217,18 @@ class SseRelay(Response):
         finally:
             watch.stop()
             routed.close()
-            if watch.left:
+            if watch.left and not tally.done:
                 status = "499"
             elif status == "200" and not tally.done:
                 status = "incomplete"
             self._complete(Outcome(self._path, status, self._started, tally.usage()))
         if not ended:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _finishing(self) -> None:
+        """The [DONE] chunk is about to end the response: stop watching the client first. Once a
+        response is complete, ASGI's receive() reports a disconnect, which must not close the
+        upstream (the rest is read to its end so the connection goes back to the pool) nor count
+        the request as abandoned."""
+        self._watch.then(None)
+        self._watch.stop()

@@ -242,6 +242,40 @@ async def leave_after_first_chunk(app: App, path: str, body: dict[str, Any]) -> 
     return sent
 
 
+async def test_a_stream_that_ended_is_not_abandoned_when_receive_reports_the_end() -> None:
+    # uvicorn's receive() answers http.disconnect once the response is complete: the relay, which
+    # ends the response with the [DONE] chunk and then reads the upstream to its end, must not
+    # take that for a client that left (closing the upstream, counting a 499).
+    app = App(worker("w1"))
+    complete = asyncio.Event()
+    request = [{"type": "http.request", "body": orjson.dumps({**CHAT, "stream": True}), "more_body": False}]
+    sent: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        if request:
+            return request.pop()
+        await complete.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            sent.append(message.get("body", b""))
+            if not message.get("more_body"):
+                complete.set()
+
+    path = "/v1/chat/completions"
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"host", b"infera")],
+             "client": ("127.0.0.1", 1), "server": ("infera", 80)}
+    await asyncio.wait_for(app.app(scope, receive, send), timeout=10)
+    assert b"".join(sent).endswith(b"data: [DONE]\n\n")
+    async with app.client() as client:
+        text = (await client.get("/metrics")).text
+    assert 'infera_requests_total{endpoint="/v1/chat/completions",status="200"} 1.0' in text
+    assert app.idle()
+
+
 @pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions", {**CHAT, "stream": True}),
                                             ("/v1/messages", {**MESSAGES, "stream": True})])
 async def test_a_client_that_leaves_mid_stream_releases_the_worker(path: str, body: dict[str, Any]) -> None:
