@@ -10,6 +10,8 @@ Side by side in one run, on fresh engines each time, the scenarios are:
   rr          one infera frontend, --router-policy round-robin
   kv          one infera frontend, --router-policy kv-aware
   kv-x2       two kv-aware frontends over the same engines, clients alternating between them
+  rr-p2/kv-p2 one frontend with --workers 2 (two serving processes on one port, SO_REUSEPORT);
+              router CPU = the supervisor's and both processes'
   sgl-rr/-ca  sglang-router (PyPI, its own venv) round_robin / cache_aware   (bench/peers.py)
   vllm-rr/-ca vllm-router (PyPI, its own venv) round_robin / cache_aware
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -40,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import peers
 from bench.common import (
     PLOTS,
+    PYTHON,
     Proc,
     chat_body,
     default_tokenizer_dir,
@@ -55,16 +59,19 @@ from bench.common import (
     stop_all,
     write_results,
 )
+from harness import free_port, frontend_argv
 
 MODEL = "bench-model"
-SCENARIOS = ("direct", "direct-2", "rr", "kv", "kv-x2", "sgl-rr", "sgl-ca", "vllm-rr", "vllm-ca")
+SCENARIOS = ("direct", "direct-2", "rr", "kv", "kv-x2", "rr-p2", "kv-p2", "sgl-rr", "sgl-ca", "vllm-rr", "vllm-ca")
 FLOORS = ("direct", "direct-2")
 # scenario -> (router: infera or a peer package, policy, number of router processes)
 FRONTENDS: dict[str, tuple[str, str | None, int]] = {
     "direct": ("", None, 0), "direct-2": ("", None, 0), "rr": ("infera", "round-robin", 1),
     "kv": ("infera", "kv-aware", 1), "kv-x2": ("infera", "kv-aware", 2),
+    "rr-p2": ("infera", "round-robin", 1), "kv-p2": ("infera", "kv-aware", 1),
     "sgl-rr": ("sglang-router", "round_robin", 1), "sgl-ca": ("sglang-router", "cache_aware", 1),
     "vllm-rr": ("vllm-router", "round_robin", 1), "vllm-ca": ("vllm-router", "cache_aware", 1)}
+PROCESSES = {"rr-p2": 2, "kv-p2": 2}  # scenario -> --workers of its one frontend
 CELLS = [(False, 1), (True, 1), (False, 32), (True, 32)]  # (stream, concurrency)
 METRIC_PREFIXES = ("infera_routing_decisions", "infera_kv_event_batches", "infera_kv_event_gaps",
                    "infera_kv_indexed_blocks", "infera_kv_events_stale", "infera_routed_prompt_overlap_fraction_sum",
@@ -95,12 +102,12 @@ async def _measure_scenario(name: str, engines: list[Proc], fronts: list[Proc], 
                 raise RuntimeError(f"{name}: warm-up errors ({res.errors}): {res.first_error}")
         for stream, conc in CELLS:
             n = args.n1 if conc == 1 else args.n32
-            f0 = [f.cpu() for f in fronts]
+            f0 = [_tree_cpu(f) for f in fronts]
             e0 = [e.cpu() for e in engines]
             s0 = time.process_time()
             res = await run_load(session, urls, bodies[stream], conc, n, args.cell_time_limit, offset=offset + 1000)
             s1 = time.process_time()
-            front_cpu = sum(f.cpu() - c for f, c in zip(fronts, f0, strict=True))
+            front_cpu = sum(_tree_cpu(f) - c for f, c in zip(fronts, f0, strict=True))
             engine_cpu = sum(e.cpu() - c for e, c in zip(engines, e0, strict=True))
             ok = max(res.ok, 1)
             out["cells"].append({
@@ -114,6 +121,28 @@ async def _measure_scenario(name: str, engines: list[Proc], fronts: list[Proc], 
     return out
 
 
+def _tree_pids(proc: Proc) -> list[int]:
+    """``proc``'s pid and its live children's (a --workers supervisor's serving processes)."""
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    except OSError:
+        children = []
+    return [proc.pid, *(int(c) for c in children)]
+
+
+def _tree_cpu(proc: Proc) -> float:
+    """CPU seconds of ``proc`` and its live children."""
+    total = proc.cpu()
+    for pid in _tree_pids(proc)[1:]:
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def _scrape(front: Proc) -> list[str]:
     status, body = http_get(front.url + "/metrics", timeout=5)
     if status != 200:
@@ -125,7 +154,12 @@ def _start_fronts(name: str, engines: list[Proc], tok: Path, log_dir: Path, peer
     kind, policy, n_fronts = FRONTENDS[name]
     if policy is None:
         return []
-    if kind == "infera":
+    if kind == "infera" and name in PROCESSES:
+        port = free_port()
+        argv = frontend_argv(port, [e.url for e in engines], tokenizer=tok, policy=policy, python=PYTHON,
+                             args=("--log-level", "warning", "--workers", str(PROCESSES[name])))
+        fronts = [Proc("frontend-0", argv, port, log_dir / "frontend-0.log")]
+    elif kind == "infera":
         fronts = [frontend(f"frontend-{i}", tok, policy, engines, log_dir) for i in range(n_fronts)]
     else:
         fronts = [peers.router(peer_set[kind], policy, [e.url for e in engines], log_dir, tok)]
@@ -157,7 +191,7 @@ def run_scenario(name: str, r: int, args: argparse.Namespace, tok: Path, log_dir
         result["wall_s"] = time.monotonic() - t0
         result["router_pids"] = [f.pid for f in fronts]
         result["router_metrics"] = [_scrape(f) for f in fronts] if FRONTENDS[name][0] == "infera" else []
-        result["router_rss_mb"] = [_rss_mb(f.pid) for f in fronts]
+        result["router_rss_mb"] = [_rss_mb(pid) for f in fronts for pid in _tree_pids(f)]
         return result
     finally:
         stop_all([*fronts, *engines])

@@ -157,6 +157,8 @@ class FakeTransport:
                 yield chunk
             if stall_after:
                 await gate.wait()
+            for _ in range(5):  # like a socket's, the body's end comes some loop turns after its last bytes
+                await asyncio.sleep(0)
 
         def close() -> None:
             nonlocal closed

@@ -25,6 +25,8 @@ BILLING_HEADER_PATTERN = r"(?m)^x-anthropic-billing-header:[^\n]*\n?"
 class ServerSettings:
     host: str = option("0.0.0.0", "address to listen on")
     port: int = option(8000, "port to listen on")
+    workers: int = option(1, "serving processes sharing --port (SO_REUSEPORT, Linux), one core each; every "
+                             "process has its own fleet view, KV-event subscriptions and /metrics")
     router_mode: str = option("auto", "auto: pick in-process; direct: obey the x-worker-instance-id header",
                               choices=ROUTER_MODES)
     router_policy: str = option("kv-aware", "how auto mode scores workers", choices=ROUTER_POLICIES)
@@ -138,3 +140,5 @@ class ServerSettings:
             raise ConfigError("--client-header-timeout and --client-body-timeout must be >= 0")
         if self.max_body_bytes <= 0:
             raise ConfigError("--max-body-bytes must be > 0")
+        if self.workers < 1:
+            raise ConfigError("--workers must be >= 1")

@@ -10,8 +10,10 @@ from infera.transport.base import UpstreamResponse
 class RoutedResponse:
     """A worker's response with its first body chunk already in hand.
 
-    Iterate :meth:`chunks` exactly once; the ticket(s) are released and the upstream closed
-    when iteration ends, fails or is abandoned (client disconnect). For a disaggregated
+    Read the body once, either way: iterate :meth:`chunks` (it closes the response when it
+    ends, fails or is abandoned), or take :attr:`first`, then :meth:`drain` and :attr:`rest`
+    directly (the relay's way: no generator per chunk) and call :meth:`close` at the end.
+    Closing releases the ticket(s) and the upstream; it is idempotent. For a disaggregated
     request this is the decode worker's response and ``prefill_worker_id`` names the
     prefill worker that computed the prompt.
     """
@@ -22,22 +24,26 @@ class RoutedResponse:
         self.prefill_worker_id = prefill_worker_id
         self.status = upstream.status
         self.content_type = upstream.content_type
+        self.first = first  # b"" for an empty body
+        self.rest: AsyncIterator[bytes] = upstream.body  # the chunks after the first
+        self.drain = upstream.drain  # () -> bytes already received after the first, without waiting
         self._upstream = upstream
-        self._first = first
-        self._finish = finish
+        self._finish: Callable[[], None] | None = finish
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
-            if self._first:
-                yield self._first
-            async for chunk in self._upstream.body:
+            if self.first:
+                yield self.first
+            async for chunk in self.rest:
                 yield chunk
         finally:
             self.close()
 
     def close(self) -> None:
         self._upstream.close()
-        self._finish()
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish()
 
 
 async def _nothing() -> AsyncIterator[bytes]:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gc
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 
 import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.config import STARTUP_FAILURE
 
 from infera.config import load
 from infera.config.base import ConfigError
@@ -19,6 +21,7 @@ from infera.router.policies import selectable
 from infera.server.app import build_app, install_operations
 from infera.server.deadlines import with_deadlines
 from infera.server.drain import DrainingServer, DrainMiddleware, DrainState
+from infera.server.processes import listen, supervise
 from infera.telemetry.setup import build_telemetry, configure_logging
 
 log = logging.getLogger("infera.server")
@@ -72,22 +75,41 @@ def build(settings: ServerSettings) -> FastAPI:
     return app
 
 
+def serve(app: FastAPI, settings: ServerSettings, sock: socket.socket | None = None) -> int:
+    """Serve ``app`` on ``sock`` (a listening socket, one of --workers), else on --host:--port, with the
+    client deadlines (server/deadlines.py) and, on SIGTERM, a graceful drain (server/drain.py); returns at
+    shutdown."""
+    drain = DrainState()
+    protocol = with_deadlines(settings.client_header_timeout, settings.client_body_timeout)
+    config = uvicorn.Config(DrainMiddleware(app, drain), host=settings.host, port=settings.port, loop="uvloop",
+                            http=protocol, log_level="warning", access_log=False)
+    server = DrainingServer(config, drain, settings.drain_seconds)
+    server.run(sockets=[sock] if sock is not None else None)
+    return 0 if server.started else STARTUP_FAILURE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings = load(ServerSettings, argv, prog="python -m infera.server",
                     description="infera frontend: OpenAI-compatible API and KV-aware router",
                     choices=registry_choices())
     configure_logging(settings.log_level, settings.log_format)
+    if settings.workers > 1:
+        try:
+            socks = listen(settings.host, settings.port, settings.workers)
+        except OSError as exc:
+            print(f"infera.server: error: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+            return 2
+        return supervise(socks, lambda sock: _build_and_serve(settings, sock))
+    return _build_and_serve(settings, None)
+
+
+def _build_and_serve(settings: ServerSettings, sock: socket.socket | None) -> int:
     try:
         app = build(settings)
     except (ConfigError, ValueError, OSError) as exc:
         print(f"infera.server: error: {exc}", file=sys.stderr)
         return 2
-    drain = DrainState()
-    protocol = with_deadlines(settings.client_header_timeout, settings.client_body_timeout)
-    config = uvicorn.Config(DrainMiddleware(app, drain), host=settings.host, port=settings.port, loop="uvloop",
-                            http=protocol, log_level="warning", access_log=False)
-    DrainingServer(config, drain, settings.drain_seconds).run()  # SIGTERM: a graceful drain (server/drain.py)
-    return 0
+    return serve(app, settings, sock)
 
 
 if __name__ == "__main__":

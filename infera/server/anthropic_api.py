@@ -38,6 +38,7 @@ from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
     PREFILL_HEADER,
     WORKER_HEADER,
+    ClientWatch,
     cancel,
     collect_or_disconnect,
     dispatch_or_disconnect,
@@ -155,16 +156,20 @@ class AnthropicHandlers:
         if parsed.stream:
             translator = StreamTranslator(message_id, parsed.model, parsed.stop_sequences)
             return await self._stream(request, req, headers, translator, started)
-        routed = await dispatch_or_disconnect(self.router, request, req, headers)
-        if routed is None:
-            return Response(status_code=499)
-        if isinstance(routed, RoutingError):
-            return anthropic_routing_error(routed)
-        self.metrics.ttft.labels(PATH).observe(time.perf_counter() - started)
+        watch = ClientWatch(request.receive)
         try:
-            collected = await collect_or_disconnect(request, routed)
-        except UpstreamError as exc:
-            return anthropic_error(exc.status, f"the worker failed before the response was complete: {exc}")
+            routed = await dispatch_or_disconnect(self.router, watch, req, headers)
+            if routed is None:
+                return Response(status_code=499)
+            if isinstance(routed, RoutingError):
+                return anthropic_routing_error(routed)
+            self.metrics.ttft.labels(PATH).observe(time.perf_counter() - started)
+            try:
+                collected = await collect_or_disconnect(watch, routed)
+            except UpstreamError as exc:
+                return anthropic_error(exc.status, f"the worker failed before the response was complete: {exc}")
+        finally:
+            watch.stop()
         if collected is None:
             return Response(status_code=499)
         if routed.status != 200:
@@ -202,10 +207,13 @@ class AnthropicHandlers:
         except RoutingError as exc:
             return anthropic_routing_error(exc)
         if routed.status != 200 or not routed.content_type.startswith("text/event-stream"):
+            watch = ClientWatch(request.receive)
             try:
-                collected = await collect_or_disconnect(request, routed)
+                collected = await collect_or_disconnect(watch, routed)
             except UpstreamError as exc:
                 return anthropic_error(exc.status, f"the worker failed: {exc}")
+            finally:
+                watch.stop()
             status = routed.status if routed.status != 200 else 502
             return anthropic_error(status, _engine_message(collected or b"the worker did not stream"))
         return self._sse(translator, dispatch, started, worker_headers(routed))

@@ -28,6 +28,9 @@ class ServerMetrics:
                              ["endpoint"], buckets=ITL_BUCKETS, registry=self.registry)
         self.e2e = Histogram("infera_request_duration_seconds", "Arrival to last byte",
                              ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.tokens = Counter("infera_tokens", "Tokens by endpoint and kind (prompt, completion, cached prompt), "
+                              "as the workers' usage objects report them", ["endpoint", "kind"],
+                              registry=self.registry)
         self.registry.register(_RouterCollector(router))
 
 

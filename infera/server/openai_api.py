@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import orjson
@@ -21,19 +20,23 @@ from infera.protocols.openai import (
     strip_system_nonces,
 )
 from infera.router.errors import RoutingError
-from infera.router.router import RoutedResponse, Router, RouteRequest
+from infera.router.router import Router, RouteRequest
 from infera.server.errors import openai_error, openai_routing_error
 from infera.server.intake import IntakeError, take
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
     PREFILL_HEADER,
     WORKER_HEADER,
+    ClientWatch,
+    Outcome,
+    SseRelay,
     collect_or_disconnect,
     dispatch_or_disconnect,
     forward_headers,
     worker_headers,
 )
-from infera.server.responses import JsonResponse, SseResponse
+from infera.server.responses import JsonResponse
+from infera.server.tally import StreamTally
 from infera.transport.base import UpstreamError
 
 
@@ -74,10 +77,23 @@ class OpenAIHandlers:
     async def _handle(self, request: Request, kind: Literal["chat", "completion"], path: str) -> Response:
         started = time.perf_counter()
         response = await self._route(request, kind, path, started)
-        if not isinstance(response, SseResponse):
-            self.metrics.requests.labels(path, str(response.status_code)).inc()
-            self.metrics.e2e.labels(path).observe(time.perf_counter() - started)
+        if not isinstance(response, SseRelay):  # a relay reports its own end to complete()
+            usage = StreamTally.of(bytes(response.body)).usage() if response.status_code == 200 else None
+            self.complete(Outcome(path, str(response.status_code), started, usage))
         return response
+
+    def complete(self, outcome: Outcome) -> None:
+        """The end of a request's accounting: status, duration and the engine's token counts."""
+        path = outcome.path
+        self.metrics.requests.labels(path, outcome.status).inc()
+        self.metrics.e2e.labels(path).observe(time.perf_counter() - outcome.started)
+        usage = outcome.usage
+        if usage is not None:
+            tokens = self.metrics.tokens
+            tokens.labels(path, "prompt").inc(usage.prompt_tokens)
+            tokens.labels(path, "completion").inc(usage.completion_tokens)
+            if usage.cached_tokens:
+                tokens.labels(path, "cached").inc(usage.cached_tokens)
 
     async def _route(self, request: Request, kind: Literal["chat", "completion"], path: str,
                      started: float) -> Response:
@@ -97,26 +113,27 @@ class OpenAIHandlers:
         req = RouteRequest(kind=kind, path=path, body=body, payload=payload, model=parsed.model,
                            max_tokens=parsed.output_limit(), worker_hint=request.headers.get(WORKER_HEADER),
                            prefill_hint=request.headers.get(PREFILL_HEADER))
-        routed = await dispatch_or_disconnect(self.router, request, req, forward_headers(request))
-        if routed is None:
-            return Response(status_code=499)
-        if isinstance(routed, RoutingError):
-            return openai_routing_error(routed)
-        self.metrics.ttft.labels(path).observe(time.perf_counter() - started)
-        out_headers = worker_headers(routed)
-        if routed.content_type.startswith("text/event-stream"):
-            gone: list[bool] = []
-
-            def client_left() -> None:
-                gone.append(True)
-                routed.close()
-
-            return SseResponse(self._relay(routed, path, started, gone), status_code=routed.status,
-                               headers=out_headers, on_disconnect=client_left)
+        watch = ClientWatch(request.receive)
+        relayed = False
         try:
-            collected = await collect_or_disconnect(request, routed)
-        except UpstreamError as exc:
-            return openai_error(exc.status, f"the worker failed before the response was complete: {exc}")
+            routed = await dispatch_or_disconnect(self.router, watch, req, forward_headers(request))
+            if routed is None:
+                return Response(status_code=499)
+            if isinstance(routed, RoutingError):
+                return openai_routing_error(routed)
+            self.metrics.ttft.labels(path).observe(time.perf_counter() - started)
+            out_headers = worker_headers(routed)
+            if routed.content_type.startswith("text/event-stream"):
+                relayed = True  # the relay stops the watch when the stream ends
+                return SseRelay(routed, watch, path, started, out_headers, _error_event,
+                                self.metrics.itl.labels(path).observe, self.complete)
+            try:
+                collected = await collect_or_disconnect(watch, routed)
+            except UpstreamError as exc:
+                return openai_error(exc.status, f"the worker failed before the response was complete: {exc}")
+        finally:
+            if not relayed:
+                watch.stop()
         if collected is None:
             return Response(status_code=499)
         return Response(collected, status_code=routed.status, media_type=routed.content_type,
@@ -125,32 +142,8 @@ class OpenAIHandlers:
     def _strip(self, payload: dict[str, Any], parsed: Any) -> bool:
         return strip_system_nonces(payload, self.patterns)
 
-    async def _relay(self, routed: RoutedResponse, path: str, started: float,
-                     gone: list[bool]) -> AsyncIterator[bytes]:
-        """Relay SSE bytes; a failure mid-stream becomes an error event and a clean close.
 
-        ``gone`` becomes non-empty when the client disconnected (the upstream is then closed).
-        """
-        status = str(routed.status)
-        last = time.perf_counter()
-        itl = self.metrics.itl.labels(path)
-        try:
-            async for chunk in routed.chunks():
-                now = time.perf_counter()
-                itl.observe(now - last)
-                last = now
-                yield chunk
-        except UpstreamError as exc:
-            if gone:
-                status = "499"
-                return
-            status = "stream_error"
-            event: dict[str, Any] = error_body(f"the worker failed mid-stream: {exc}", "upstream_error",
-                                               code=exc.status)
-            yield b"data: " + orjson.dumps(event) + b"\n\n"
-        except asyncio.CancelledError:
-            status = "499"
-            raise
-        finally:
-            self.metrics.requests.labels(path, "499" if gone else status).inc()
-            self.metrics.e2e.labels(path).observe(time.perf_counter() - started)
+def _error_event(exc: UpstreamError) -> bytes:
+    """A failure mid-stream, as the last SSE event of the stream."""
+    event = error_body(f"the worker failed mid-stream: {exc}", "upstream_error", code=exc.status)
+    return b"data: " + orjson.dumps(event) + b"\n\n"

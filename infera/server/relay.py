@@ -1,5 +1,6 @@
-"""What every inference endpoint shares, whatever API it speaks: routing that gives up when the
-client leaves, and collecting a whole response the same way.
+"""What every inference endpoint shares, whatever API it speaks: one watch on the client per
+request, routing that gives up when the client leaves, collecting a whole response, and the
+SSE relay that passes a worker's stream through untouched.
 
 Errors stay protocol neutral here (:class:`RoutingError`, :class:`UpstreamError`); each API
 module renders them in its own shape.
@@ -8,12 +9,18 @@ module renders them in its own shape.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
 
 from fastapi import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from infera.router.errors import RoutingError
 from infera.router.router import RoutedResponse, Router, RouteRequest
 from infera.server.responses import until_disconnect
+from infera.server.tally import StreamTally, Usage
 from infera.transport.base import UpstreamError
 
 FORWARD_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate")
@@ -39,26 +46,59 @@ def worker_headers(routed: RoutedResponse) -> dict[str, str]:
     return out
 
 
-async def dispatch_or_disconnect(router: Router, request: Request, req: RouteRequest,
-                                 headers: dict[str, str]) -> RoutedResponse | RoutingError | None:
-    """Dispatch, but give up (and release the worker) if the client goes away meanwhile (None).
+class ClientWatch:
+    """One task per request that waits for the client to go away, then calls what :meth:`then` set.
 
-    One watcher task per request whose completion cancels the dispatch: no ``asyncio.wait``
-    and no third task on the hot path.
+    The same watch serves the dispatch (cancel it) and then the response (close the upstream),
+    so a request never runs more than one watcher.
     """
+
+    __slots__ = ("_task", "_then", "left")
+
+    def __init__(self, receive: Receive) -> None:
+        self.left = False
+        self._then: Callable[[], None] | None = None
+        self._task = asyncio.ensure_future(until_disconnect(receive))
+        self._task.add_done_callback(self._fire)
+
+    def _fire(self, task: asyncio.Future[None]) -> None:
+        if task.cancelled():
+            return
+        self.left = True
+        then, self._then = self._then, None
+        if then is not None:
+            then()
+
+    def then(self, action: Callable[[], None] | None) -> None:
+        """Run ``action`` when the client leaves (now, if it has left already); None = nothing."""
+        self._then = action
+        if self.left and action is not None:
+            self._then = None
+            action()
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+async def dispatch_or_disconnect(router: Router, watch: ClientWatch, req: RouteRequest,
+                                 headers: dict[str, str]) -> RoutedResponse | RoutingError | None:
+    """Dispatch, but give up (and release the worker) if the client goes away meanwhile (None)."""
     dispatch = asyncio.ensure_future(router.dispatch(req, headers))
-    watcher = asyncio.ensure_future(until_disconnect(request.receive))
-    watcher.add_done_callback(lambda w: None if w.cancelled() else dispatch.cancel())
+
+    def give_up() -> None:
+        dispatch.cancel()
+
+    watch.then(give_up)
     try:
         return await dispatch
     except RoutingError as exc:
         return exc
     except asyncio.CancelledError:
-        if watcher.done() and not watcher.cancelled():
+        if watch.left and dispatch.cancelled():
             return None  # the client left; dispatch released what it held as it was cancelled
         raise
     finally:
-        watcher.cancel()
+        watch.then(None)
 
 
 async def cancel(task: asyncio.Future[RoutedResponse]) -> None:
@@ -74,19 +114,121 @@ async def cancel(task: asyncio.Future[RoutedResponse]) -> None:
         pass
 
 
-async def collect_or_disconnect(request: Request, routed: RoutedResponse) -> bytes | None:
+async def collect_or_disconnect(watch: ClientWatch, routed: RoutedResponse) -> bytes | None:
     """The whole response body, or None (upstream closed) if the client goes away first.
 
     Raises :class:`UpstreamError` when the worker fails before the body is complete.
     """
-    watcher = asyncio.ensure_future(until_disconnect(request.receive))
-    watcher.add_done_callback(lambda w: None if w.cancelled() else routed.close())
+    watch.then(routed.close)
     try:
-        body = b"".join([chunk async for chunk in routed.chunks()])
+        parts = [routed.first, routed.drain()]
+        async for chunk in routed.rest:
+            parts.append(chunk)
     except UpstreamError:
-        if watcher.done() and not watcher.cancelled():
+        if watch.left:
             return None
         raise
     finally:
-        watcher.cancel()
-    return None if watcher.done() and not watcher.cancelled() else body
+        watch.then(None)
+        routed.close()
+    return None if watch.left else b"".join(parts)
+
+
+@dataclasses.dataclass(slots=True)
+class Outcome:
+    """How a relayed response ended, for the endpoint's accounting.
+
+    ``status``: the HTTP status as text; "499" when the client left, "stream_error" when the
+    worker failed mid-stream, "incomplete" when a 200 stream ended without ``data: [DONE]``.
+    ``started``: ``time.perf_counter()`` at arrival. ``usage``: the engine's last usage object.
+    """
+
+    path: str
+    status: str
+    started: float
+    usage: Usage | None = None
+
+
+class SseRelay(Response):
+    """A worker's SSE stream relayed to the client as one coroutine, bytes untouched.
+
+    Per chunk: one read from the upstream plus a drain of what else is buffered (joined into one
+    send), a :class:`StreamTally` scan for the end marker and usage, an inter-chunk histogram
+    sample, one send. The chunk that holds ``data: [DONE]`` is sent as the body's end (no separate
+    empty send). A failure mid-stream becomes ``error_event`` and a clean close. ``complete`` gets
+    the :class:`Outcome` at the end.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, routed: RoutedResponse, watch: ClientWatch, path: str, started: float,
+                 headers: Mapping[str, str], error_event: Callable[[UpstreamError], bytes],
+                 observe_gap: Callable[[float], None], complete: Callable[[Outcome], None]) -> None:
+        self.status_code = routed.status
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", **headers})
+        self._routed = routed
+        self._watch = watch
+        self._path = path
+        self._started = started
+        self._error_event = error_event
+        self._observe_gap = observe_gap
+        self._complete = complete
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        routed, watch, observe_gap = self._routed, self._watch, self._observe_gap
+        tally = StreamTally()
+        status = str(routed.status)
+        ended = False
+        watch.then(routed.close)
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            chunk = routed.first + routed.drain()
+            if chunk:
+                tally.feed(chunk)
+                ended = tally.done
+                if ended:
+                    self._finishing()
+                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            last = time.perf_counter()
+            drain = routed.drain
+            async for chunk in routed.rest:
+                if ended:
+                    continue  # nothing follows [DONE]; the body is only read to its end
+                now = time.perf_counter()
+                observe_gap(now - last)
+                last = now
+                more = drain()  # chunks that came meanwhile go out in the same send
+                if more:
+                    chunk += more
+                tally.feed(chunk)
+                ended = tally.done
+                if ended:
+                    self._finishing()
+                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        except UpstreamError as exc:
+            if not watch.left and not ended:  # after [DONE] the client has its whole answer already
+                status = "stream_error"
+                ended = True
+                await send({"type": "http.response.body", "body": self._error_event(exc), "more_body": False})
+        except asyncio.CancelledError:
+            status = "499"
+            raise
+        finally:
+            watch.stop()
+            routed.close()
+            if watch.left and not tally.done:
+                status = "499"
+            elif status == "200" and not tally.done:
+                status = "incomplete"
+            self._complete(Outcome(self._path, status, self._started, tally.usage()))
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _finishing(self) -> None:
+        """The [DONE] chunk is about to end the response: stop watching the client first. Once a
+        response is complete, ASGI's receive() reports a disconnect, which must not close the
+        upstream (the rest is read to its end so the connection goes back to the pool) nor count
+        the request as abandoned."""
+        self._watch.then(None)
+        self._watch.stop()

@@ -24,18 +24,26 @@ class UpstreamError(Exception):
         self.before_first_byte = before_first_byte
 
 
+def nothing_buffered() -> bytes:
+    return b""
+
+
 @dataclasses.dataclass
 class UpstreamResponse:
     """A worker's answer whose status and headers have arrived; the body may still stream.
 
     ``body`` yields raw bytes as the worker sends them. ``close()`` must be called (it is
     idempotent) and aborts the upstream request if the body was not read to the end.
+    ``drain()`` returns, without waiting, body bytes already received but not yet yielded
+    (b"" when none, or when the transport cannot tell), so a relay can send them with the
+    chunk in hand; call it only between reads of ``body``.
     """
 
     status: int
     content_type: str
     body: AsyncIterator[bytes]
     close: Callable[[], None]
+    drain: Callable[[], bytes] = nothing_buffered
 
 
 class RequestTransport(Protocol):

@@ -15,14 +15,12 @@ stream forever.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
 import aiohttp
 
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import UpstreamError, UpstreamResponse
-
-_CHUNK = 64 * 1024
 
 
 class IdleExpired(Exception):
@@ -105,53 +103,86 @@ class HttpTransport:
             text = (await resp.read())[:300].decode("utf-8", "replace")
             resp.release()
             raise UpstreamError(f"worker {worker.instance_id} answered {resp.status}: {text}")
-        return UpstreamResponse(
-            status=resp.status,
-            content_type=resp.headers.get("Content-Type", "application/json"),
-            body=self._iter_body(resp, worker.instance_id, deadline),
-            close=resp.close,
-        )
+        reader = _Body(resp, worker.instance_id, deadline, self._first_byte_timeout, self._idle_timeout)
+        return UpstreamResponse(status=resp.status, content_type=resp.headers.get("Content-Type", "application/json"),
+                                body=reader, close=reader.close, drain=reader.drain)
 
-    async def _iter_body(self, resp: aiohttp.ClientResponse, worker_id: str,
-                         deadline: float | None) -> AsyncIterator[bytes]:
-        """The body's chunks; the first must come by ``deadline`` (loop time; None = no limit), and
-        each within the idle timeout of the one before (or of the headers, for the first)."""
-        chunks = resp.content.iter_any()
-        idle = self._idle_timeout
-        loop = asyncio.get_running_loop()
+class _Body:
+    """A response body as one async iterator over aiohttp's reader: no generator in between, so a
+    relayed chunk costs one ``readany`` (which already joins everything buffered).
+
+    The first chunk must come by ``deadline`` (loop time; None = no limit) and within the idle
+    timeout of the headers; each later one within the idle timeout of the read that waits for it
+    (one lazily re-armed timer per response, :class:`IdleWatch`). The connection goes back to the
+    pool at the end of the body or on a failure (``close`` covers abandonment).
+    """
+
+    __slots__ = ("_content", "_deadline", "_first", "_idle", "_loop", "_resp", "_timeout", "_watch", "_worker_id")
+
+    def __init__(self, resp: aiohttp.ClientResponse, worker_id: str, deadline: float | None, timeout: float,
+                 idle: float) -> None:
+        self._resp = resp
+        self._content = resp.content
+        self._worker_id = worker_id
+        self._loop = asyncio.get_running_loop()
+        self._idle = idle
+        if idle:
+            by_idle = self._loop.time() + idle
+            deadline = by_idle if deadline is None else min(deadline, by_idle)
+        self._deadline = deadline
+        self._timeout = timeout
+        self._first = True
+        self._watch: IdleWatch | None = None
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
         try:
-            first_by = min(deadline, loop.time() + idle) if deadline is not None and idle else (
-                deadline if deadline is not None else (loop.time() + idle if idle else None))
-            try:
-                async with asyncio.timeout_at(first_by):
-                    first = await anext(chunks)
-            except StopAsyncIteration:
-                return
-            except TimeoutError as exc:
-                raise UpstreamError(f"worker {worker_id} sent no first byte in time (first-byte timeout "
-                                    f"{self._first_byte_timeout:g}s, idle timeout {idle:g}s)", status=504) from exc
-            yield first
-            if not idle:
-                async for chunk in chunks:
-                    yield chunk
-                return
-            watch = IdleWatch(loop, idle, resp.content)
-            try:
-                while True:
-                    watch.waiting_since = loop.time()
-                    try:
-                        chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        return
-                    except IdleExpired as exc:
-                        raise UpstreamError(f"worker {worker_id} sent nothing for {idle:g}s mid-response "
-                                            "(--upstream-idle-timeout)", status=504,
-                                            before_first_byte=False) from exc
-                    watch.waiting_since = None
-                    yield chunk
-            finally:
-                watch.cancel()
+            if self._first:
+                self._first = False
+                try:
+                    async with asyncio.timeout_at(self._deadline):
+                        chunk = await self._content.readany()
+                except TimeoutError as exc:
+                    self._resp.release()
+                    raise UpstreamError(f"worker {self._worker_id} sent no first byte in time (first-byte timeout "
+                                        f"{self._timeout:g}s, idle timeout {self._idle:g}s)", status=504) from exc
+                if self._idle and chunk:
+                    self._watch = IdleWatch(self._loop, self._idle, self._content)
+            elif (watch := self._watch) is not None:
+                watch.waiting_since = self._loop.time()
+                chunk = await self._content.readany()
+                watch.waiting_since = None
+            else:
+                chunk = await self._content.readany()
+        except IdleExpired as exc:
+            self.close()
+            raise UpstreamError(f"worker {self._worker_id} sent nothing for {self._idle:g}s mid-response "
+                                "(--upstream-idle-timeout)", status=504, before_first_byte=False) from exc
         except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
-            raise UpstreamError(f"worker {worker_id} broke the stream: {exc}", before_first_byte=False) from exc
-        finally:
-            resp.release()
+            self._stop_watch()
+            self._resp.release()
+            raise UpstreamError(f"worker {self._worker_id} broke the stream: {exc}", before_first_byte=False) from exc
+        if not chunk:
+            self._stop_watch()
+            self._resp.release()
+            raise StopAsyncIteration
+        return chunk
+
+    def _stop_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    def close(self) -> None:
+        """Abandon the body: the timer stops and the connection is closed (not reused)."""
+        self._stop_watch()
+        self._resp.close()
+
+    def drain(self) -> bytes:
+        """What the reader holds already (b"" when nothing, or the body failed: the next read says how)."""
+        try:
+            return self._content.read_nowait()
+        except Exception:
+            return b""

@@ -45,7 +45,7 @@ _HOP_HEADERS = frozenset({"content-length", "host", "connection", "transfer-enco
 class _Call:
     """One request in flight: its reply frames, its deadline, and whether it has ended."""
 
-    __slots__ = ("cancel_subject", "deadline", "ended", "frames", "reply", "started", "worker_id")
+    __slots__ = ("cancel_subject", "deadline", "ended", "frames", "held", "reply", "started", "worker_id")
 
     def __init__(self, worker_id: str, cancel_subject: str, reply: str, deadline: float | None) -> None:
         self.worker_id = worker_id
@@ -55,6 +55,7 @@ class _Call:
         self.deadline = deadline
         self.ended = False
         self.started = False  # a body chunk has been handed out
+        self.held: Msg | UpstreamError | None = None  # taken from the queue by a drain, not yet read
 
 
 class NatsRequestTransport:
@@ -174,7 +175,7 @@ class NatsRequestTransport:
             self._close(call)
             raise
         return UpstreamResponse(status=status, content_type=content_type, body=self._frames(call),
-                                close=lambda: self._close(call))
+                                close=lambda: self._close(call), drain=lambda: self._drain(call))
 
     async def _next(self, call: _Call) -> bytes:
         """The next frame's bytes; raises UpstreamError on a failure, a FAIL frame or a timeout."""
@@ -183,8 +184,11 @@ class NatsRequestTransport:
         if call.deadline is not None and call.deadline - time.monotonic() < timeout:
             timeout, limit = max(0.0, call.deadline - time.monotonic()), "max duration"
         try:
-            async with asyncio.timeout(None if math.isinf(timeout) else timeout):
-                item = await call.frames.get()
+            if call.held is not None:
+                item, call.held = call.held, None
+            else:
+                async with asyncio.timeout(None if math.isinf(timeout) else timeout):
+                    item = await call.frames.get()
         except TimeoutError:
             self._close(call)
             seconds = self._idle if limit == "idle timeout" else self._max_duration
@@ -202,6 +206,24 @@ class NatsRequestTransport:
             raise UpstreamError(f"worker {call.worker_id}: {data[1:].decode('utf-8', 'replace')}",
                                 before_first_byte=not call.started)
         return data
+
+    def _drain(self, call: _Call) -> bytes:
+        """The data of the DATA frames queued already, joined, without waiting; the first frame of
+        any other kind (end, failure, error) is held for the next read, which handles it."""
+        frames = call.frames
+        if call.held is not None or frames.empty():
+            return b""
+        parts: list[bytes] = []
+        while not frames.empty():
+            item = frames.get_nowait()
+            if isinstance(item, UpstreamError) or item.headers or item.data[:1] != wire.DATA:
+                call.held = item
+                break
+            if len(item.data) > 1:
+                parts.append(item.data[1:])
+        if parts:
+            call.started = True
+        return b"".join(parts)
 
     async def _frames(self, call: _Call) -> AsyncIterator[bytes]:
         try:

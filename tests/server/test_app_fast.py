@@ -202,6 +202,19 @@ async def test_models_health_workers_and_metrics(one: tuple[App, httpx.AsyncClie
     assert 'infera_routing_decisions_total{policy="round-robin"' in text
 
 
+async def test_openai_requests_and_tokens_are_counted_once_each(one: tuple[App, httpx.AsyncClient]) -> None:
+    _, client = one
+    await client.post("/v1/chat/completions", json=CHAT)
+    await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    text = (await client.get("/metrics")).text
+    # the relay saw [DONE]: the stream counts as a 200, not "incomplete"
+    assert 'infera_requests_total{endpoint="/v1/chat/completions",status="200"} 2.0' in text
+    assert "incomplete" not in text
+    # usage: 3 + 3 prompt tokens; 1 (whole body) + 2 (two streamed words) completion tokens
+    assert 'infera_tokens_total{endpoint="/v1/chat/completions",kind="prompt"} 6.0' in text
+    assert 'infera_tokens_total{endpoint="/v1/chat/completions",kind="completion"} 3.0' in text
+
+
 # ---- client disconnects ----------------------------------------------------------------------------
 
 async def leave_after_first_chunk(app: App, path: str, body: dict[str, Any]) -> list[bytes]:
@@ -227,6 +240,40 @@ async def leave_after_first_chunk(app: App, path: str, body: dict[str, Any]) -> 
              "client": ("127.0.0.1", 1), "server": ("infera", 80)}
     await asyncio.wait_for(app.app(scope, receive, send), timeout=10)
     return sent
+
+
+async def test_a_stream_that_ended_is_not_abandoned_when_receive_reports_the_end() -> None:
+    # uvicorn's receive() answers http.disconnect once the response is complete: the relay, which
+    # ends the response with the [DONE] chunk and then reads the upstream to its end, must not
+    # take that for a client that left (closing the upstream, counting a 499).
+    app = App(worker("w1"))
+    complete = asyncio.Event()
+    request = [{"type": "http.request", "body": orjson.dumps({**CHAT, "stream": True}), "more_body": False}]
+    sent: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        if request:
+            return request.pop()
+        await complete.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            sent.append(message.get("body", b""))
+            if not message.get("more_body"):
+                complete.set()
+
+    path = "/v1/chat/completions"
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"host", b"infera")],
+             "client": ("127.0.0.1", 1), "server": ("infera", 80)}
+    await asyncio.wait_for(app.app(scope, receive, send), timeout=10)
+    assert b"".join(sent).endswith(b"data: [DONE]\n\n")
+    async with app.client() as client:
+        text = (await client.get("/metrics")).text
+    assert 'infera_requests_total{endpoint="/v1/chat/completions",status="200"} 1.0' in text
+    assert app.idle()
 
 
 @pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions", {**CHAT, "stream": True}),

@@ -105,3 +105,37 @@ async def test_the_idle_timeout_also_bounds_the_first_chunk() -> None:
 
 async def test_gaps_shorter_than_the_idle_timeout_pass() -> None:
     assert b"".join(await read_all(idle_timeout=2, then_hang=0.1)) == b"data: token\n\ndata: more\n\n"
+
+
+async def test_drain_and_reads_together_hand_over_every_byte_once() -> None:
+    parts = [b"data: %d\n\n" % i for i in range(50)]
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for part in parts:
+            await resp.write(part)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    transport = HttpTransport(connect_timeout=2, first_byte_timeout=5)
+    await transport.start()
+    try:
+        resp = await transport.send(WorkerRecord(instance_id="w", model="m", http_url=f"http://127.0.0.1:{port}"),
+                                    "/v1/chat/completions", b"{}", {})
+        got = [await anext(resp.body)]
+        async for chunk in resp.body:
+            got += [chunk, resp.drain()]
+        got.append(resp.drain())
+        resp.close()
+    finally:
+        await transport.stop()
+        await runner.cleanup()
+    assert b"".join(got) == b"".join(parts)

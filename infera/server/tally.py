@@ -1,0 +1,88 @@
+"""What the relay learns from an OpenAI response without parsing it: did the stream end with
+``data: [DONE]``, and what did the last ``usage`` object say.
+
+Each chunk is scanned with ``bytes.find`` (C speed, no per-event parse); a marker split across two
+chunks is caught by also scanning the seam (the previous chunk's last bytes + this chunk's first).
+Only the one event that carries a non-null usage is kept, and its token counts are read at the end.
+
+Why the markers cannot be faked by generated text: inside a JSON string a quote is escaped and a
+newline is ``\\n``, so ``"usage":`` (an unescaped quote before the colon) and a line that starts
+with ``data: [DONE]`` only occur as the SSE/JSON structure itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+DONE = b"\ndata: [DONE]"  # the end marker as a line of its own (the stream start counts as a line start)
+USAGE = b'"usage":'
+_SEAM = max(len(DONE), len(USAGE) + 5) - 1  # bytes kept from the previous chunk (+5: ' null' after the key)
+_KEEP = 4096  # most bytes kept of a usage event (a usage object is ~200 bytes)
+_FIELD = re.compile(rb'"(prompt_tokens|completion_tokens|cached_tokens)":\s*(\d+)')
+
+
+@dataclasses.dataclass(slots=True)
+class Usage:
+    """Token counts of one response, as the engine reported them (0 when it left a field out)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+def read_usage(event: bytes) -> Usage | None:
+    """The counts in the bytes that follow a ``"usage":`` key, up to the end of that event."""
+    end = event.find(b"\n\n")
+    if end >= 0:
+        event = event[:end]
+    fields = dict(_FIELD.findall(event))
+    if not fields:
+        return None
+    return Usage(int(fields.get(b"prompt_tokens", 0)), int(fields.get(b"completion_tokens", 0)),
+                 int(fields.get(b"cached_tokens", 0)))
+
+
+class StreamTally:
+    """Feed it every chunk of a response, in order; then read :attr:`done` and :meth:`usage`."""
+
+    __slots__ = ("_open", "_seam", "_usage", "done")
+
+    def __init__(self) -> None:
+        self.done = False
+        self._seam = b"\n"  # the stream starts at a line start
+        self._usage = b""  # bytes from the last non-null "usage": key on
+        self._open = False  # the kept usage event has not reached its end (b"\n\n") yet
+
+    @classmethod
+    def of(cls, body: bytes) -> StreamTally:
+        """The tally of a whole body (a non-streamed response: its usage)."""
+        tally = cls()
+        tally.feed(body)
+        return tally
+
+    def feed(self, chunk: bytes) -> None:
+        if self._open:
+            self._usage += chunk[:_KEEP - len(self._usage)]
+            self._open = b"\n\n" not in self._usage and len(self._usage) < _KEEP
+        seam = self._seam + chunk[:_SEAM]
+        if not self.done and (DONE in chunk or DONE in seam):
+            self.done = True
+        at = chunk.rfind(USAGE)
+        if at >= 0:
+            self._keep(chunk, at)
+        else:
+            at = seam.rfind(USAGE)
+            if at >= 0 and at + len(USAGE) > len(self._seam):  # the key crosses the seam
+                self._keep(seam + chunk[_SEAM:], at)
+        self._seam = chunk[-_SEAM:] if len(chunk) >= _SEAM else (self._seam + chunk)[-_SEAM:]
+
+    def _keep(self, data: bytes, at: int) -> None:
+        if data[at + len(USAGE):at + len(USAGE) + 5].lstrip().startswith(b"n"):
+            return  # "usage": null (SGLang sends it on every chunk)
+        self._usage = data[at:at + _KEEP]
+        self._open = b"\n\n" not in self._usage and len(self._usage) < _KEEP
+
+    def usage(self) -> Usage | None:
+        """The last non-null usage object's counts, or None when the response carried none."""
+        return read_usage(self._usage) if self._usage else None

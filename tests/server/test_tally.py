@@ -1,0 +1,82 @@
+"""The relay's tally finds the end marker and the usage object in raw SSE bytes, however split."""
+
+from __future__ import annotations
+
+import itertools
+
+import orjson
+import pytest
+
+from infera.server.tally import StreamTally, Usage
+
+HEAD = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+USAGE = {"prompt_tokens": 1234, "completion_tokens": 16, "total_tokens": 1250,
+         "prompt_tokens_details": {"cached_tokens": 1024}}
+
+
+def sse(obj: object) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def stream(*, usage: bool = True, done: bool = True, null_usage: bool = False, text: str = "hi") -> bytes:
+    extra = {"usage": None} if null_usage else {}
+    out = b"".join(sse({**HEAD, "choices": [{"index": 0, "delta": {"content": text}}], **extra}) for _ in range(5))
+    if usage:
+        out += sse({**HEAD, "choices": [], "usage": USAGE})
+    return out + (b"data: [DONE]\n\n" if done else b"")
+
+
+def tally_of(data: bytes, cuts: list[int]) -> StreamTally:
+    tally = StreamTally()
+    edges = [0, *sorted(cuts), len(data)]
+    for a, b in itertools.pairwise(edges):
+        if b > a:
+            tally.feed(data[a:b])
+    return tally
+
+
+def test_a_whole_stream_in_one_chunk() -> None:
+    tally = StreamTally.of(stream())
+    assert tally.done
+    assert tally.usage() == Usage(1234, 16, 1024)
+
+
+@pytest.mark.parametrize("null_usage", [False, True])
+def test_every_split_point_finds_the_marker_and_the_usage(null_usage: bool) -> None:
+    data = stream(null_usage=null_usage)
+    for cut in range(1, len(data)):
+        tally = tally_of(data, [cut])
+        assert tally.done, cut
+        assert tally.usage() == Usage(1234, 16, 1024), cut
+
+
+def test_byte_by_byte() -> None:
+    data = stream(null_usage=True)
+    tally = tally_of(data, list(range(1, len(data))))
+    assert tally.done and tally.usage() == Usage(1234, 16, 1024)
+
+
+def test_no_marker_no_usage() -> None:
+    data = stream(usage=False, done=False, null_usage=True)
+    for cut in range(1, len(data), 7):
+        tally = tally_of(data, [cut])
+        assert not tally.done and tally.usage() is None
+
+
+def test_generated_text_cannot_fake_either() -> None:
+    data = stream(usage=False, done=False, text='data: [DONE]\n\n"usage": {"prompt_tokens": 9}')
+    assert b"[DONE]" in data and b"usage" in data
+    tally = StreamTally.of(data)
+    assert not tally.done and tally.usage() is None
+
+
+def test_the_last_usage_wins() -> None:
+    first = sse({**HEAD, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    data = first + stream()
+    assert StreamTally.of(data).usage() == Usage(1234, 16, 1024)
+
+
+def test_a_non_streamed_body() -> None:
+    body = orjson.dumps({"id": "x", "choices": [{"message": {"content": "usage"}}], "usage": USAGE})
+    tally = StreamTally.of(body)
+    assert not tally.done and tally.usage() == Usage(1234, 16, 1024)
