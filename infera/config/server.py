@@ -79,6 +79,9 @@ class ServerSettings:
     client_body_timeout: float = option(60.0, "seconds a client may take to send a request's body once its "
                                               "headers are in; past it a 408 and the connection closed; "
                                               "0 = no limit")
+    keep_alive_timeout: int = option(75, "seconds an idle client connection is kept open for its next request; "
+                                         "longer than client pools' and load balancers' idle timeouts (60 s is "
+                                         "common), so a client never sends on a connection the server is closing")
     upstream_connect_timeout: float = option(5.0, "seconds to connect to a worker")
     upstream_first_byte_timeout: float = option(600.0, "HTTP requests: seconds to wait for a worker's first "
                                                        "response byte (then it counts as failed and may be "
@@ -136,6 +139,8 @@ class ServerSettings:
             raise ConfigError("--upstream-first-byte-timeout and --upstream-idle-timeout must be >= 0")
         if self.drain_seconds < 0:
             raise ConfigError("--drain-seconds must be >= 0")
+        if self.keep_alive_timeout < 1:
+            raise ConfigError("--keep-alive-timeout must be >= 1")
         if self.client_header_timeout < 0 or self.client_body_timeout < 0:
             raise ConfigError("--client-header-timeout and --client-body-timeout must be >= 0")
         if self.max_body_bytes <= 0:

@@ -75,15 +75,21 @@ def build(settings: ServerSettings) -> FastAPI:
     return app
 
 
-def serve(app: FastAPI, settings: ServerSettings, sock: socket.socket | None = None) -> int:
-    """Serve ``app`` on ``sock`` (a listening socket, one of --workers), else on --host:--port, with the
-    client deadlines (server/deadlines.py) and, on SIGTERM, a graceful drain (server/drain.py); returns at
-    shutdown."""
+def server_for(app: ASGIApp, settings: ServerSettings) -> DrainingServer:
+    """uvicorn with the client deadlines (server/deadlines.py), --keep-alive-timeout and, on SIGTERM, a
+    graceful drain (server/drain.py)."""
     drain = DrainState()
     protocol = with_deadlines(settings.client_header_timeout, settings.client_body_timeout)
     config = uvicorn.Config(DrainMiddleware(app, drain), host=settings.host, port=settings.port, loop="uvloop",
-                            http=protocol, log_level="warning", access_log=False)
-    server = DrainingServer(config, drain, settings.drain_seconds)
+                            http=protocol, log_level="warning", access_log=False,
+                            timeout_keep_alive=settings.keep_alive_timeout)
+    return DrainingServer(config, drain, settings.drain_seconds)
+
+
+def serve(app: FastAPI, settings: ServerSettings, sock: socket.socket | None = None) -> int:
+    """Serve ``app`` on ``sock`` (a listening socket, one of --workers), else on --host:--port; returns at
+    shutdown."""
+    server = server_for(app, settings)
     server.run(sockets=[sock] if sock is not None else None)
     return 0 if server.started else STARTUP_FAILURE
 
