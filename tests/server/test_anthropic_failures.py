@@ -103,6 +103,7 @@ def test_no_workers_is_529_overloaded(tmp_path: Path, qwen_tokenizer_dir: Path) 
                 "model": MODEL, "max_tokens": 5, "stream": stream, "messages": [{"role": "user", "content": "x"}]})
             assert resp.status_code == 529
             assert resp.json() == {"type": "error", "error": {"type": "overloaded_error",
-                                                              "message": "no workers are available"}}
+                                                              "message": "no workers are available"},
+                                   "request_id": resp.headers["x-request-id"]}
     finally:
         frontend.stop()
