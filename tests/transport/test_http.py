@@ -4,7 +4,7 @@ and the idle timeout (a worker that stops sending mid-response fails the respons
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
@@ -12,6 +12,8 @@ from aiohttp import web
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import UpstreamError
 from infera.transport.http import HttpTransport
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 async def engine(first_chunk_after: float, then_hang: float = 0.0) -> AsyncIterator[str]:
@@ -26,6 +28,12 @@ async def engine(first_chunk_after: float, then_hang: float = 0.0) -> AsyncItera
         await resp.write_eof()
         return resp
 
+    async for url in serve(stream):
+        yield url
+
+
+async def serve(stream: Handler) -> AsyncIterator[str]:
+    """An engine on a free 127.0.0.1 port answering /v1/chat/completions with ``stream``; yields its URL."""
     app = web.Application()
     app.router.add_post("/v1/chat/completions", stream)
     runner = web.AppRunner(app)
@@ -118,24 +126,18 @@ async def test_drain_and_reads_together_hand_over_every_byte_once() -> None:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", stream)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    transport = HttpTransport(connect_timeout=2, first_byte_timeout=5)
-    await transport.start()
-    try:
-        resp = await transport.send(WorkerRecord(instance_id="w", model="m", http_url=f"http://127.0.0.1:{port}"),
-                                    "/v1/chat/completions", b"{}", {})
-        got = [await anext(resp.body)]
-        async for chunk in resp.body:
-            got += [chunk, resp.drain()]
-        got.append(resp.drain())
-        resp.close()
-    finally:
-        await transport.stop()
-        await runner.cleanup()
+    got: list[bytes] = []
+    async for url in serve(stream):
+        transport = HttpTransport(connect_timeout=2, first_byte_timeout=5)
+        await transport.start()
+        try:
+            resp = await transport.send(WorkerRecord(instance_id="w", model="m", http_url=url),
+                                        "/v1/chat/completions", b"{}", {})
+            got = [await anext(resp.body)]
+            async for chunk in resp.body:
+                got += [chunk, resp.drain()]
+            got.append(resp.drain())
+            resp.close()
+        finally:
+            await transport.stop()
     assert b"".join(got) == b"".join(parts)
