@@ -93,6 +93,28 @@ async def _send(session: Any, url: str, body: bytes) -> Outcome | str:
                    int(details.get("cached_tokens") or 0), int(usage.get("prompt_tokens") or 0))
 
 
+WARM_REQUESTS = 16  # concurrent throwaway requests through a router before its cell (see warm_up)
+
+
+async def warm_up(url: str, model: str, n: int = WARM_REQUESTS) -> int:
+    """Send ``n`` short unrelated requests at once through ``url`` and wait for them (their errors count).
+
+    The first cell after the engines (or a router) start paid for cold connections and first-use
+    initialisation: live, the same router's burst TTFT p50 was 249 ms as the first cell and 126 ms
+    as the second (bench/README.md, issue 14). Every cell is warmed the same way, then the engines'
+    prefix caches are reset, so the warm-up leaves no cached block behind.
+    """
+    import aiohttp
+
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        bodies = [orjson.dumps({"model": model, "max_tokens": 4, "stream": True,
+                                "messages": [{"role": "user", "content": f"warm-up {k}: say hello"}]})
+                  for k in range(n)]
+        got = await asyncio.gather(*(_send(session, url + "/v1/chat/completions", b) for b in bodies))
+    return sum(1 for g in got if not isinstance(g, Outcome))
+
+
 async def run_cell(url: str, w: Workload, model: str, engines: Sequence[str], time_limit: float) -> dict[str, Any]:
     """Play ``w`` against ``url``; return per-request outcomes, errors, in-flight samples, engine counters."""
     import aiohttp

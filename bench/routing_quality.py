@@ -41,7 +41,7 @@ from bench.common import (
     stop_all,
     write_results,
 )
-from bench.quality_load import reset_caches, run_cell
+from bench.quality_load import reset_caches, run_cell, warm_up
 
 MODEL = "bench-model"
 # router label -> (infera or a peer package, policy, extra flags)
@@ -122,6 +122,9 @@ def run_workload(w: workloads.Workload, names: list[str], order_shift: int, args
         routers = _start_routers(names, engines, tok, wdir, peer_set)
         order = names[order_shift % len(names):] + names[: order_shift % len(names)]
         for name in order:
+            failed = asyncio.run(warm_up(routers[name].url, MODEL))
+            if failed:
+                print(f"  warning: {failed} warm-up requests through {name} failed", file=sys.stderr)
             ok = asyncio.run(_reset([e.url for e in engines]))
             if not all(ok):
                 print(f"  warning: prefix-cache reset refused on some engine ({ok})", file=sys.stderr)
