@@ -59,6 +59,7 @@ PREFILL = (4.21e-7, 0.0152, 16.5)
 DECODE = (-25.74, 54.01, 5.74)
 DECODE_FLOOR_MS = 1.0
 EVICTION_WEIGHT = 0.5  # share of an evicted block's recompute charged to the request that evicts it
+OCCUPANCY_WEIGHT = 0.0  # share of this request's own prefill work charged again, as the time it holds w
 STALL_WEIGHT = 0.0  # weight of the stall term (KvTtftPolicy.stall_ms): 0.05 and 0.2 changed no TTFT p90 and
 # cost 0.001-0.003 of hit ratio on the Mooncake trace at 16 and 64 workers (bench/README.md), so it is off
 
@@ -138,6 +139,8 @@ class KvTtftPolicy:
     horizon = DECODE_HORIZON
     eviction_weight = EVICTION_WEIGHT
     stall_weight = STALL_WEIGHT
+    occupancy_weight = OCCUPANCY_WEIGHT
+    progress = False  # credit the prefill queued on w with the time w has been computing it
 
     def __init__(self, deps: PolicyDeps) -> None:
         self._index = deps.index
@@ -157,25 +160,8 @@ class KvTtftPolicy:
                 by_size[size] = found
             overlaps.append(found.get(cand.worker.instance_id, 0))
         scales = self._relative_scales(candidates)
-        costs: list[float] = []
-        for cand, overlap, scale in zip(candidates, overlaps, scales, strict=True):
-            wid = cand.worker.instance_id
-            size = cand.worker.kv_block_size
-            credit = cached_credit(self._index, wid, ctx.hashes(size), overlap)
-            own = max(0.0, ctx.prompt_tokens - credit * size)
-            decoding = self._load.decoding(wid)
-            ms = modelled_ms(self._weight, cand.prefill_tokens + own, decoding,
-                             cand.active_blocks, cand.worker.capacity.kv_blocks)
-            need = -(-int(own) // size) + -(-ctx.max_tokens // size)
-            after = cand.active_blocks + need
-            capacity = cand.worker.capacity.kv_blocks
-            ms += memory_wait_ms(after, capacity, ctx.max_tokens)
-            ms += self.horizon * decode_ms(1, 1, after, capacity)
-            if self.eviction_weight:
-                evicted = evicted_blocks(need, self._index.block_count(wid), cand.active_blocks, capacity)
-                ms += self.eviction_weight * self._weight * recompute_ms(evicted * size)
-            ms += self.stall_ms(cand.prefill_tokens, own, decoding)
-            costs.append(scale * ms)
+        costs = [scale * sum(self.terms(ctx, cand, overlap))
+                 for cand, overlap, scale in zip(candidates, overlaps, scales, strict=True)]
         best_overlap = max(overlaps, default=0)
         if best_overlap == 0:
             reason = "no-hit"
@@ -183,6 +169,35 @@ class KvTtftPolicy:
             cheapest = min(range(len(costs)), key=costs.__getitem__)
             reason = "cache-hit" if overlaps[cheapest] == best_overlap else "load"
         return Scores(costs=costs, reason=reason, overlap_blocks=overlaps)
+
+    def terms(self, ctx: RoutingContext, cand: Candidate, overlap: int) -> tuple[float, float, float, float, float,
+                                                                                  float, float]:
+        """The cost's terms on ``cand`` in modelled ms, before the speed scale: prefill (queued + own),
+        the decode batch's share of those steps, the wait for free blocks, the decode horizon, eviction,
+        stall and occupancy (their sum is the cost; the diagnostic bench/place_diag.py reads them one by one)."""
+        wid = cand.worker.instance_id
+        size = cand.worker.kv_block_size
+        credit = cached_credit(self._index, wid, ctx.hashes(size), overlap)
+        own = max(0.0, ctx.prompt_tokens - credit * size)
+        decoding = self._load.decoding(wid)
+        capacity = cand.worker.capacity.kv_blocks
+        tokens = cand.prefill_tokens + own
+        prefill = prefill_ms(tokens)
+        if self.progress and cand.prefill_tokens:
+            prefill = max(prefill - self._load.prefill_age(wid) * 1000.0, prefill_ms(own))
+        prefill *= self._weight
+        batch = decode_ms(tokens, decoding, cand.active_blocks, capacity)
+        need = -(-int(own) // size) + -(-ctx.max_tokens // size)
+        after = cand.active_blocks + need
+        memory = memory_wait_ms(after, capacity, ctx.max_tokens)
+        horizon = self.horizon * decode_ms(1, 1, after, capacity)
+        eviction = 0.0
+        if self.eviction_weight:
+            evicted = evicted_blocks(need, self._index.block_count(wid), cand.active_blocks, capacity)
+            eviction = self.eviction_weight * self._weight * recompute_ms(evicted * size)
+        occupancy = self.occupancy_weight * self._weight * recompute_ms(own) if self.occupancy_weight else 0.0
+        return (prefill, batch, memory, horizon, eviction, self.stall_ms(cand.prefill_tokens, own, decoding),
+                occupancy)
 
     def stall_ms(self, queued: float, own: float, decoding: int) -> float:
         """The stall term: :data:`STALL_WEIGHT` of the prefill already queued on the worker (``queued``

@@ -1,0 +1,94 @@
+"""Why kv-aware leaves a cached prefix: every routing decision of one simulated run, term by term.
+
+Runs ``infera.sim`` on the bench workloads with a kv-aware policy wrapped so that each decision
+records, for the chosen worker and the worker with the longest cached prefix (confirmed +
+predicted blocks), the cost's terms (``KvTtftPolicy.terms``). For the decisions that left the
+longest prefix (reason ``load``) it prints how many there were, the blocks of prefix they gave
+up (against the prompt blocks of the run), and which term paid for the move: the term whose
+difference (prefix holder minus chosen) is the largest.
+
+    .venv/bin/python bench/place_diag.py --quick --workers 4 --workloads tenants,multiturn
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from infera.engine.mock.timing import StepTimeModel
+from infera.router.base import Candidate, RoutingContext, Scores
+from infera.router.kv_ttft import KvTtftPolicy
+from infera.router.policies import POLICIES
+from infera.sim import workloads
+from infera.sim.engine import EngineConfig
+from infera.sim.fleet import FleetConfig, Simulation
+from infera.sim.metrics import summarize
+
+TERMS = ("prefill", "batch", "memory", "horizon", "eviction", "stall", "occupancy")
+
+
+def diagnosed(base: type[KvTtftPolicy], log: list[dict[str, Any]]) -> type[KvTtftPolicy]:
+    class Diagnosed(base):  # type: ignore[valid-type,misc]
+        def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
+            scores: Scores = super().score(ctx, candidates)
+            overlaps = scores.overlap_blocks or [0] * len(candidates)
+            low = min(scores.costs)
+            chosen = min((i for i, c in enumerate(scores.costs) if c - low <= 1e-9),
+                         key=lambda i: (candidates[i].in_flight, i))
+            holder = max(range(len(candidates)), key=lambda i: (overlaps[i], -scores.costs[i]))
+            size = candidates[0].worker.kv_block_size
+            row: dict[str, Any] = {"reason": scores.reason, "blocks": ctx.prompt_tokens // size,
+                                   "lost": overlaps[holder] - overlaps[chosen]}
+            if row["lost"] > 0:
+                a = self.terms(ctx, candidates[holder], overlaps[holder])
+                b = self.terms(ctx, candidates[chosen], overlaps[chosen])
+                # split prefill into the queue ahead and the own uncached part
+                diff = {t: x - y for t, x, y in zip(TERMS, a, b, strict=True)}
+                row["diff"] = diff
+                row["queued"] = (candidates[holder].prefill_tokens, candidates[chosen].prefill_tokens)
+                row["decoding"] = (self._load.decoding(candidates[holder].worker.instance_id),
+                                   self._load.decoding(candidates[chosen].worker.instance_id))
+            log.append(row)
+            return scores
+    return Diagnosed
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default="tenants,multiturn,agentic,burst")
+    ap.add_argument("--policy", default="kv-aware")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--kv-blocks", type=int, default=2048)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    engine = EngineConfig(num_blocks=args.kv_blocks, block_size=16, timing=StepTimeModel())
+    for name in args.workloads.split(","):
+        log: list[dict[str, Any]] = []
+        POLICIES["diag"] = diagnosed(POLICIES[args.policy], log)  # type: ignore[arg-type]
+        w = workloads.build(name, args.quick)
+        row = summarize(Simulation(w, FleetConfig(workers=args.workers, engine=engine, policy="diag")).run())
+        moved = [r for r in log if r["lost"] > 0]
+        blocks = sum(r["blocks"] for r in log)
+        lost = sum(r["lost"] for r in moved)
+        why = Counter(max(r["diff"], key=lambda t: r["diff"][t]) for r in moved)
+        mean = {t: sum(r["diff"][t] for r in moved) / max(len(moved), 1) for t in TERMS}
+        qh = sum(r["queued"][0] for r in moved) / max(len(moved), 1)
+        qc = sum(r["queued"][1] for r in moved) / max(len(moved), 1)
+        dh = sum(r["decoding"][0] for r in moved) / max(len(moved), 1)
+        dc = sum(r["decoding"][1] for r in moved) / max(len(moved), 1)
+        print(f"{name}: {len(log)} decisions, {len(moved)} left the longest prefix, giving up {lost} of {blocks} "
+              f"prompt blocks ({lost / max(blocks, 1):.1%}); hit {row['hit_ratio']:.3f}, TTFT p50/p90 "
+              f"{row['ttft_p50'] * 1000:.0f}/{row['ttft_p90'] * 1000:.0f} ms")
+        print(f"  deciding term (holder minus chosen, largest): {dict(why)}")
+        print("  mean difference ms: " + ", ".join(f"{t} {v:+.1f}" for t, v in mean.items()))
+        print(f"  mean queued prefill tokens holder/chosen {qh:.0f}/{qc:.0f}, decoding {dh:.1f}/{dc:.1f}")
+
+
+if __name__ == "__main__":
+    main()
