@@ -44,6 +44,18 @@ def _variants() -> None:
     for st in (0.02, 0.05, 0.1, 0.2):  # stall weight with the default eviction weight
         POLICIES[f"kv-aware-s{st:g}"] = type(f"KvTtft_s{st:g}", (KvTtftPolicy,), {"stall_weight": st})
 
+    for o in (0.1, 0.25, 0.5, 1.0, 2.0, 4.0):  # occupancy weight with the default eviction weight
+        POLICIES[f"kv-aware-o{o:g}"] = type(f"KvTtft_o{o:g}", (KvTtftPolicy,), {"occupancy_weight": o})
+
+    for h in (0, 1):  # horizon with the default eviction weight
+        POLICIES[f"kv-aware-h{h}e"] = type(f"KvTtft_h{h}e", (KvTtftPolicy,), {"horizon": h})
+        POLICIES[f"kv-aware-h{h}e-o0.25"] = type(f"KvTtft_h{h}e_o", (KvTtftPolicy,), {"horizon": h,
+                                                                                     "occupancy_weight": 0.25})
+    POLICIES["kv-aware-p"] = type("KvTtft_p", (KvTtftPolicy,), {"progress": True})
+    for o in (0.1, 0.25, 0.5):
+        POLICIES[f"kv-aware-p-o{o:g}"] = type(f"KvTtft_p_o{o:g}", (KvTtftPolicy,), {"progress": True,
+                                                                                  "occupancy_weight": o})
+
     def stall_batch(self: KvTtftPolicy, queued: float, own: float, decoding: int) -> float:
         """Alternative stall term: this request's prefill stalls each request decoding on the worker."""
         return self.stall_weight * self._weight * decoding * prefill_ms(own)
@@ -75,6 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scale", type=int, default=8, help="trace: divide lengths and the 512-token block by this")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--limit", type=int, default=0, help="trace: first N requests only")
+    ap.add_argument("--max-tokens", type=int, default=0,
+                    help="workloads: cut every output to this many tokens (the live bench runs 32; the prompts'"
+                         " histories keep the workload's replies, as the live bench's synthetic ones)")
     ap.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival times by this")
     args = ap.parse_args(argv)
     _variants()
@@ -88,6 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         w = (load_mooncake(args.trace, args.scale, args.time_scale, args.limit, args.seed) if args.trace
              else workloads.build(name, args.quick, args.seed))
+        if args.max_tokens:
+            for s in w.sessions:
+                for t in s.turns:
+                    t.output = t.output[:args.max_tokens]
         rows = [run(w, p, args.workers, engine, args.kv_overlap_weight) for p in policies]
         doc = {"name": w.name, "label": w.label, "workers": args.workers, "requests": w.n_requests,
                "engine": {"num_blocks": engine.num_blocks, "block_size": engine.block_size},

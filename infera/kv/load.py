@@ -38,6 +38,7 @@ class _WorkerLoad:
     prefill_tokens: int = 0
     tail_blocks: int = 0
     prefilling: int = 0
+    busy_since: float = 0.0  # when the worker started on the prefill queued now (see LoadTracker.prefill_age)
     block_refs: dict[int, int] = dataclasses.field(default_factory=dict)
     ttfts: collections.deque[TtftSample] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=TTFT_SAMPLES))
@@ -68,6 +69,8 @@ class LoadTracker:
             load = self._load[worker_id] = _WorkerLoad()
         met = (load.prefill_tokens, load.in_flight - load.prefilling, len(load.block_refs) + load.tail_blocks)
         load.in_flight += 1
+        if not load.prefilling:
+            load.busy_since = self._clock()
         load.prefilling += 1
         load.prefill_tokens += prefill_tokens
         load.tail_blocks += tail_blocks
@@ -87,6 +90,7 @@ class LoadTracker:
             load.ttfts.append(TtftSample(self._clock() - ticket.started, queued, ticket.prefill_tokens,
                                          decoding, active))
             load.ttft_count += 1
+            load.busy_since = self._clock()
             self._settle(ticket)
 
     def _settle(self, ticket: Ticket) -> None:
@@ -119,6 +123,13 @@ class LoadTracker:
     def prefill_tokens(self, worker_id: str) -> int:
         load = self._load.get(worker_id)
         return load.prefill_tokens if load else 0
+
+    def prefill_age(self, worker_id: str) -> float:
+        """Seconds the worker has been computing the prefill queued on it now (0 with none queued):
+        since the request that found its queue empty was routed, or since its latest first token,
+        whichever is later (work done before that went to prompts no longer queued)."""
+        load = self._load.get(worker_id)
+        return max(0.0, self._clock() - load.busy_since) if load and load.prefilling else 0.0
 
     def decoding(self, worker_id: str) -> int:
         """In-flight requests past their first token: the worker's running decode batch, as routed."""

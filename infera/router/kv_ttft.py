@@ -1,6 +1,6 @@
 """KV-aware scoring by predicted time to first token: the ``kv-aware`` policy (issue 14).
 
-cost(w) = scale(w) * (kv_overlap_weight * (prefill_ms(w) + eviction_ms(w)) + decode_ms(w)),
+cost(w) = scale(w) * (kv_overlap_weight * (prefill_ms(w) + eviction_ms(w) + occupancy_ms(w)) + decode_ms(w)),
 in modelled ms (``kv_overlap_weight`` keeps its meaning: the weight of prefill work against decode load):
 
 - prefill_ms: the prefill work ahead of this request on w (the uncached prompt tokens of the
@@ -20,13 +20,25 @@ in modelled ms (``kv_overlap_weight`` keeps its meaning: the weight of prefill w
   to the fleet's median, bounded to 1/2..2 and
   typical within 1.5x of the median (a shared host's noise must not move load).
 
-The eviction term prices what the request costs the *other* requests on w (issue 14, chosen in
-the fleet simulator on the Mooncake trace; ``kv-aware-ttft`` is the cost without it):
+The eviction and occupancy terms price what the request costs the *other* requests on w (issue 14, chosen in
+the fleet simulator; ``kv-aware-ttft`` is the cost without them, ``kv-aware-eviction`` without occupancy):
 
 - eviction: when w's cache is full, the blocks of other prefixes it must evict to fit this
   request's uncached blocks (what is cached beyond w's free blocks, up to what no in-flight
   request pins), priced as :data:`EVICTION_WEIGHT` of recomputing them. Without it, placement
   keeps overflowing the worker that holds a popular first block and evicts live conversations.
+- occupancy: :data:`OCCUPANCY_WEIGHT` of this request's own prefill work on w (its uncached tokens,
+  without the per-step constant): the time it holds w's steps from the requests that come after it.
+  The TTFT alone is one request's view: a returning session whose worker decodes two others
+  looked a few ms faster on an idle worker (the decode batch's share of the step and the decode
+  horizon at w's higher KV usage), so it moved and recomputed its whole prefix, which then
+  delayed whoever came next there, and its copy cost hits (live, multi-turn: 10 such moves of
+  120 requests, 5 points of hit ratio; tenants: the second request of a tenant whose prompt was
+  still being computed). The term makes a move pay for its recompute; it is the same on every
+  worker when nothing is cached, so least-work-first and the spread of unique prompts stay.
+- progress (off: :attr:`KvTtftPolicy.progress`): credit the prefill queued on w with the time w has
+  been computing it (``LoadTracker.prefill_age``); measured, it gathered staggered bursts and helped
+  tenants, but cost TTFT p90 on bursts in the simulator (bench/README.md); kept for study.
 - stall (off by default, :data:`STALL_WEIGHT` 0): a share of the modelled prefill already
   queued on w, once more (the queued prompts share steps with w's decoding streams and stall
   them). Measured at 0.05 and 0.2 it changed nothing but a little hit ratio; kept for study.
@@ -35,7 +47,8 @@ So a session stays where its blocks are until the queue there costs more than re
 its prompt elsewhere, a burst on a new prefix spreads while a second copy of the prefix is
 faster than waiting behind the first, and with nothing cached it is least-work-first.
 The previous cost (blocks of prefill plus blocks held by in-flight requests) is
-``kv-aware-blocks`` (:mod:`infera.router.kv_aware`).
+``kv-aware-blocks`` (:mod:`infera.router.kv_aware`); the cost without the occupancy term is
+``kv-aware-eviction``, and without eviction and occupancy ``kv-aware-ttft``.
 """
 
 from __future__ import annotations
@@ -59,7 +72,9 @@ PREFILL = (4.21e-7, 0.0152, 16.5)
 DECODE = (-25.74, 54.01, 5.74)
 DECODE_FLOOR_MS = 1.0
 EVICTION_WEIGHT = 0.5  # share of an evicted block's recompute charged to the request that evicts it
-OCCUPANCY_WEIGHT = 0.0  # share of this request's own prefill work charged again, as the time it holds w
+OCCUPANCY_WEIGHT = 0.25  # share of this request's own prefill work charged again: the time it holds w's steps
+# from the requests that come after it (chosen in bench/cost_sweep.py over 0.1-4: 0.25 is the least weight that
+# kept the tenants' and the live-sized multi-turn sessions where their prefix is; more loses agentic TTFT)
 STALL_WEIGHT = 0.0  # weight of the stall term (KvTtftPolicy.stall_ms): 0.05 and 0.2 changed no TTFT p90 and
 # cost 0.001-0.003 of hit ratio on the Mooncake trace at 16 and 64 workers (bench/README.md), so it is off
 
@@ -182,9 +197,10 @@ class KvTtftPolicy:
         decoding = self._load.decoding(wid)
         capacity = cand.worker.capacity.kv_blocks
         tokens = cand.prefill_tokens + own
-        prefill = prefill_ms(tokens)
-        if self.progress and cand.prefill_tokens:
-            prefill = max(prefill - self._load.prefill_age(wid) * 1000.0, prefill_ms(own))
+        age = self._load.prefill_age(wid) * 1000.0 if self.progress and cand.prefill_tokens else 0.0
+        # w has computed its queue for ``age`` ms: this request waits for the rest, then its own step; with
+        # nothing queued, or queued this very moment, one step computes the queue and this request
+        prefill = max(0.0, prefill_ms(cand.prefill_tokens) - age) + prefill_ms(own) if age > 0.0 else prefill_ms(tokens)
         prefill *= self._weight
         batch = decode_ms(tokens, decoding, cand.active_blocks, capacity)
         need = -(-int(own) // size) + -(-ctx.max_tokens // size)
@@ -248,8 +264,16 @@ class KvTtftPolicy:
         return sums
 
 
+class KvTtftEvictionPolicy(KvTtftPolicy):
+    """``kv-aware-eviction``: the cost without the occupancy term (the default before it)."""
+
+    occupancy_weight = 0.0
+
+
 class KvTtftOnlyPolicy(KvTtftPolicy):
-    """``kv-aware-ttft``: the predicted-TTFT cost without the eviction term (the default before)."""
+    """``kv-aware-ttft``: the predicted-TTFT cost without the eviction and occupancy terms (the default before
+    ``kv-aware-eviction``)."""
 
     eviction_weight = 0.0
     stall_weight = 0.0
+    occupancy_weight = 0.0

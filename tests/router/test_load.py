@@ -27,3 +27,19 @@ def test_forgotten_worker_does_not_corrupt_its_successor() -> None:
     assert load.in_flight("w") == 1 and load.active_blocks("w") == 2
     load.end(new)
     assert load.in_flight("w") == 0
+
+
+def test_prefill_age_counts_from_the_request_that_found_the_queue_empty_or_the_latest_first_token() -> None:
+    now = [10.0]
+    load = LoadTracker(clock=lambda: now[0])
+    assert load.prefill_age("w") == 0.0
+    a = load.begin("w", 1000, [], 1)
+    now[0] = 10.1
+    b = load.begin("w", 500, [], 1)  # joins a queue being computed: the age stays the first's
+    now[0] = 10.25
+    assert abs(load.prefill_age("w") - 0.25) < 1e-9
+    load.prefill_done(a)  # the work before this first token went to a prompt no longer queued
+    now[0] = 10.3
+    assert abs(load.prefill_age("w") - 0.05) < 1e-9
+    load.prefill_done(b)
+    assert load.prefill_age("w") == 0.0  # nothing queued
