@@ -44,8 +44,9 @@ the fleet simulator; ``kv-aware-ttft`` is the cost without them, ``kv-aware-evic
   them). Measured at 0.05 and 0.2 it changed nothing but a little hit ratio; kept for study.
 
 So a session stays where its blocks are until the queue there costs more than recomputing
-its prompt elsewhere, a burst on a new prefix spreads while a second copy of the prefix is
-faster than waiting behind the first, and with nothing cached it is least-work-first.
+its prompt elsewhere; a burst on a new prefix gathers on the worker computing it (a request in
+the same step shares its blocks, as vLLM's scheduler caches a block when it allocates it) until a
+second copy is faster even counting its recompute; with nothing cached it is least-work-first.
 The previous cost (blocks of prefill plus blocks held by in-flight requests) is
 ``kv-aware-blocks`` (:mod:`infera.router.kv_aware`); the cost without the occupancy term is
 ``kv-aware-eviction``, and without eviction and occupancy ``kv-aware-ttft``.

@@ -1,4 +1,4 @@
-"""The predicted-TTFT cost (kv-aware): sticky sessions, spread bursts, least work without a cache.
+"""The predicted-TTFT cost (kv-aware): sticky sessions, bursts gathered while it pays, least work without a cache.
 
 Each test drives the policy the way the router does: the router's own load accounting
 (:class:`LoadTracker`: a ticket per routed request, its prefill done at the first token) and
