@@ -33,6 +33,7 @@ from infera.router.errors import RoutingError
 from infera.router.router import RoutedResponse, Router, RouteRequest
 from infera.server.errors import ANTHROPIC_PREFIX as PATH
 from infera.server.errors import anthropic_error, anthropic_routing_error, anthropic_status, routing_status
+from infera.server.hot_routes import Endpoint
 from infera.server.intake import Intake, IntakeError, take
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
@@ -91,6 +92,10 @@ class AnthropicHandlers:
         api.add_api_route(PATH, self.messages, methods=["POST"])
         api.add_api_route(PATH + "/count_tokens", self.count_tokens, methods=["POST"])
         return api
+
+    def hot_routes(self) -> dict[str, Endpoint]:
+        """The routes served past FastAPI's routing stack (:mod:`infera.server.hot_routes`)."""
+        return {PATH: self.messages}
 
     # ---- requests ------------------------------------------------------------------------
 

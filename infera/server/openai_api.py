@@ -22,6 +22,7 @@ from infera.protocols.openai import (
 from infera.router.errors import RoutingError
 from infera.router.router import Router, RouteRequest
 from infera.server.errors import openai_error, openai_routing_error
+from infera.server.hot_routes import Endpoint
 from infera.server.intake import IntakeError, take
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
@@ -61,6 +62,10 @@ class OpenAIHandlers:
         api.add_route("/v1/completions", self.completions, methods=["POST"])
         api.add_api_route("/v1/models", self.list_models, methods=["GET"])
         return api
+
+    def hot_routes(self) -> dict[str, Endpoint]:
+        """The routes served past FastAPI's routing stack (:mod:`infera.server.hot_routes`)."""
+        return {"/v1/chat/completions": self.chat, "/v1/completions": self.completions}
 
     async def list_models(self) -> JsonResponse:
         created = int(time.time())
