@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=16)
     ap.add_argument("--turns", type=int, default=16)
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--policy", default="kv-aware", help="the frontend's --router-policy (round-robin: no prompt stage)")
+    ap.add_argument("--policy", default="kv-aware", help="the frontend's --router-policy (round-robin: no prompts)")
     ap.add_argument("--chunk-cost", action="store_true", help="measure the relay's cost per SSE chunk instead")
     args = ap.parse_args()
     pyspy = shutil.which("py-spy", path=str(Path(PYTHON).parent)) or shutil.which("py-spy")
