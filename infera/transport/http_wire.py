@@ -19,6 +19,7 @@ import contextlib
 import socket
 import ssl
 from collections.abc import Mapping
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -114,8 +115,7 @@ class Connection(asyncio.Protocol):
     # ---- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+import uvloop
 from aiohttp import web
 
 from infera.protocols.worker import WorkerRecord
@@ -257,3 +258,12 @@ async def test_no_answer_within_the_first_byte_timeout_is_a_504_and_the_connecti
         finally:
             await transport.stop()
     assert exc.value.status == 504 and exc.value.before_first_byte
+
+
+def test_under_uvloop_as_the_frontend_runs() -> None:
+    async def both() -> None:
+        await test_sequential_answers_reuse_one_connection_and_carry_the_request()
+        await test_a_streamed_answer_arrives_whole_and_in_order()
+        await test_an_abandoned_answer_closes_its_connection_and_never_leaks_into_the_next()
+
+    uvloop.run(both())
