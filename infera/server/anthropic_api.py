@@ -144,8 +144,8 @@ class AnthropicHandlers:
             log.exception("anthropic request failed")
             response = anthropic_error(500, f"internal error: {type(exc).__name__}")
         if not isinstance(response, SseResponse):
-            self.metrics.requests.labels(PATH, str(response.status_code)).inc()
-            self.metrics.e2e.labels(PATH).observe(time.perf_counter() - started)
+            self.metrics.of(self.metrics.requests, PATH, str(response.status_code)).inc()
+            self.metrics.of(self.metrics.e2e, PATH).observe(time.perf_counter() - started)
         return response
 
     async def _messages(self, request: Request, started: float) -> Response:
@@ -168,7 +168,7 @@ class AnthropicHandlers:
                 return Response(status_code=499)
             if isinstance(routed, RoutingError):
                 return anthropic_routing_error(routed)
-            self.metrics.ttft.labels(PATH).observe(time.perf_counter() - started)
+            self.metrics.of(self.metrics.ttft, PATH).observe(time.perf_counter() - started)
             try:
                 collected = await collect_or_disconnect(watch, routed)
             except UpstreamError as exc:
@@ -249,8 +249,8 @@ class AnthropicHandlers:
                 if not dispatch.done():
                     yield encode(PING)
             routed = await self._routed(dispatch)
-            self.metrics.ttft.labels(PATH).observe(time.perf_counter() - started)
-            itl = self.metrics.itl.labels(PATH)
+            self.metrics.of(self.metrics.ttft, PATH).observe(time.perf_counter() - started)
+            itl = self.metrics.of(self.metrics.itl, PATH)
             decoder = SseDecoder()
             last = time.perf_counter()
             async for chunk in routed.chunks():
@@ -279,8 +279,8 @@ class AnthropicHandlers:
             if routed is not None:
                 routed.close()
             await cancel(dispatch)
-            self.metrics.requests.labels(PATH, "499" if gone else status).inc()
-            self.metrics.e2e.labels(PATH).observe(time.perf_counter() - started)
+            self.metrics.of(self.metrics.requests, PATH, "499" if gone else status).inc()
+            self.metrics.of(self.metrics.e2e, PATH).observe(time.perf_counter() - started)
 
     async def _routed(self, dispatch: asyncio.Future[RoutedResponse]) -> RoutedResponse:
         """The dispatched response, or :class:`StreamError` for what must become an error event."""
