@@ -49,9 +49,8 @@ async def read_body(request: Request, limit: int) -> bytes:
         if key == b"content-length":
             declared = value
             break
-    too_large = IntakeError(413, f"request body exceeds {limit} bytes")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise _too_large(limit)
     receive = request.receive
     chunks: list[bytes] = []
     size = 0
@@ -63,11 +62,15 @@ async def read_body(request: Request, limit: int) -> bytes:
         if chunk:
             size += len(chunk)
             if size > limit:
-                raise too_large
+                raise _too_large(limit)
             chunks.append(chunk)
         if not message.get("more_body", False):
             break
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> IntakeError:
+    return IntakeError(413, f"request body exceeds {limit} bytes")
 
 
 async def take(request: Request, limit: int, schema: type[M], describe: Describe,
