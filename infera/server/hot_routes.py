@@ -4,7 +4,7 @@ A request to ``/v1/chat/completions`` through FastAPI passes eleven ASGI layers 
 handler runs (server-error, exception telemetry, body limit, the user middlewares, exception
 middleware, exit stack, the router's path matching over every route, the included router,
 the route, ``request_response`` and its exception wrapper), and each response message passes
-most of them again on the way out: ~6 % of the round-robin frontend's CPU. Here a POST whose
+most of them again on the way out: ~6 % of a round-robin frontend's profile samples. Here a POST whose
 path is a hot route goes to its handler through only what gives it a behaviour:
 
 - ``ServerErrorMiddleware`` with the app's ``Exception`` handler, outermost as in FastAPI (an
