@@ -119,6 +119,7 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=16)
     ap.add_argument("--turns", type=int, default=16)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--policy", default="kv-aware", help="the frontend's --router-policy (round-robin: no prompts)")
     ap.add_argument("--chunk-cost", action="store_true", help="measure the relay's cost per SSE chunk instead")
     args = ap.parse_args()
     pyspy = shutil.which("py-spy", path=str(Path(PYTHON).parent)) or shutil.which("py-spy")
@@ -133,7 +134,7 @@ def main() -> None:
             e.start()
         for e in engines:
             e.wait_ready("/infera/worker", 60)
-        front = frontend("frontend", tok, "kv-aware", engines, log_dir).start()
+        front = frontend("frontend", tok, args.policy, engines, log_dir).start()
         procs.append(front)
         front.wait_ready("/health", 90, frontend_ready(len(engines)))
         url = front.url + "/v1/chat/completions"

@@ -46,9 +46,10 @@ MODEL = "bench-model"
 CELLS = [(False, 1), (True, 1), (False, 16), (True, 16)]  # (stream, concurrency)
 
 
-def _front(name: str, engines: list[Proc], log_dir: Path, root: Path | None) -> Proc:
+def _front(name: str, engines: list[Proc], log_dir: Path, root: Path | None, policy: str, tok: Path) -> Proc:
     port = free_port()
-    argv = frontend_argv(port, [e.url for e in engines], policy="round-robin", python=PYTHON,
+    argv = frontend_argv(port, [e.url for e in engines], policy=policy, python=PYTHON,
+                         tokenizer=tok if policy != "round-robin" else "",
                          args=("--log-level", "warning"))
     if root is not None:  # run the exported package: first on sys.path, ahead of the working tree
         argv = [PYTHON, "-c", f"import sys, runpy; sys.path.insert(0, {str(root)!r}); "
@@ -74,6 +75,8 @@ def main() -> None:
     ap.add_argument("--ref", default="main", help="git ref of the 'before' frontend")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n", type=int, default=600, help="measured requests per cell")
+    ap.add_argument("--policy", default="round-robin", help="both frontends' --router-policy (kv-aware: with the "
+                    "prompt stage, the index and the mocks' KV events)")
     args = ap.parse_args()
     tok = default_tokenizer_dir()
     log_dir = Path(tempfile.mkdtemp(prefix="infera-bench-relay-ab-"))
@@ -84,7 +87,8 @@ def main() -> None:
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
     bodies = {s: [chat_body(i, MODEL, s, 64 if s else 8) for i in range(400)] for s in (False, True)}
     engines = [mock_engine(f"engine-{i}", tok, MODEL, log_dir) for i in range(2)]
-    fronts = {"before": _front("before", engines, log_dir, base), "after": _front("after", engines, log_dir, None)}
+    fronts = {"before": _front("before", engines, log_dir, base, args.policy, tok),
+              "after": _front("after", engines, log_dir, None, args.policy, tok)}
     out: dict[str, dict[str, list[dict[str, float]]]] = {k: {} for k in fronts}
     try:
         for p in engines:

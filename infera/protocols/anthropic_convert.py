@@ -26,6 +26,7 @@ from infera.protocols.anthropic import (
     ToolUseBlock,
     TranslationError,
 )
+from infera.protocols.nonces import strip_text
 
 # ---- requests: Anthropic -> OpenAI -------------------------------------------------------
 
@@ -49,9 +50,7 @@ def strip_system(req: CountTokensRequest, patterns: Sequence[re.Pattern[str]]) -
 
 
 def _strip(text: str, patterns: Sequence[re.Pattern[str]]) -> str:
-    for pattern in patterns:
-        text = pattern.sub("", text)
-    return text
+    return strip_text(text, patterns)
 
 
 def _parts(texts: Sequence[str]) -> str | list[dict[str, Any]]:

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from infera.protocols.nonces import strip_text
+
 __all__ = [
     "ChatCompletionRequest",
     "CompletionRequest",
@@ -114,6 +116,4 @@ def strip_system_nonces(payload: dict[str, Any], patterns: Sequence[re.Pattern[s
 
 
 def _strip(text: str, patterns: Sequence[re.Pattern[str]]) -> str:
-    for pattern in patterns:
-        text = pattern.sub("", text)
-    return text
+    return strip_text(text, patterns)

@@ -77,11 +77,12 @@ def build(settings: ServerSettings) -> FastAPI:
 
 def server_for(app: ASGIApp, settings: ServerSettings) -> DrainingServer:
     """uvicorn with the client deadlines (server/deadlines.py), --keep-alive-timeout and, on SIGTERM, a
-    graceful drain (server/drain.py)."""
+    graceful drain (server/drain.py). No proxy-headers middleware: nothing here reads the client's
+    address, and the spec has no trusted-proxy flag, so rewriting it per request would be pure cost."""
     drain = DrainState()
     protocol = with_deadlines(settings.client_header_timeout, settings.client_body_timeout)
     config = uvicorn.Config(DrainMiddleware(app, drain), host=settings.host, port=settings.port, loop="uvloop",
-                            http=protocol, log_level="warning", access_log=False,
+                            http=protocol, log_level="warning", access_log=False, proxy_headers=False,
                             timeout_keep_alive=settings.keep_alive_timeout)
     return DrainingServer(config, drain, settings.drain_seconds)
 

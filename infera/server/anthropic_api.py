@@ -33,6 +33,7 @@ from infera.router.errors import RoutingError
 from infera.router.router import RoutedResponse, Router, RouteRequest
 from infera.server.errors import ANTHROPIC_PREFIX as PATH
 from infera.server.errors import anthropic_error, anthropic_routing_error, anthropic_status, routing_status
+from infera.server.hot_routes import Endpoint
 from infera.server.intake import Intake, IntakeError, take
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
@@ -92,6 +93,10 @@ class AnthropicHandlers:
         api.add_api_route(PATH + "/count_tokens", self.count_tokens, methods=["POST"])
         return api
 
+    def hot_routes(self) -> dict[str, Endpoint]:
+        """The routes served past FastAPI's routing stack (:mod:`infera.server.hot_routes`)."""
+        return {PATH: self.messages}
+
     # ---- requests ------------------------------------------------------------------------
 
     async def _parse(self, request: Request, schema: type[Req]) -> Req | Response:
@@ -139,8 +144,8 @@ class AnthropicHandlers:
             log.exception("anthropic request failed")
             response = anthropic_error(500, f"internal error: {type(exc).__name__}")
         if not isinstance(response, SseResponse):
-            self.metrics.requests.labels(PATH, str(response.status_code)).inc()
-            self.metrics.e2e.labels(PATH).observe(time.perf_counter() - started)
+            self.metrics.of(self.metrics.requests, PATH, str(response.status_code)).inc()
+            self.metrics.of(self.metrics.e2e, PATH).observe(time.perf_counter() - started)
         return response
 
     async def _messages(self, request: Request, started: float) -> Response:
@@ -163,7 +168,7 @@ class AnthropicHandlers:
                 return Response(status_code=499)
             if isinstance(routed, RoutingError):
                 return anthropic_routing_error(routed)
-            self.metrics.ttft.labels(PATH).observe(time.perf_counter() - started)
+            self.metrics.of(self.metrics.ttft, PATH).observe(time.perf_counter() - started)
             try:
                 collected = await collect_or_disconnect(watch, routed)
             except UpstreamError as exc:
@@ -244,8 +249,8 @@ class AnthropicHandlers:
                 if not dispatch.done():
                     yield encode(PING)
             routed = await self._routed(dispatch)
-            self.metrics.ttft.labels(PATH).observe(time.perf_counter() - started)
-            itl = self.metrics.itl.labels(PATH)
+            self.metrics.of(self.metrics.ttft, PATH).observe(time.perf_counter() - started)
+            itl = self.metrics.of(self.metrics.itl, PATH)
             decoder = SseDecoder()
             last = time.perf_counter()
             async for chunk in routed.chunks():
@@ -274,8 +279,8 @@ class AnthropicHandlers:
             if routed is not None:
                 routed.close()
             await cancel(dispatch)
-            self.metrics.requests.labels(PATH, "499" if gone else status).inc()
-            self.metrics.e2e.labels(PATH).observe(time.perf_counter() - started)
+            self.metrics.of(self.metrics.requests, PATH, "499" if gone else status).inc()
+            self.metrics.of(self.metrics.e2e, PATH).observe(time.perf_counter() - started)
 
     async def _routed(self, dispatch: asyncio.Future[RoutedResponse]) -> RoutedResponse:
         """The dispatched response, or :class:`StreamError` for what must become an error event."""

@@ -14,6 +14,7 @@ from infera.server.admin import AdminHandlers
 from infera.server.anthropic_api import AnthropicHandlers
 from infera.server.auth import AdminTokenMiddleware
 from infera.server.errors import install_error_handlers
+from infera.server.hot_routes import InferaApp
 from infera.server.metrics import ServerMetrics
 from infera.server.observe import Observe
 from infera.server.openai_api import OpenAIHandlers
@@ -43,13 +44,16 @@ def build_app(router: Router, *, max_body_bytes: int, strip_patterns: Sequence[s
             for hook in on_stop:
                 await hook()
 
-    app = FastAPI(title="infera", version=__version__, lifespan=lifespan)
+    app = InferaApp(title="infera", version=__version__, lifespan=lifespan)
     metrics = ServerMetrics(router)
     app.state.router = router
     app.state.metrics = metrics
     install_error_handlers(app)
-    app.include_router(OpenAIHandlers(router, metrics, max_body_bytes, strip_patterns).routes())
-    app.include_router(AnthropicHandlers(router, metrics, max_body_bytes, strip_patterns).routes())
+    openai = OpenAIHandlers(router, metrics, max_body_bytes, strip_patterns)
+    anthropic = AnthropicHandlers(router, metrics, max_body_bytes, strip_patterns)
+    app.include_router(openai.routes())
+    app.include_router(anthropic.routes())
+    app.hot({**openai.hot_routes(), **anthropic.hot_routes()})  # POSTs skip FastAPI's routing stack
     app.include_router(AdminHandlers(router, metrics).routes())
     if telemetry is not None and telemetry.active:
         app.add_middleware(Observe, telemetry=telemetry)

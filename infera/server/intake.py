@@ -12,7 +12,6 @@ from typing import Any, Generic, TypeVar
 import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
-from starlette.requests import ClientDisconnect
 
 from infera.telemetry.record import clock_ns, current
 
@@ -41,22 +40,37 @@ class Intake(Generic[M]):
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing more than ``limit`` bytes without reading them all."""
-    declared = request.headers.get("content-length")
-    too_large = IntakeError(413, f"request body exceeds {limit} bytes")
+    """The request body, refusing more than ``limit`` bytes without reading them all.
+
+    Reads the ASGI messages directly (no stream generator); a body in one message, the usual
+    case, is returned as is."""
+    declared = None
+    for key, value in request.scope["headers"]:
+        if key == b"content-length":
+            declared = value
+            break
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise _too_large(limit)
+    receive = request.receive
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # gone, or cut off by --client-body-timeout: nobody reads the answer
+            raise IntakeError(499, "the client went away before its request body was complete")
+        chunk = message.get("body", b"")
+        if chunk:
             size += len(chunk)
             if size > limit:
-                raise too_large
+                raise _too_large(limit)
             chunks.append(chunk)
-    except ClientDisconnect as exc:  # gone, or cut off by --client-body-timeout: nobody reads the answer
-        raise IntakeError(499, "the client went away before its request body was complete") from exc
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> IntakeError:
+    return IntakeError(413, f"request body exceeds {limit} bytes")
 
 
 async def take(request: Request, limit: int, schema: type[M], describe: Describe,

@@ -22,6 +22,7 @@ from infera.protocols.openai import (
 from infera.router.errors import RoutingError
 from infera.router.router import Router, RouteRequest
 from infera.server.errors import openai_error, openai_routing_error
+from infera.server.hot_routes import Endpoint
 from infera.server.intake import IntakeError, take
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
@@ -62,6 +63,10 @@ class OpenAIHandlers:
         api.add_api_route("/v1/models", self.list_models, methods=["GET"])
         return api
 
+    def hot_routes(self) -> dict[str, Endpoint]:
+        """The routes served past FastAPI's routing stack (:mod:`infera.server.hot_routes`)."""
+        return {"/v1/chat/completions": self.chat, "/v1/completions": self.completions}
+
     async def list_models(self) -> JsonResponse:
         created = int(time.time())
         data = [{"id": m, "object": "model", "created": created, "owned_by": "infera"}
@@ -85,15 +90,16 @@ class OpenAIHandlers:
     def complete(self, outcome: Outcome) -> None:
         """The end of a request's accounting: status, duration and the engine's token counts."""
         path = outcome.path
-        self.metrics.requests.labels(path, outcome.status).inc()
-        self.metrics.e2e.labels(path).observe(time.perf_counter() - outcome.started)
+        self.metrics.of(self.metrics.requests, path, outcome.status).inc()
+        self.metrics.of(self.metrics.e2e, path).observe(time.perf_counter() - outcome.started)
         usage = outcome.usage
         if usage is not None:
-            tokens = self.metrics.tokens
-            tokens.labels(path, "prompt").inc(usage.prompt_tokens)
-            tokens.labels(path, "completion").inc(usage.completion_tokens)
+            metrics = self.metrics
+            tokens = metrics.tokens
+            metrics.of(tokens, path, "prompt").inc(usage.prompt_tokens)
+            metrics.of(tokens, path, "completion").inc(usage.completion_tokens)
             if usage.cached_tokens:
-                tokens.labels(path, "cached").inc(usage.cached_tokens)
+                metrics.of(tokens, path, "cached").inc(usage.cached_tokens)
 
     async def _route(self, request: Request, kind: Literal["chat", "completion"], path: str,
                      started: float) -> Response:
@@ -121,12 +127,12 @@ class OpenAIHandlers:
                 return Response(status_code=499)
             if isinstance(routed, RoutingError):
                 return openai_routing_error(routed)
-            self.metrics.ttft.labels(path).observe(time.perf_counter() - started)
+            self.metrics.of(self.metrics.ttft, path).observe(time.perf_counter() - started)
             out_headers = worker_headers(routed)
             if routed.content_type.startswith("text/event-stream"):
                 relayed = True  # the relay stops the watch when the stream ends
                 return SseRelay(routed, watch, path, started, out_headers, _error_event,
-                                self.metrics.itl.labels(path).observe, self.complete)
+                                self.metrics.of(self.metrics.itl, path).observe, self.complete)
             try:
                 collected = await collect_or_disconnect(watch, routed)
             except UpstreamError as exc:

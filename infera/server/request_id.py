@@ -11,7 +11,7 @@ middleware: one header scan and one header appended per request.
 
 from __future__ import annotations
 
-import uuid
+import os
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,7 +27,7 @@ def valid(value: bytes) -> bool:
 
 
 def new_id() -> str:
-    return "req_" + uuid.uuid4().hex[:24]
+    return "req_" + os.urandom(12).hex()  # 24 random hex digits, without building a UUID
 
 
 class RequestIdMiddleware:
@@ -44,9 +44,8 @@ class RequestIdMiddleware:
             rid = given
         else:
             rid = new_id().encode()
-            headers = [(k, v) for k, v in headers if k != HEADER]
-            headers.append((HEADER, rid))
-            scope = {**scope, "headers": headers}
+            kept = [(k, v) for k, v in headers if k != HEADER] if given is not None else headers
+            scope = {**scope, "headers": [*kept, (HEADER, rid)]}
         inject = scope["path"].startswith(ANTHROPIC_PREFIX)
         held: list[Message] = []
 

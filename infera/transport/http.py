@@ -1,7 +1,9 @@
-"""HTTP request transport: forward to the engine's own HTTP API over a pooled aiohttp client.
+"""HTTP request transport: forward to the engine's own HTTP API over pooled keep-alive connections.
 
-aiohttp was chosen over httpx by measurement (bench/README.md): it costs less CPU per
-proxied request, which is what the router's added latency is made of.
+The request path's client is :mod:`infera.transport.http_wire` (HTTP/1.1 over asyncio, parsed by
+httptools): measured against aiohttp, which was measured against httpx (bench/README.md, "HTTP
+client choice"), it costs the least CPU per proxied request, which is what the router's added
+latency is made of. Discovery and health GETs still use aiohttp.
 
 ``first_byte_timeout`` seconds (0 = none) bound the wait from the send to the response's
 first body chunk (a streamed answer's headers come before its first token); expiry is a 504
@@ -21,6 +23,9 @@ import aiohttp
 
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import UpstreamError, UpstreamResponse
+from infera.transport.http_wire import BodyReader, Connection, Pool, Target, WireError
+
+KEEPALIVE_S = 60.0  # an idle pooled connection is closed after this (the engines' servers may close it first)
 
 
 class IdleExpired(Exception):
@@ -34,7 +39,7 @@ class IdleWatch:
 
     __slots__ = ("_handle", "_loop", "_reader", "_seconds", "waiting_since")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float, reader: aiohttp.StreamReader) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float, reader: BodyReader) -> None:
         self._loop = loop
         self._seconds = seconds
         self._reader = reader
@@ -57,11 +62,16 @@ class IdleWatch:
 
 
 class HttpTransport:
+    """Requests go over :mod:`infera.transport.http_wire`'s pool; ``get_json`` (discovery, health)
+    over aiohttp, where per-call cost does not matter."""
+
     def __init__(self, connect_timeout: float, first_byte_timeout: float, idle_timeout: float = 0.0) -> None:
         self._connect_timeout = connect_timeout
         self._first_byte_timeout = first_byte_timeout
         self._idle_timeout = idle_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
+        self._targets: dict[str, Target] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60, enable_cleanup_closed=True)
@@ -71,8 +81,13 @@ class HttpTransport:
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
         )
+        self._pool = Pool(self._connect_timeout, keepalive=KEEPALIVE_S)
+        self._pool.start()
 
     async def stop(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -84,45 +99,83 @@ class HttpTransport:
             resp.raise_for_status()
             return await resp.json(content_type=None)
 
+    def _target(self, base_url: str) -> Target:
+        target = self._targets.get(base_url)
+        if target is None:
+            if len(self._targets) > 4096:  # workers come and go: a bound, not an eviction policy
+                self._targets.clear()
+            target = self._targets[base_url] = Target(base_url)
+        return target
+
     async def send(
         self, worker: WorkerRecord, path: str, body: bytes, headers: Mapping[str, str],
         started: float | None = None,
     ) -> UpstreamResponse:
-        assert self._session is not None, "transport not started"
-        url = worker.http_url.rstrip("/") + path
-        deadline = asyncio.get_running_loop().time() + self._first_byte_timeout if self._first_byte_timeout else None
+        pool = self._pool
+        assert pool is not None, "transport not started"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._first_byte_timeout if self._first_byte_timeout else None
+        conn: Connection | None = None
         try:
+            target = self._target(worker.http_url)
+            head = target.head(path, len(body), headers)
             async with asyncio.timeout_at(deadline):  # no extra task, unlike wait_for
-                resp = await self._session.post(url, data=body, headers=headers)
+                conn = await pool.acquire(target.key)
+                reader = await conn.request(head, body)
         except TimeoutError as exc:
+            if conn is not None:
+                conn.abort()
             raise UpstreamError(f"worker {worker.instance_id} sent no response within "
                                 f"{self._first_byte_timeout:g}s", status=504) from exc
-        except aiohttp.ClientError as exc:
+        except WireError as exc:
+            if conn is not None:
+                conn.abort()
             raise UpstreamError(f"worker {worker.instance_id} unreachable: {exc}") from exc
-        if resp.status >= 500:
-            text = (await resp.read())[:300].decode("utf-8", "replace")
-            resp.release()
-            raise UpstreamError(f"worker {worker.instance_id} answered {resp.status}: {text}")
-        reader = _Body(resp, worker.instance_id, deadline, self._first_byte_timeout, self._idle_timeout)
-        return UpstreamResponse(status=resp.status, content_type=resp.headers.get("Content-Type", "application/json"),
-                                body=reader, close=reader.close, drain=reader.drain)
+        except BaseException:  # cancelled: the answer would arrive on a connection nobody reads
+            if conn is not None:
+                conn.abort()
+            raise
+        status = conn.status
+        if status >= 500:
+            text = (await _read_some(reader, conn))[:300].decode("utf-8", "replace")
+            raise UpstreamError(f"worker {worker.instance_id} answered {status}: {text}")
+        content = _Body(conn, reader, worker.instance_id, deadline, self._first_byte_timeout, self._idle_timeout)
+        ctype = conn.content_type.decode("latin-1") if conn.content_type else "application/json"
+        return UpstreamResponse(status=status, content_type=ctype, body=content, close=content.close,
+                                drain=content.drain)
+
+
+async def _read_some(reader: BodyReader, conn: Connection, limit: int = 65536) -> bytes:
+    """The start of an error answer (up to ``limit`` bytes; the connection is dropped if more follows)."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        while size < limit and (chunk := await reader.readany()):
+            parts.append(chunk)
+            size += len(chunk)
+    except WireError:
+        pass
+    if not conn.done(reader):
+        conn.abort()
+    return b"".join(parts)
+
 
 class _Body:
-    """A response body as one async iterator over aiohttp's reader: no generator in between, so a
-    relayed chunk costs one ``readany`` (which already joins everything buffered).
+    """A response body as one async iterator over the connection's reader: no generator in between,
+    so a relayed chunk costs one ``readany`` (which joins everything buffered).
 
     The first chunk must come by ``deadline`` (loop time; None = no limit) and within the idle
     timeout of the headers; each later one within the idle timeout of the read that waits for it
     (one lazily re-armed timer per response, :class:`IdleWatch`). The connection goes back to the
-    pool at the end of the body or on a failure (``close`` covers abandonment).
+    pool by itself once the whole response is in; ``close`` (abandonment) or a failure closes it.
     """
 
-    __slots__ = ("_content", "_deadline", "_first", "_idle", "_loop", "_resp", "_timeout", "_watch", "_worker_id")
+    __slots__ = ("_conn", "_content", "_deadline", "_first", "_idle", "_loop", "_timeout", "_watch", "_worker_id")
 
-    def __init__(self, resp: aiohttp.ClientResponse, worker_id: str, deadline: float | None, timeout: float,
-                 idle: float) -> None:
-        self._resp = resp
-        self._content = resp.content
+    def __init__(self, conn: Connection, reader: BodyReader, worker_id: str, deadline: float | None,
+                 timeout: float, idle: float) -> None:
+        self._conn = conn
+        self._content = reader
         self._worker_id = worker_id
         self._loop = asyncio.get_running_loop()
         self._idle = idle
@@ -145,7 +198,7 @@ class _Body:
                     async with asyncio.timeout_at(self._deadline):
                         chunk = await self._content.readany()
                 except TimeoutError as exc:
-                    self._resp.release()
+                    self.close()
                     raise UpstreamError(f"worker {self._worker_id} sent no first byte in time (first-byte timeout "
                                         f"{self._timeout:g}s, idle timeout {self._idle:g}s)", status=504) from exc
                 if self._idle and chunk:
@@ -160,13 +213,11 @@ class _Body:
             self.close()
             raise UpstreamError(f"worker {self._worker_id} sent nothing for {self._idle:g}s mid-response "
                                 "(--upstream-idle-timeout)", status=504, before_first_byte=False) from exc
-        except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
-            self._stop_watch()
-            self._resp.release()
+        except WireError as exc:
+            self.close()
             raise UpstreamError(f"worker {self._worker_id} broke the stream: {exc}", before_first_byte=False) from exc
         if not chunk:
             self._stop_watch()
-            self._resp.release()
             raise StopAsyncIteration
         return chunk
 
@@ -176,13 +227,12 @@ class _Body:
             self._watch = None
 
     def close(self) -> None:
-        """Abandon the body: the timer stops and the connection is closed (not reused)."""
+        """Abandon the body: the timer stops and, unless the whole response is in, the connection is
+        closed (not reused)."""
         self._stop_watch()
-        self._resp.close()
+        if not self._conn.done(self._content):
+            self._conn.abort()
 
     def drain(self) -> bytes:
         """What the reader holds already (b"" when nothing, or the body failed: the next read says how)."""
-        try:
-            return self._content.read_nowait()
-        except Exception:
-            return b""
+        return self._content.read_nowait()

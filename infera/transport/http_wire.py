@@ -1,0 +1,308 @@
+"""HTTP/1.1 to the engines, as the request path needs it and no more: pooled keep-alive connections,
+one request at a time on each, the answer parsed by httptools (the parser uvicorn uses).
+
+aiohttp's ``ClientSession.post`` spent ~10 % of a round-robin frontend's CPU per request on what
+this path never uses (URL objects and multidicts for the headers, cookies, tracing hooks, a
+payload object and a separate task that writes the body, per-request timer objects). Here a
+request is one ``transport.write`` of the head and body, the response a ``Protocol`` callback
+chain feeding a :class:`BodyReader`. A connection goes back to its pool when its response has
+been received in full and neither side asked to close it; an abandoned response closes it.
+Idle connections are closed after ``keepalive`` seconds (checked when a connection is taken and
+by a sweep). Errors are :class:`WireError` (refused, connect timeout, disconnected, malformed);
+the caller maps them to its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+from collections.abc import Mapping
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+PAUSE_BYTES = 4 << 20  # a reader holding more than this stops reading the socket until it is read
+
+
+class WireError(Exception):
+    """The connection could not be made, broke, or carried something that is not HTTP/1.1."""
+
+
+class BodyReader:
+    """A response body as it arrives: :meth:`readany` returns everything buffered (waiting when
+    there is nothing), b"" at the end; a failure is raised by the read after the bytes before it."""
+
+    __slots__ = ("_buf", "_conn", "_eof", "_exc", "_size", "_waiter")
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._buf: list[bytes] = []
+        self._size = 0
+        self._eof = False
+        self._exc: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def feed(self, data: bytes) -> None:
+        self._buf.append(data)
+        self._size += len(data)
+        if self._size > PAUSE_BYTES:
+            self._conn.pause()
+        self._wake()
+
+    def feed_eof(self) -> None:
+        self._eof = True
+        self._wake()
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self._eof:
+            self._exc = exc
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _take(self) -> bytes:
+        buf = self._buf
+        data = buf[0] if len(buf) == 1 else b"".join(buf)
+        buf.clear()
+        if self._size > PAUSE_BYTES:
+            self._conn.resume()
+        self._size = 0
+        return data
+
+    async def readany(self) -> bytes:
+        while True:
+            if self._buf:
+                return self._take()
+            if self._exc is not None:
+                raise self._exc
+            if self._eof:
+                return b""
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    def read_nowait(self) -> bytes:
+        """What is buffered now (b"" when nothing)."""
+        return self._take() if self._buf else b""
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection to one host; :meth:`request` starts an exchange on it."""
+
+    def __init__(self, pool: Pool, key: tuple[str, int, bool]) -> None:
+        self._pool = pool
+        self.key = key
+        self._parser = httptools.HttpResponseParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._headers: asyncio.Future[None] | None = None
+        self.body: BodyReader | None = None
+        self.status = 0
+        self.content_type = b""
+        self._framed = False  # the response has a length or is chunked (else it ends at EOF)
+        self.closed = False
+        self.idle_since = 0.0
+
+    # ---- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if self.body is None and self._headers is None:
+            self.abort()  # nothing was asked on this connection: it cannot be trusted for the next request
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(WireError(f"malformed response: {exc}"))
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool.forget(self)
+        body = self.body
+        if body is not None and self._headers is None and not self._framed:
+            body.feed_eof()  # a body without length or chunks ends with the connection
+            self.body = None
+            return
+        self._fail(WireError("server disconnected" + (f": {exc}" if exc else "")))
+
+    # ---- httptools callbacks ------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-type":
+            self.content_type = value
+        elif name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        headers, self._headers = self._headers, None
+        if headers is not None and not headers.done():
+            headers.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        if self.body is not None:
+            self.body.feed(body)
+
+    def on_message_complete(self) -> None:
+        body, self.body = self.body, None
+        if body is None:
+            return
+        body.feed_eof()
+        if self._parser.should_keep_alive() and not self.closed:
+            self._pool.release(self)
+        else:
+            self.abort()
+
+    # ---- use --------------------------------------------------------------------------------
+
+    async def request(self, head: bytes, body: bytes) -> BodyReader:
+        """Send a request (``head`` ends with the blank line) and wait for the answer's headers;
+        ``status`` and ``content_type`` are then set and the returned reader gets the body."""
+        assert self._transport is not None and self.body is None
+        self._framed = False
+        self.content_type = b""
+        reader = self.body = BodyReader(self)
+        headers = self._headers = asyncio.get_running_loop().create_future()
+        self._transport.write(head + body)
+        await headers
+        return reader
+
+    def done(self, reader: BodyReader) -> bool:
+        """True when ``reader``'s response has been received in full (the connection is not its any more)."""
+        return self.body is not reader
+
+    def _fail(self, exc: WireError) -> None:
+        headers, self._headers = self._headers, None
+        if headers is not None and not headers.done():
+            headers.set_exception(exc)
+        body, self.body = self.body, None
+        if body is not None:
+            body.set_exception(exc)
+
+    def pause(self) -> None:
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._transport is not None and not self.closed:
+            self._transport.resume_reading()
+
+    def abort(self) -> None:
+        """Close now; what is in flight fails (an abandoned response must not be read by the next one)."""
+        self.closed = True
+        self._pool.forget(self)
+        if self._transport is not None:
+            self._transport.abort()
+
+
+class Pool:
+    """Keep-alive connections by (host, port, TLS); unlimited in number, like the aiohttp pool before."""
+
+    def __init__(self, connect_timeout: float, keepalive: float = 60.0) -> None:
+        self._connect_timeout = connect_timeout
+        self._keepalive = keepalive
+        self._idle: dict[tuple[str, int, bool], list[Connection]] = {}
+        self._all: set[Connection] = set()
+        self._ssl: ssl.SSLContext | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._sweeper = asyncio.ensure_future(self._sweep())
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for conn in list(self._all):
+            conn.abort()
+        self._idle.clear()
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(self._keepalive / 4, 1.0))
+            now = loop.time()
+            for conns in self._idle.values():
+                for conn in [c for c in conns if now - c.idle_since > self._keepalive]:
+                    conn.abort()
+
+    async def acquire(self, key: tuple[str, int, bool]) -> Connection:
+        """An idle connection to ``key``'s host (the most recently used), else a new one."""
+        idle = self._idle.get(key)
+        if idle:
+            now = asyncio.get_running_loop().time()
+            while idle:
+                conn = idle.pop()
+                if not conn.closed and now - conn.idle_since <= self._keepalive:
+                    return conn
+                conn.abort()
+        return await self._connect(key)
+
+    async def _connect(self, key: tuple[str, int, bool]) -> Connection:
+        host, port, tls = key
+        loop = asyncio.get_running_loop()
+        if tls and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        try:
+            async with asyncio.timeout(self._connect_timeout or None):
+                _, conn = await loop.create_connection(lambda: Connection(self, key), host, port,
+                                                       ssl=self._ssl if tls else None)
+        except TimeoutError as exc:
+            raise WireError(f"connection timeout to {host}:{port} ({self._connect_timeout:g}s)") from exc
+        except OSError as exc:
+            raise WireError(f"cannot connect to {host}:{port}: {exc}") from exc
+        self._all.add(conn)
+        return conn
+
+    def release(self, conn: Connection) -> None:
+        conn.idle_since = asyncio.get_running_loop().time()
+        self._idle.setdefault(conn.key, []).append(conn)
+
+    def forget(self, conn: Connection) -> None:
+        self._all.discard(conn)
+        idle = self._idle.get(conn.key)
+        if idle and conn in idle:
+            idle.remove(conn)
+
+
+class Target:
+    """A base URL, split once: the pool key, the path prefix and the request head's fixed lines."""
+
+    __slots__ = ("host_line", "key", "prefix")
+
+    def __init__(self, base_url: str) -> None:
+        url = urlsplit(base_url.rstrip("/"))
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise WireError(f"not an http(s) URL: {base_url!r}")
+        tls = url.scheme == "https"
+        self.key = (url.hostname, url.port or (443 if tls else 80), tls)
+        self.prefix = url.path.encode()
+        self.host_line = b"Host: " + url.netloc.rsplit("@", 1)[-1].encode("idna") + b"\r\n"
+
+    def head(self, path: str, length: int, headers: Mapping[str, str]) -> bytes:
+        """The head of a POST of ``length`` bytes to ``path`` with ``headers`` (CR/LF in a value is refused)."""
+        lines = [b"POST ", self.prefix, path.encode(), b" HTTP/1.1\r\n", self.host_line,
+                 b"Content-Length: ", str(length).encode(), b"\r\n"]
+        for name, value in headers.items():
+            if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+                raise WireError(f"header {name!r} has a line break")
+            lines += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
+        lines.append(b"\r\n")
+        return b"".join(lines)

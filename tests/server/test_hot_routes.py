@@ -1,0 +1,70 @@
+"""The inference routes' short way in (``infera.server.hot_routes``) behaves as the full FastAPI stack:
+every app middleware applies, an unexpected failure is a 500 in the API's shape, other methods and
+paths are routed as before."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from infera.router.router import Router, RouterOptions
+from infera.server.__main__ import DefaultWorkerHeader
+from infera.server.app import build_app, install_operations
+from tests.fakes import MODEL, FakeFleet, FakeTransport, worker
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+MESSAGES = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def make(mode: str = "auto", admin_token: str = "") -> tuple[FastAPI, Router, FakeTransport]:
+    transport = FakeTransport(None, text="hello there")
+    router = Router(FakeFleet(worker("w1"), worker("w2")), transport, None, None,
+                    RouterOptions(mode=mode, policy="round-robin"), rng=random.Random(1))
+    app = build_app(router, max_body_bytes=1 << 16, strip_patterns=[])
+    install_operations(app, router, strip_patterns=[], admin_token=admin_token)
+    return app, router, transport
+
+
+def client(app: FastAPI, **kw: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, **kw), base_url="http://infera")
+
+
+async def test_a_middleware_added_after_the_routes_applies_to_them() -> None:
+    app, _, transport = make(mode="direct")
+    app.add_middleware(DefaultWorkerHeader, worker="w2")
+    async with client(app) as c:
+        for path, body in (("/v1/chat/completions", CHAT), ("/v1/messages", MESSAGES)):
+            resp = await c.post(path, json=body)
+            assert resp.status_code == 200 and resp.headers["x-infera-worker"] == "w2"
+            assert resp.headers["x-request-id"].startswith("req_")
+    assert len(transport.calls) == 2
+
+
+@pytest.mark.parametrize(("path", "body", "shape"), [("/v1/chat/completions", CHAT, "openai"),
+                                                     ("/v1/completions", {"model": MODEL, "prompt": "hi"}, "openai"),
+                                                     ("/v1/messages", MESSAGES, "anthropic")])
+async def test_an_unexpected_failure_is_a_500_in_the_apis_shape(path: str, body: dict[str, Any], shape: str) -> None:
+    app, router, _ = make()
+
+    async def broken(*args: Any, **kw: Any) -> Any:
+        raise RuntimeError("boom")
+
+    router.dispatch = broken  # type: ignore[method-assign]
+    async with client(app, raise_app_exceptions=False) as c:
+        resp = await c.post(path, json=body)
+    assert resp.status_code == 500
+    error = resp.json()["error"]
+    assert error["type"] == "api_error" if shape == "anthropic" else error["message"] == "internal error: RuntimeError"
+
+
+async def test_other_methods_and_paths_take_the_full_stack() -> None:
+    app, _, _ = make(admin_token="sekrit")
+    async with client(app) as c:
+        assert (await c.get("/v1/chat/completions")).status_code == 405
+        assert (await c.post("/v1/chat/completions/", json=CHAT)).status_code in (200, 307)
+        assert (await c.post("/v1/cache/prewarm", json={})).status_code == 401
+        assert "/v1/chat/completions" in (await c.get("/openapi.json")).json()["paths"]

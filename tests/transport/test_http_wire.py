@@ -1,0 +1,269 @@
+"""The request path's own HTTP/1.1 client: connections are reused only when an answer was read in
+full, anything abandoned or broken is closed, and every failure is an :class:`UpstreamError` with the
+status and retry flag the router relies on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import uvloop
+from aiohttp import web
+
+from infera.protocols.worker import WorkerRecord
+from infera.transport.base import UpstreamError
+from infera.transport.http import HttpTransport
+from tests.transport.test_http import serve
+
+PATH = "/v1/chat/completions"
+
+
+def record(url: str) -> WorkerRecord:
+    return WorkerRecord(instance_id="w", model="m", http_url=url)
+
+
+async def started(**kw: float) -> HttpTransport:
+    transport = HttpTransport(connect_timeout=kw.get("connect_timeout", 2), first_byte_timeout=kw.get("first_byte", 5),
+                              idle_timeout=kw.get("idle", 0.0))
+    await transport.start()
+    return transport
+
+
+async def body_of(transport: HttpTransport, url: str, body: bytes = b"{}",
+                  headers: dict[str, str] | None = None) -> tuple[int, str, bytes]:
+    resp = await transport.send(record(url), PATH, body, headers or {})
+    try:
+        return resp.status, resp.content_type, b"".join([chunk async for chunk in resp.body])
+    finally:
+        resp.close()
+
+
+async def test_sequential_answers_reuse_one_connection_and_carry_the_request() -> None:
+    peers: list[object] = []
+    seen: list[tuple[bytes, str | None, str | None]] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        seen.append((await request.read(), request.headers.get("x-request-id"), request.headers.get("Host")))
+        return web.json_response({"n": len(seen)})
+
+    async for url in serve(echo):
+        transport = await started()
+        try:
+            got = [await body_of(transport, url, b'{"i": %d}' % i, {"x-request-id": f"r{i}"}) for i in range(5)]
+        finally:
+            await transport.stop()
+    assert [g[2] for g in got] == [b'{"n": %d}' % (i + 1) for i in range(5)]
+    assert all(g[0] == 200 and g[1].startswith("application/json") for g in got)
+    assert [s[:2] for s in seen] == [(b'{"i": %d}' % i, f"r{i}") for i in range(5)]
+    assert seen[0][2] == url.removeprefix("http://")
+    assert len(set(peers)) == 1
+
+
+async def test_a_streamed_answer_arrives_whole_and_in_order() -> None:
+    parts = [b"data: %d\n\n" % i for i in range(200)]
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for part in parts:
+            await resp.write(part)
+        await resp.write_eof()
+        return resp
+
+    async for url in serve(stream):
+        transport = await started()
+        try:
+            status, ctype, body = await body_of(transport, url)
+            again = await body_of(transport, url)
+        finally:
+            await transport.stop()
+    assert status == 200 and ctype == "text/event-stream" and body == b"".join(parts) == again[2]
+
+
+async def test_an_abandoned_answer_closes_its_connection_and_never_leaks_into_the_next() -> None:
+    peers: list[object] = []
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: first\n\n")
+        if request.query.get("slow") is None:
+            await resp.write_eof()
+            return resp
+        await asyncio.sleep(0.3)
+        await resp.write(b"data: late\n\n")
+        await resp.write_eof()
+        return resp
+
+    async for url in serve(stream):
+        transport = await started()
+        try:
+            resp = await transport.send(record(url), PATH + "?slow=1", b"{}", {})
+            assert await anext(resp.body) == b"data: first\n\n"
+            resp.close()  # the client left: the rest must not reach the next request
+            status, _, body = await body_of(transport, url)
+        finally:
+            await transport.stop()
+    assert status == 200 and body == b"data: first\n\n" and len(set(peers)) == 2
+
+
+Handle = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def raw_server(handle: Handle) -> AsyncIterator[str]:
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    return head + await reader.readexactly(length)
+
+
+async def test_a_body_without_length_ends_with_the_connection() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\nhello ")
+        await writer.drain()
+        writer.write(b"world")
+        writer.close()
+
+    async for url in raw_server(handle):
+        transport = await started()
+        try:
+            assert await body_of(transport, url) == (200, "text/plain", b"hello world")
+        finally:
+            await transport.stop()
+
+
+async def test_a_server_that_hangs_up_before_answering_is_a_502_the_router_may_retry() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.close()
+
+    async for url in raw_server(handle):
+        transport = await started()
+        try:
+            with pytest.raises(UpstreamError) as exc:
+                await transport.send(record(url), PATH, b"{}", {})
+        finally:
+            await transport.stop()
+    assert exc.value.status == 502 and exc.value.before_first_byte and "unreachable" in str(exc.value)
+
+
+async def test_a_stream_cut_mid_body_is_a_502_after_the_first_byte() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"d\r\ndata: token\n\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async for url in raw_server(handle):
+        transport = await started()
+        try:
+            resp = await transport.send(record(url), PATH, b"{}", {})
+            assert await anext(resp.body) == b"data: token\n\n"
+            with pytest.raises(UpstreamError) as exc:
+                await anext(resp.body)
+            resp.close()
+        finally:
+            await transport.stop()
+    assert exc.value.status == 502 and not exc.value.before_first_byte
+
+
+async def test_garbage_is_a_502() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"SPDY/9 banana\r\n\r\n")
+        await writer.drain()
+
+    async for url in raw_server(handle):
+        transport = await started()
+        try:
+            with pytest.raises(UpstreamError) as exc:
+                await transport.send(record(url), PATH, b"{}", {})
+        finally:
+            await transport.stop()
+    assert exc.value.status == 502 and exc.value.before_first_byte
+
+
+async def test_a_refused_connection_is_a_502_and_a_5xx_answer_names_its_status() -> None:
+    async def fail(request: web.Request) -> web.Response:
+        return web.Response(status=503, text="engine overloaded")
+
+    async for url in serve(fail):
+        transport = await started()
+        try:
+            with pytest.raises(UpstreamError) as answered:
+                await transport.send(record(url), PATH, b"{}", {})
+            status, _, _ = await body_of(transport, url + "/missing-prefix")
+        finally:
+            await transport.stop()
+    assert answered.value.status == 502 and "answered 503: engine overloaded" in str(answered.value)
+    assert status == 404  # a path prefix in the worker's URL is kept
+    transport = await started()
+    try:
+        with pytest.raises(UpstreamError) as refused:
+            await transport.send(record(url), PATH, b"{}", {})  # the server is gone
+    finally:
+        await transport.stop()
+    assert refused.value.status == 502 and refused.value.before_first_byte and "unreachable" in str(refused.value)
+
+
+async def test_a_request_cancelled_while_waiting_closes_its_connection() -> None:
+    gone = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()  # returns when the client closes
+        gone.set()
+
+    async for url in raw_server(handle):
+        transport = await started()
+        try:
+            task = asyncio.ensure_future(transport.send(record(url), PATH, b"{}", {}))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.wait_for(gone.wait(), 2)
+        finally:
+            await transport.stop()
+
+
+async def test_no_answer_within_the_first_byte_timeout_is_a_504_and_the_connection_goes() -> None:
+    gone = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()
+        gone.set()
+
+    async for url in raw_server(handle):
+        transport = await started(first_byte=0.2)
+        try:
+            with pytest.raises(UpstreamError) as exc:
+                await transport.send(record(url), PATH, b"{}", {})
+            await asyncio.wait_for(gone.wait(), 2)
+        finally:
+            await transport.stop()
+    assert exc.value.status == 504 and exc.value.before_first_byte
+
+
+def test_under_uvloop_as_the_frontend_runs() -> None:
+    async def both() -> None:
+        await test_sequential_answers_reuse_one_connection_and_carry_the_request()
+        await test_a_streamed_answer_arrives_whole_and_in_order()
+        await test_an_abandoned_answer_closes_its_connection_and_never_leaks_into_the_next()
+
+    uvloop.run(both())
