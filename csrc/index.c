@@ -188,61 +188,68 @@ static PyObject *store_blocks(PyObject *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     if (tables(args, &t) < 0) return NULL;
-    PyObject *ehs = args[10], *locals = args[11];
     Py_ssize_t i = PyLong_AsSsize_t(args[12]);
     if (i == -1 && PyErr_Occurred()) return NULL;
-    if (!PyList_Check(ehs) || !PyList_Check(locals)) {
-        PyErr_SetString(PyExc_TypeError, "hashes must be lists");
+    PyObject *ehs = PySequence_Fast(args[10], "engine hashes must be a sequence");
+    if (ehs == NULL) return NULL;
+    PyObject *locals = PySequence_Fast(args[11], "router hashes must be a sequence");
+    if (locals == NULL) {
+        Py_DECREF(ehs);
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(ehs);
-    if (PyList_GET_SIZE(locals) < n) n = PyList_GET_SIZE(locals);
+    PyObject *out = NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ehs);
+    if (PySequence_Fast_GET_SIZE(locals) < n) n = PySequence_Fast_GET_SIZE(locals);
     int forget = 0;
     for (; i < n; i++) {
-        PyObject *eh = PyList_GET_ITEM(ehs, i), *local = PyList_GET_ITEM(locals, i);
+        PyObject *eh = PySequence_Fast_GET_ITEM(ehs, i), *local = PySequence_Fast_GET_ITEM(locals, i);
         Py_ssize_t size = PyDict_GET_SIZE(t.blocks);
-        if (PyDict_SetDefault(t.blocks, eh, local) == NULL) return NULL;
+        if (PyDict_SetDefault(t.blocks, eh, local) == NULL) goto done;
         int r;
         if (PyDict_GET_SIZE(t.blocks) == size) {  /* held already: nothing to do if only on the device */
             if (PyDict_GET_SIZE(t.media) == 0) continue;
             r = PyDict_Contains(t.media, eh);
-            if (r < 0) return NULL;
+            if (r < 0) goto done;
             if (r) break;  /* tiers to merge: Python's _add_tier */
             continue;
         }
         size = PyDict_GET_SIZE(t.holders);
         PyObject *mask = PyDict_SetDefault(t.holders, local, t.bit);  /* held by this worker alone if new */
-        if (mask == NULL) return NULL;
+        if (mask == NULL) goto done;
         if (PyDict_GET_SIZE(t.holders) != size) mask = NULL;
         r = mask == NULL ? 0 : has_bit(mask, t.bit, t.slot);
-        if (r < 0) return NULL;
+        if (r < 0) goto done;
         if (r) {  /* another engine block of this worker has the same tokens: one more reference */
             PyObject *refs = PyDict_GetItemWithError(t.extra, local);
-            if (refs == NULL && PyErr_Occurred()) return NULL;
+            if (refs == NULL && PyErr_Occurred()) goto done;
             PyObject *one = PyLong_FromLong(1);
             PyObject *more = refs == NULL ? one : PyNumber_Add(refs, one);
-            if (more == NULL) return NULL;
+            if (more == NULL) goto done;
             r = PyDict_SetItem(t.extra, local, more);
             if (more != one) Py_DECREF(more);
             Py_DECREF(one);
-            if (r < 0) return NULL;
+            if (r < 0) goto done;
         } else if (mask != NULL) {  /* held by others: shared now */
             PyObject *m = PyNumber_Or(mask, t.bit);
-            if (m == NULL) return NULL;
+            if (m == NULL) goto done;
             r = PyDict_SetItem(t.holders, local, m);
             if (r == 0) r = PyDict_SetItem(t.shared, local, m);
             Py_DECREF(m);
-            if (r < 0) return NULL;
+            if (r < 0) goto done;
             if (!forget && PySet_GET_SIZE(t.watched)) {
                 r = PySet_Contains(t.watched, local);
-                if (r < 0) return NULL;
+                if (r < 0) goto done;
                 forget = r;
             }
         }
-        if (discard(t.lower, local) < 0) return NULL;
-        if (drop_guess(t.predicted, t.guess_masks, t.bit, local) < 0) return NULL;
+        if (discard(t.lower, local) < 0) goto done;
+        if (drop_guess(t.predicted, t.guess_masks, t.bit, local) < 0) goto done;
     }
-    return Py_BuildValue("(nO)", i, forget ? Py_True : Py_False);
+    out = Py_BuildValue("(nO)", i, forget ? Py_True : Py_False);
+done:
+    Py_DECREF(ehs);
+    Py_DECREF(locals);
+    return out;
 }
 
 /* ---- removals ---------------------------------------------------------------------------------- */
@@ -259,20 +266,18 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     if (tables(args, &t) < 0) return NULL;
-    PyObject *ehs = args[10];
     Py_ssize_t i = PyLong_AsSsize_t(args[11]);
     if (i == -1 && PyErr_Occurred()) return NULL;
-    if (!PyList_Check(ehs)) {
-        PyErr_SetString(PyExc_TypeError, "hashes must be a list");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(ehs), unknown = 0;
+    PyObject *ehs = PySequence_Fast(args[10], "engine hashes must be a sequence");
+    if (ehs == NULL) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ehs), unknown = 0;
     int forget = 0, r;
     for (; i < n; i++) {
-        PyObject *eh = PyList_GET_ITEM(ehs, i), *local, *refs;
+        PyObject *eh = PySequence_Fast_GET_ITEM(ehs, i), *local, *refs;
         if (PyDict_GET_SIZE(t.media) == 0) {  /* on the device only: one lookup takes it out */
             local = dict_pop(t.blocks, eh);
-            if (local == NULL) return NULL;
+            if (local == NULL) goto done;
             if (local == Py_None) {
                 Py_DECREF(local);
                 unknown++;
@@ -283,15 +288,15 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
         } else {
             local = PyDict_GetItemWithError(t.blocks, eh);
             if (local == NULL) {
-                if (PyErr_Occurred()) return NULL;
+                if (PyErr_Occurred()) goto done;
                 unknown++;
                 continue;
             }
             r = PyDict_Contains(t.media, eh);
-            if (r < 0) return NULL;
+            if (r < 0) goto done;
             if (r) break;
             refs = PyDict_GET_SIZE(t.extra) ? PyDict_GetItemWithError(t.extra, local) : NULL;
-            if (refs == NULL && PyErr_Occurred()) return NULL;
+            if (refs == NULL && PyErr_Occurred()) goto done;
             if (refs != NULL) break;  /* _relower scans the worker's blocks' tiers */
             Py_INCREF(local);  /* blocks held the reference */
             if (PyDict_DelItem(t.blocks, eh) < 0) goto fail;
@@ -345,9 +350,12 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
         continue;
     fail:
         Py_DECREF(local);
-        return NULL;
+        goto done;
     }
-    return Py_BuildValue("(nnO)", i, unknown, forget ? Py_True : Py_False);
+    out = Py_BuildValue("(nnO)", i, unknown, forget ? Py_True : Py_False);
+done:
+    Py_DECREF(ehs);
+    return out;
 }
 
 /* ---- the walk ---------------------------------------------------------------------------------- */

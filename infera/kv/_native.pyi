@@ -7,12 +7,12 @@ def chain_hashes(
 def store_blocks(
     blocks: dict[int, int], media: dict[int, list[str | None]], extra: dict[int, int], lower: dict[int, str],
     predicted: dict[int, float], holders: dict[int, int], shared: dict[int, int], watched: set[int],
-    guess_masks: dict[int, int], bit: int, engine_hashes: list[int], router_hashes: list[int], start: int,
+    guess_masks: dict[int, int], bit: int, engine_hashes: Sequence[int], router_hashes: Sequence[int], start: int,
 ) -> tuple[int, bool]: ...
 def remove_blocks(
     blocks: dict[int, int], media: dict[int, list[str | None]], extra: dict[int, int], lower: dict[int, str],
     predicted: dict[int, float], holders: dict[int, int], shared: dict[int, int], watched: set[int],
-    guess_masks: dict[int, int], bit: int, engine_hashes: list[int], start: int,
+    guess_masks: dict[int, int], bit: int, engine_hashes: Sequence[int], start: int,
 ) -> tuple[int, int, bool]: ...
 def walk(
     hashes: Sequence[int], shared: dict[int, int], holders: dict[int, int], names: list[str],

@@ -164,3 +164,11 @@ def test_the_environment_forces_the_pure_path(monkeypatch: pytest.MonkeyPatch) -
     assert PrefixIndex(native=True)._native is native  # asked for explicitly
     monkeypatch.setenv(ENV, "0")
     assert load() is native and PrefixIndex()._native is native
+
+
+def test_hashes_in_tuples_work_on_both_paths() -> None:
+    tokens = list(range(16))
+    for index in (PrefixIndex(native=True), PrefixIndex(native=False)):
+        index.apply("w", EventBatch(1.0, [BlockStored((1, 2, 3, 4), None, tokens, 4)]))  # type: ignore[arg-type]
+        index.apply("w", EventBatch(1.0, [BlockRemoved((4,))]))  # type: ignore[arg-type]
+        assert index.overlaps(hashing.pure_block_hashes(tokens, 4)) == {"w": 3}
