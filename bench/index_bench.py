@@ -41,12 +41,20 @@ PROMPT_TOKENS = (1024, 8192, 32768)
 
 
 def _impls() -> dict[str, tuple[Any, Any]]:
-    """name -> (index class, decode function); old = main 2d3553e (bench/index_v2.py)."""
+    """name -> (index factory, decode function); old = main 2d3553e (bench/index_v2.py), new = this tree as it
+    runs (its C loops if built: infera.kv.native), pure = this tree with ``native=False`` (when C is built)."""
+    from functools import partial
+
     from bench import index_v2
     from infera.kv.index import PrefixIndex
+    from infera.kv.native import load
     from infera.protocols.kv_events import decode_batch
 
-    return {"old": (index_v2.PrefixIndex, index_v2.decode_batch), "new": (PrefixIndex, decode_batch)}
+    impls: dict[str, tuple[Any, Any]] = {"old": (index_v2.PrefixIndex, index_v2.decode_batch),
+                                         "new": (PrefixIndex, decode_batch)}
+    if load() is not None:
+        impls["pure"] = (partial(PrefixIndex, native=False), decode_batch)
+    return impls
 
 
 def ingest(quick: bool) -> dict[str, Any]:
@@ -235,11 +243,20 @@ def print_report(res: dict[str, Any]) -> None:
         ing = res["ingest"]
         print(f"KV-event ingest ({ing['workers']} workers, caches full, {ing['batches']} batches, "
               f"{ing['stored_blocks_per_batch']:.0f} block events/batch), CPU time, M block events/s:")
-        print(f"{'path':<14}{'old':>8}{'new':>8}{'new/old':>9}")
+        rates = ing["events_per_s"]
+        names = [k for k in ("old", "pure", "new") if k in rates]
+        print(f"{'path':<14}" + "".join(f"{k:>8}" for k in names) + "".join(f"{'new/' + k:>10}" for k in names[:-1]))
         for mode in ("apply", "decode+apply", "decode"):
-            old, new = (ing["events_per_s"][k][mode] for k in ("old", "new"))
-            print(f"{mode:<14}{old / 1e6:>8.2f}{new / 1e6:>8.2f}{new / old:>8.1f}x")
+            print(f"{mode:<14}" + "".join(f"{rates[k][mode] / 1e6:>8.2f}" for k in names)
+                  + "".join(f"{rates['new'][mode] / rates[k][mode]:>9.2f}x" for k in names[:-1]))
     if "query" in res:
+        pure = {(r["spread"], r["workers"], r["prompt_tokens"]): r for r in res["query"] if r["impl"] == "pure"}
+        if pure:
+            print("\noverlap query, this tree in pure Python (native=False), wall and CPU µs:")
+            print(f"{'spread':<12}{'workers':>8}{'prompt tok':>11}{'p50':>10}{'p99':>10}{'cpu p50':>10}{'cpu p99':>10}")
+            for (spread, n_workers, size), r in pure.items():
+                print(f"{spread:<12}{n_workers:>8}{size:>11}{r['p50_us']:>10.1f}{r['p99_us']:>10.1f}"
+                      f"{r['cpu_p50_us']:>10.1f}{r['cpu_p99_us']:>10.1f}")
         print("\noverlap query (PrefixIndex.overlaps), wall and CPU µs:")
         print(f"{'spread':<12}{'workers':>8}{'prompt tok':>11}"
               f"{'old p50':>10}{'old p99':>10}{'new p50':>10}{'new p99':>10}"

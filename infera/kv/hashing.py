@@ -18,7 +18,10 @@ from collections.abc import Sequence
 
 import xxhash
 
+from infera.kv.native import load
+
 _xxh3 = xxhash.xxh3_64_intdigest
+_native = load()  # the C loop (same hashes), or None: see infera.kv.native
 
 
 class PromptIds(list[int]):
@@ -61,8 +64,25 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> 
     return _chain(token_ids, 0, n_blocks, block_size, parent)
 
 
+def pure_block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> list[int]:
+    """:func:`block_hashes` in Python alone (no C, no PromptIds shortcut): the index's pure path."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    return _chain_py(token_ids, 0, len(token_ids) // block_size, block_size, parent)
+
+
 def _chain(token_ids: Sequence[int], first: int, n_blocks: int, block_size: int, parent: int) -> list[int]:
     """Hashes of blocks ``first..n_blocks-1``, chained from ``parent``."""
+    if first >= n_blocks:
+        return []
+    if _native is not None:
+        out: list[int] | None = _native.chain_hashes(token_ids, first, n_blocks, block_size, parent)
+        if out is not None:  # None: a token id outside uint32, which the Python path reports
+            return out
+    return _chain_py(token_ids, first, n_blocks, block_size, parent)
+
+
+def _chain_py(token_ids: Sequence[int], first: int, n_blocks: int, block_size: int, parent: int) -> list[int]:
     if first >= n_blocks:
         return []
     n_tokens = (n_blocks - first) * block_size

@@ -40,8 +40,9 @@ from operator import and_, attrgetter, ne, not_, or_, sub, xor
 from typing import Any
 
 from infera.kv.bitmasks import Run, Slots, walk
-from infera.kv.hashing import block_hashes
+from infera.kv.hashing import pure_block_hashes
 from infera.kv.index_tables import Predictions, WorkerTable
+from infera.kv.native import load
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 CACHE_VIEW_MAX_HASHES = 256
@@ -71,11 +72,19 @@ class IndexCounters:
 class PrefixIndex:
     """Router hash -> bitmask of workers, plus per-worker tables for O(1) removes."""
 
-    def __init__(self, block_size: int | None = None) -> None:
+    def __init__(self, block_size: int | None = None, *, native: bool | None = None) -> None:
         """``block_size``: if set, stored blocks of another size are skipped and counted
         (the router hashes prompts with one block size; a mismatch would silently give 0 hits).
+        ``native``: run the per-block loops in C (``infera.kv._native``; ImportError if it is not built),
+        False: in Python; None (default): C if built and ``INFERA_PURE_PYTHON`` is not set. Same results.
         """
         self.block_size = block_size
+        if native:
+            from infera.kv import _native
+
+            self._native: Any = _native
+        else:
+            self._native = load() if native is None else None
         self.counters = IndexCounters()
         self._workers: dict[str, WorkerTable] = {}
         self._slots = Slots()
@@ -121,9 +130,35 @@ class PrefixIndex:
         worker.last_event_ts = batch.ts
         worker.last_applied_at = time.time() if now is None else now
 
+    def _tables(self, worker: WorkerTable) -> tuple[Any, ...]:
+        """What the C loops take: the worker's tables, the index's, and the worker's bit."""
+        return (worker.blocks, worker.media, worker.extra, worker.lower, worker.predicted, self._holders,
+                self._shared, self._watched, self._predicted, worker.bit)
+
+    def _remove_run_native(self, worker: WorkerTable, events: list[BlockRemoved], hashes: list[int]) -> None:
+        """:meth:`_remove_run` in C, block by block; a block held in other tiers goes through :meth:`_remove`."""
+        tables, start, n = self._tables(worker), 0, len(hashes)
+        while True:
+            stop, unknown, forget = self._native.remove_blocks(*tables, hashes, start)
+            self.counters.unknown_removed += unknown
+            if forget:
+                self._forget_runs()
+            if stop >= n:
+                return
+            offset = 0  # the event holding block ``stop`` says the medium
+            for event in events:
+                offset += len(event.block_hashes)
+                if offset > stop:
+                    self._remove(worker, hashes[stop], event.medium)
+                    break
+            start = stop + 1
+
     def _remove_run(self, worker: WorkerTable, events: list[BlockRemoved]) -> None:
         self.counters.block_removed += len(events)
         hashes = events[0].block_hashes if len(events) == 1 else list(chain.from_iterable(map(_HASHES, events)))
+        if self._native is not None:
+            self._remove_run_native(worker, events, hashes)
+            return
         if worker.media and not worker.media.keys().isdisjoint(hashes):  # tiers to track: block by block
             for event in events:
                 for engine_hash in event.block_hashes:
@@ -207,9 +242,13 @@ class PrefixIndex:
                 return
             parent = found
         tokens = event.token_ids
-        if len(tokens) > n * bs:
-            tokens = tokens[: n * bs]
-        locals_ = block_hashes(tokens, bs, parent) if bs > 0 else []
+        locals_: list[int] | None = None
+        if self._native is not None and bs > 0:
+            locals_ = self._native.chain_hashes(tokens, 0, n, bs, parent)  # None: a token id outside uint32
+        if locals_ is None:
+            if len(tokens) > n * bs:
+                tokens = tokens[: n * bs]
+            locals_ = pure_block_hashes(tokens, bs, parent) if bs > 0 else []
         if len(locals_) < n:  # too few token ids: the tail blocks cannot be hashed
             missing = n - len(locals_)
             worker.orphan_blocks += missing
@@ -217,7 +256,14 @@ class PrefixIndex:
             hashes = hashes[: len(locals_)]
         medium = event.medium
         holders, bit = self._holders, worker.bit
-        if medium == _PLAIN and blocks.keys().isdisjoint(hashes) and self._store_new(worker, hashes, locals_):
+        if self._native is not None and medium == _PLAIN:
+            done, forget = self._native.store_blocks(*self._tables(worker), hashes, locals_, 0)
+            if forget:
+                self._forget_runs()
+            if done == len(hashes):
+                return
+            hashes, locals_ = hashes[done:], locals_[done:]  # a block held in other tiers: Python goes on
+        elif medium == _PLAIN and blocks.keys().isdisjoint(hashes) and self._store_new(worker, hashes, locals_):
             return
         top = medium in TOP_MEDIA
         extra, lower, predicted = worker.extra, worker.lower, worker.predicted
@@ -411,14 +457,25 @@ class PrefixIndex:
             if self._predicted:
                 workers = self._workers
                 allowed = -1 if use_predicted is True else sum({workers[w].bit for w in use_predicted if w in workers})
+                if self._native is not None:
+                    guessed: dict[str, int] = self._native.walk(hashes, self._shared, self._holders, self._slots.names,
+                                                                None, 0, self._predicted, allowed)[0]
+                    return guessed
                 return walk(hashes, self._shared, self._holders.get, self._slots.names,
                             guessed=self._predicted.get, allowed=allowed)[0]
         first = hashes[0]
         run = self._runs.get(first)
         if run is None or len(hashes) < run.end or hashes[run.end - 1] != run.last:
             run = None
-        found, run = walk(hashes, self._shared, self._holders.get, self._slots.names, resume=run,
-                          capture=RUN_MIN_BLOCKS)
+        found: dict[str, int]
+        if self._native is not None:  # the same answers; its run is the prompt's whole leading shared stretch
+            resume = None if run is None else (run.end, run.last, run.active, run.result)
+            found, caught = self._native.walk(hashes, self._shared, self._holders, self._slots.names, resume,
+                                              RUN_MIN_BLOCKS, None, 0)
+            run = None if caught is None else Run(*caught)
+        else:
+            found, run = walk(hashes, self._shared, self._holders.get, self._slots.names, resume=run,
+                              capture=RUN_MIN_BLOCKS)
         if run is not None:
             self._remember(first, run, hashes)
         return found

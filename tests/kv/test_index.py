@@ -15,6 +15,8 @@ from infera.kv.hashing import block_hashes
 from infera.kv.index import PrefixIndex
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, decode_batch
 
+pytestmark = pytest.mark.usefixtures("index_path")  # pure Python and C (tests/kv/conftest.py)
+
 BS = 128
 W = "vllm-0"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 from unittest.mock import patch
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,8 @@ from bench.index_v2 import PrefixIndex as BeforeIndex
 from infera.kv.hashing import block_hashes
 from infera.kv.index import TOP_MEDIA, PrefixIndex
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KvEvent
+
+pytestmark = pytest.mark.usefixtures("index_path")  # pure Python and C (tests/kv/conftest.py)
 
 BLOCK = 4
 WORKERS = ("a", "b")

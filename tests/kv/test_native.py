@@ -1,0 +1,174 @@
+"""The index's C loops (``infera.kv._native``) against its pure-Python path: the same block hashes, the same
+index state after every step of random event streams, the same overlap answers."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infera.kv import hashing
+from infera.kv.index import PrefixIndex
+from infera.kv.native import ENV, load
+from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KvEvent
+
+native = load()
+pytestmark = pytest.mark.skipif(native is None, reason="the C extension infera.kv._native is not built")
+
+BLOCK = 4
+WORKERS = ("a", "b", "c", "d")
+# Prompt 1 shares 2 blocks with prompt 0, prompt 2 repeats a block's tokens (two router hashes, same tokens).
+PROMPTS = [[p * 100 + t for t in range(6 * BLOCK)] for p in range(2)]
+PROMPTS[1][: 2 * BLOCK] = PROMPTS[0][: 2 * BLOCK]
+PROMPTS.append([7] * (6 * BLOCK))
+ROUTER = [hashing.pure_block_hashes(p, BLOCK) for p in PROMPTS]
+
+
+def _engine_hash(prompt: int, depth: int, lora: int) -> int:
+    """Content-addressed (the whole prefix) and per adapter: two engine blocks can share a router hash."""
+    return hash((lora, tuple(PROMPTS[prompt][: (depth + 1) * BLOCK]))) & (2**64 - 1)
+
+
+medium = st.sampled_from(["GPU", "GPU", "GPU", "CPU", None])
+store = st.tuples(st.just("store"), st.integers(0, 2), st.integers(0, 5), st.integers(1, 6), medium, st.integers(0, 1),
+                  st.booleans())
+remove = st.tuples(st.just("remove"), st.integers(0, 2), st.lists(st.tuples(st.integers(0, 5), medium), min_size=1,
+                                                                   max_size=3), st.integers(0, 1))
+op = st.one_of(
+    st.tuples(st.just("events"), st.sampled_from(WORKERS), st.lists(st.one_of(store, store, remove), min_size=1,
+                                                                    max_size=5)),
+    st.tuples(st.just("clear"), st.sampled_from(WORKERS)),
+    st.tuples(st.just("remove_worker"), st.sampled_from(WORKERS)),
+    st.tuples(st.just("predict"), st.sampled_from(WORKERS), st.integers(0, 2), st.integers(1, 6),
+              st.sampled_from([0.0, 1.0, 2.5])),
+    st.tuples(st.just("tick"), st.sampled_from([0.5, 2.0])),
+)
+
+
+def _events(spec: list[tuple[Any, ...]]) -> list[KvEvent]:
+    out: list[KvEvent] = []
+    for s in spec:
+        if s[0] == "store":
+            _, p, start, n, med, lora, fresh = s
+            end = min(6, start + n)
+            parent = None if start == 0 else _engine_hash(p, start - 1, lora)
+            hashes = [_engine_hash(p, j, lora) + (1 if fresh else 0) for j in range(start, end)]  # fresh: new ids
+            out.append(BlockStored(hashes, parent, PROMPTS[p][start * BLOCK : end * BLOCK], BLOCK, medium=med))
+        else:
+            _, p, blocks, lora = s
+            out += [BlockRemoved([_engine_hash(p, j, lora)], medium=med) for j, med in blocks]
+    return out
+
+
+def _state(index: PrefixIndex) -> Any:
+    """Everything but the remembered walks (a cache whose extent differs between the paths by design)."""
+    workers = {w: (t.slot, t.bit, list(t.blocks.items()), t.media, t.extra, t.lower, t.predicted, t.orphan_blocks,
+                   t.last_event_ts) for w, t in index._workers.items()}
+    return (index._holders, index._shared, index._predicted, index.counters.as_dict(), index._slots.names, workers,
+            sorted((e, s, w, h) for e, s, w, h in index._expiry_heap))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(op, max_size=40), st.sampled_from([1, 2, 64]))
+def test_random_streams_give_the_same_state_and_answers(ops: list[tuple[Any, ...]], run_min: int) -> None:
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", run_min):
+        c, py = PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
+        assert c._native is not None and py._native is None
+        now = 100.0
+        for o in ops:
+            for index in (c, py):
+                if o[0] == "events":
+                    index.apply(o[1], EventBatch(1.0, _events(o[2])), now=5.0)
+                elif o[0] == "clear":
+                    index.apply(o[1], EventBatch(1.0, [AllBlocksCleared()]), now=5.0)
+                elif o[0] == "remove_worker":
+                    index.remove_worker(o[1])
+                elif o[0] == "predict":
+                    index.predict(o[1], ROUTER[o[2]][: o[3]], ttl=o[4], now=now)
+            if o[0] == "tick":
+                now += o[1]
+            assert _state(c) == _state(py)
+            for hashes in ROUTER:
+                for n in (6, 3, 6):  # a longer, a shorter and the same prompt again: runs remembered and resumed
+                    for use in (False, True, {"a", "c"}, set()):
+                        assert c.overlaps(hashes[:n], now=now, use_predicted=use) == \
+                            py.overlaps(hashes[:n], now=now, use_predicted=use), (hashes, n, use)
+            for w in WORKERS:
+                assert c.cache_view(w) == py.cache_view(w)
+                assert c.lower_tier_blocks(w, ROUTER[0], 6) == py.lower_tier_blocks(w, ROUTER[0], 6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.lists(st.integers(0, 299), max_size=3)), min_size=1, max_size=150),
+       st.lists(st.tuples(st.integers(0, 149), st.integers(0, 299), st.booleans(), st.integers(1, 300)), max_size=10))
+def test_many_holders_walk_the_same(holds: list[tuple[int, list[int]]],
+                                    steps: list[tuple[int, int, bool, int]]) -> None:
+    """Up to 150 workers (masks of several 64-bit words) holding a long prompt to staggered depths with holes,
+    then single-block evictions and re-stores between queries of several lengths."""
+    long = [t % 50_000 + 1 for t in range(0, 300 * BLOCK * 7, 7)]
+    hashes = hashing.pure_block_hashes(long, BLOCK)
+    c, py = PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", 8):
+        for index in (c, py):
+            for k, (depth, holes) in enumerate(holds):
+                engine = [k * 10_000 + j for j in range(depth)]
+                events: list[KvEvent] = [BlockStored(engine, None, long[: depth * BLOCK], BLOCK)] if depth else []
+                events += [BlockRemoved([engine[j]]) for j in sorted(set(holes)) if j < depth]
+                index.apply(f"w{k}", EventBatch(1.0, events or [AllBlocksCleared()]))
+        assert _state(c) == _state(py)
+        for n in (300, 17, 300):
+            assert c.overlaps(hashes[:n]) == py.overlaps(hashes[:n])
+        for k, j, evict, n in steps:
+            k %= len(holds)
+            eh = k * 10_000 + j
+            for index in (c, py):
+                if evict:
+                    index.apply(f"w{k}", EventBatch(1.0, [BlockRemoved([eh])]))
+                else:
+                    parent = None if j == 0 else eh - 1
+                    index.apply(f"w{k}", EventBatch(1.0, [BlockStored([eh], parent, long[j * BLOCK : (j + 1) * BLOCK],
+                                                                      BLOCK)]))
+            assert _state(c) == _state(py)
+            for m in (n, 300, n):
+                assert c.overlaps(hashes[:m]) == py.overlaps(hashes[:m])
+            assert c.overlaps(hashes, use_predicted=True) == py.overlaps(hashes, use_predicted=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=200), st.integers(1, 300), st.integers(0, 2**64 - 1),
+       st.integers(0, 5), st.integers(0, 60))
+def test_block_hashes_are_the_same(tokens: list[int], block_size: int, parent: int, first: int, n_blocks: int) -> None:
+    assert native is not None
+    want = hashing._chain_py(tokens, first, min(n_blocks, len(tokens) // block_size), block_size, parent)
+    assert native.chain_hashes(tokens, first, n_blocks, block_size, parent) == want
+
+
+def test_token_ids_outside_uint32_take_the_python_path() -> None:
+    assert native is not None
+    for bad in ([1, 2, 3, 2**32], [1, 2, 3, -1], [1, 2, 3, 1.5]):
+        assert native.chain_hashes(bad, 0, 1, 4, 0) is None
+        with pytest.raises(struct.error):
+            hashing.block_hashes(bad, 4)  # type: ignore[arg-type]
+    # a block size above the C loop's stack buffer
+    tokens = list(range(1000))
+    assert native.chain_hashes(tokens, 0, 2, 500, 9) == hashing._chain_py(tokens, 0, 2, 500, 9)
+
+
+def test_the_environment_forces_the_pure_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "1")
+    assert load() is None and PrefixIndex()._native is None
+    assert PrefixIndex(native=True)._native is native  # asked for explicitly
+    monkeypatch.setenv(ENV, "0")
+    assert load() is native and PrefixIndex()._native is native
+
+
+def test_hashes_in_tuples_work_on_both_paths() -> None:
+    tokens = list(range(16))
+    for index in (PrefixIndex(native=True), PrefixIndex(native=False)):
+        index.apply("w", EventBatch(1.0, [BlockStored((1, 2, 3, 4), None, tokens, 4)]))  # type: ignore[arg-type]
+        index.apply("w", EventBatch(1.0, [BlockRemoved((4,))]))  # type: ignore[arg-type]
+        assert index.overlaps(hashing.pure_block_hashes(tokens, 4)) == {"w": 3}
