@@ -2,18 +2,21 @@
 
 The SDK's own ``Tracer.start_span`` costs tens of microseconds per span (a sampler call, a lock,
 attribute validation, context objects); a request makes six. Here a span is a small slotted object
-while it runs; when it ends it becomes the SDK's :class:`ReadableSpan` (what every processor and
-exporter consumes: batch, simple, OTLP, console, in-memory) and goes to the processor's ``on_end``.
-The sampler (``OTEL_TRACES_SAMPLER``) is asked once per trace root; children follow their root.
-Attributes are the OTLP-safe primitives the callers pass (str, bool, int, float, lists of str).
+of ints while it runs; when it ends it becomes the SDK's :class:`ReadableSpan` (what every processor
+and exporter consumes: batch, simple, OTLP, console, in-memory) and goes to the processor's
+``on_end``. A request's spans can instead be closed as they finish and handed over together when its
+root ends (:meth:`Tracing.emit`): a processor with an ``on_spans`` method (the OTLP one) then encodes
+them straight from these records, with no SDK object made at all. The sampler
+(``OTEL_TRACES_SAMPLER``) is asked once per trace root; children follow their root. Attributes are
+the OTLP-safe primitives the callers pass (str, bool, int, float, lists of str).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -56,27 +59,55 @@ def traceparent(context: SpanContext) -> str:
 
 
 class Span:
-    """A span being recorded; :meth:`Tracing.end` ends it (once)."""
+    """A span being recorded: ids as ints, times as epoch nanoseconds (``end`` 0 while open).
+    :meth:`Tracing.end` ends and emits it (once); :meth:`close` only ends it, for :meth:`Tracing.emit`."""
 
-    __slots__ = ("attributes", "context", "ended", "events", "kind", "name", "parent", "start", "status")
+    __slots__ = ("_context", "attributes", "description", "emitted", "end", "events", "kind", "name", "parent",
+                 "span_id", "start", "trace_id", "trace_state")
 
-    def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind, start: int,
-                 attributes: dict[str, Any]) -> None:
+    def __init__(self, name: str, trace_id: int, span_id: int, trace_state: TraceState, parent: SpanContext | None,
+                 kind: SpanKind, start: int, attributes: dict[str, Any]) -> None:
         self.name = name
-        self.context = context
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.trace_state = trace_state
         self.parent = parent
         self.kind = kind
         self.start = start
+        self.end = 0
         self.attributes = attributes
-        self.events: list[Event] = []
-        self.status = _UNSET
-        self.ended = False
+        self.events: list[tuple[str, int]] = []  # (name, epoch ns)
+        self.description: str | None = None  # an error's, when the span failed
+        self.emitted = False
+        self._context: SpanContext | None = None
+
+    @property
+    def context(self) -> SpanContext:
+        ctx = self._context
+        if ctx is None:
+            ctx = self._context = SpanContext(self.trace_id, self.span_id, False, _SAMPLED, self.trace_state)
+        return ctx
+
+    @property
+    def status(self) -> Status:
+        return _UNSET if self.description is None else Status(StatusCode.ERROR, self.description)
 
     def event(self, name: str) -> None:
-        self.events.append(Event(name, None, time.time_ns()))
+        self.events.append((name, time.time_ns()))
 
     def error(self, description: str) -> None:
-        self.status = Status(StatusCode.ERROR, description)
+        self.description = description
+
+    def close(self, end: int | None = None) -> None:
+        """End the span without handing it over (:meth:`Tracing.emit` does); a second close does nothing."""
+        if not self.end:
+            self.end = end if end is not None else time.time_ns()
+
+
+class SpansSink(Protocol):
+    """A span processor that takes a batch of ended :class:`Span` records directly (see OtlpProcessor)."""
+
+    def on_spans(self, resource: Resource, scope: InstrumentationScope, spans: Sequence[Span]) -> None: ...
 
 
 class Tracing:
@@ -85,6 +116,7 @@ class Tracing:
     def __init__(self, processor: SpanProcessor, sampler: Sampler = DEFAULT_ON, resource: Resource | None = None,
                  scope: str = "infera") -> None:
         self._processor = processor
+        self._sink: SpansSink | None = processor if callable(getattr(processor, "on_spans", None)) else None  # type: ignore[assignment]
         self._sampler = sampler
         self._resource = resource if resource is not None else Resource.create({})
         self._scope = InstrumentationScope(scope)
@@ -111,30 +143,49 @@ class Tracing:
         result = self._sampler.should_sample(context, trace_id, name, kind, attributes)
         if result.decision is not Decision.RECORD_AND_SAMPLE:
             return trace_id, None
-        ctx = SpanContext(trace_id, bits(64) or 1, False, _SAMPLED, result.trace_state or state)
-        return trace_id, Span(name, ctx, parent_ctx, kind, time.time_ns(), dict(attributes or {}))
+        return trace_id, Span(name, trace_id, bits(64) or 1, result.trace_state or state, parent_ctx, kind,
+                              time.time_ns(), dict(attributes or {}))
 
     def start(self, name: str, parent: Span, kind: SpanKind = SpanKind.INTERNAL,
               attributes: dict[str, Any] | None = None, start: int | None = None) -> Span:
         """A child of ``parent`` (recorded: a sampled parent's children are)."""
-        pc = parent.context
-        ctx = SpanContext(pc.trace_id, self._bits(64) or 1, False, _SAMPLED, pc.trace_state)
-        return Span(name, ctx, pc, kind, start if start is not None else time.time_ns(), attributes or {})
+        return Span(name, parent.trace_id, self._bits(64) or 1, parent.trace_state, parent.context, kind,
+                    start if start is not None else time.time_ns(), attributes or {})
 
     def end(self, span: Span, end: int | None = None) -> None:
-        """End ``span`` and hand it to the processor; a second end does nothing."""
-        if span.ended:
+        """End ``span`` (if open) and hand it to the processor; a second end does nothing."""
+        if span.emitted:
             return
-        span.ended = True
-        self._processor.on_end(ReadableSpan(
+        span.close(end)
+        self.emit([span])
+
+    def emit(self, spans: Sequence[Span]) -> None:
+        """Hand over ``spans``, already closed and not yet emitted, together (a request's, its root last)."""
+        for span in spans:
+            span.emitted = True
+        if self._sink is not None:
+            self._sink.on_spans(self._resource, self._scope, spans)
+            return
+        on_end = self._processor.on_end
+        for span in spans:
+            on_end(self.readable(span))
+
+    def readable(self, span: Span) -> ReadableSpan:
+        """The SDK's form of an ended span."""
+        return ReadableSpan(
             name=span.name, context=span.context, parent=span.parent, resource=self._resource,
-            attributes=span.attributes, events=span.events, kind=span.kind, status=span.status,
-            start_time=span.start, end_time=end if end is not None else time.time_ns(),
-            instrumentation_scope=self._scope))
+            attributes=span.attributes, events=[Event(n, None, t) for n, t in span.events], kind=span.kind,
+            status=span.status, start_time=span.start, end_time=span.end, instrumentation_scope=self._scope)
+
+    def child(self, name: str, parent: Span, start: int, attributes: dict[str, Any] | None = None) -> Span:
+        """A closed child of ``parent`` from ``start`` to now (a synchronous stage), for :meth:`emit`."""
+        span = self.start(name, parent, SpanKind.INTERNAL, attributes, start)
+        span.end = time.time_ns()
+        return span
 
     def record(self, name: str, parent: Span, start: int, attributes: dict[str, Any] | None = None) -> None:
-        """A child of ``parent`` from ``start`` to now, made at once (a synchronous stage)."""
-        self.end(self.start(name, parent, SpanKind.INTERNAL, attributes, start))
+        """A child of ``parent`` from ``start`` to now, made and handed over at once."""
+        self.end(self.child(name, parent, start, attributes))
 
     def shutdown(self) -> None:
         """Flush and stop the processor (its exporter's last batch goes out)."""
