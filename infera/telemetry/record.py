@@ -17,7 +17,7 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind
 
-from infera.telemetry.spans import Span, Tracing, traceparent
+from infera.telemetry.spans import Span, Stage, Tracing, traceparent
 
 _CURRENT: ContextVar[RequestRecord | None] = ContextVar("infera_request", default=None)
 
@@ -70,7 +70,7 @@ class RequestRecord:
         self.retries = 0
         self.status = 0
         self.error = ""
-        self.children: list[Span] = []  # the root's, in start order; handed over when the root ends
+        self.children: list[Span | Stage] = []  # the root's, in start order; handed over when the root ends
         self.done = False  # the root has ended
 
     # ---- spans made after the fact --------------------------------------------------------------
@@ -82,15 +82,15 @@ class RequestRecord:
             attributes: dict[str, Any] = {"infera.body_bytes": body_bytes}
             if error:
                 attributes.update({"infera.error": error, "http.response.status_code": status})
-            self.children.append(tracing.child("intake", self.root, start_ns, attributes))
+            self.children.append(("intake", start_ns, clock_ns(), attributes))
 
     def tokenized(self, start_ns: int, prompt_tokens: int, tokenized: bool) -> None:
         """The ``tokenize`` span: the prompt rendered, tokenized and measured."""
         self.prompt_tokens = prompt_tokens
         tracing = self.tracing
         if tracing is not None and self.root is not None:
-            self.children.append(tracing.child("tokenize", self.root, start_ns,
-                                               {"infera.prompt_tokens": prompt_tokens, "infera.tokenized": tokenized}))
+            self.children.append(("tokenize", start_ns, clock_ns(),
+                                  {"infera.prompt_tokens": prompt_tokens, "infera.tokenized": tokenized}))
 
     def picked(self, role: str, policy: str, worker: str, reason: str, overlap: int, cost: float, candidates: int,
                start_ns: int) -> None:
@@ -100,7 +100,7 @@ class RequestRecord:
             self.policy, self.reason, self.overlap_blocks = policy, reason, overlap
         tracing = self.tracing
         if tracing is not None and self.root is not None:
-            self.children.append(tracing.child("pick", self.root, start_ns, {
+            self.children.append(("pick", start_ns, clock_ns(), {
                 "infera.role": role, "infera.policy": policy, "infera.worker": worker, "infera.reason": reason,
                 "infera.overlap_blocks": overlap, "infera.cost": cost, "infera.candidates": candidates}))
 
@@ -163,6 +163,4 @@ class RequestRecord:
         if self.status >= 500 or self.error:
             root.error(self.error or f"status {self.status}")
         root.close()
-        spans = [span for span in self.children if span.end]
-        spans.append(root)
-        tracing.emit(spans)
+        tracing.emit(root, [c for c in self.children if type(c) is tuple or c.end])  # type: ignore[union-attr]

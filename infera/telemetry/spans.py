@@ -4,9 +4,10 @@ The SDK's own ``Tracer.start_span`` costs tens of microseconds per span (a sampl
 attribute validation, context objects); a request makes six. Here a span is a small slotted object
 of ints while it runs; when it ends it becomes the SDK's :class:`ReadableSpan` (what every processor
 and exporter consumes: batch, simple, OTLP, console, in-memory) and goes to the processor's
-``on_end``. A request's spans can instead be closed as they finish and handed over together when its
-root ends (:meth:`Tracing.emit`): a processor with an ``on_spans`` method (the OTLP one) then encodes
-them straight from these records, with no SDK object made at all. The sampler
+``on_end``. A request's spans can instead be handed over together when its root ends
+(:meth:`Tracing.emit`), its synchronous stages as plain :data:`Stage` tuples (their ids made then): a
+processor with an ``on_request`` method (the OTLP one) takes them as they are and encodes them off the
+request path, with no SDK object made at all. The sampler
 (``OTEL_TRACES_SAMPLER``) is asked once per trace root; children follow their root. Attributes are
 the OTLP-safe primitives the callers pass (str, bool, int, float, lists of str).
 """
@@ -104,10 +105,25 @@ class Span:
             self.end = end if end is not None else time.time_ns()
 
 
-class SpansSink(Protocol):
-    """A span processor that takes a batch of ended :class:`Span` records directly (see OtlpProcessor)."""
+Stage = tuple[str, int, int, dict[str, Any]]
+"""A closed ``INTERNAL`` child of a request's root: (name, start, end (epoch ns), attributes)."""
 
-    def on_spans(self, resource: Resource, scope: InstrumentationScope, spans: Sequence[Span]) -> None: ...
+
+def stage_span(root: Span, stage: Stage, bits: Any = random.getrandbits) -> Span:
+    """The :class:`Span` of a stage of ``root``'s request (its id made now), ended and not yet emitted."""
+    name, start, end, attributes = stage
+    span = Span(name, root.trace_id, bits(64) or 1, root.trace_state, root.context, SpanKind.INTERNAL, start,
+                attributes)
+    span.end = end
+    span.emitted = True
+    return span
+
+
+class RequestSink(Protocol):
+    """A span processor that takes a request's span records as they are (see OtlpProcessor)."""
+
+    def on_request(self, resource: Resource, scope: InstrumentationScope, root: Span,
+                   children: Sequence[Span | Stage]) -> None: ...
 
 
 class Tracing:
@@ -116,7 +132,7 @@ class Tracing:
     def __init__(self, processor: SpanProcessor, sampler: Sampler = DEFAULT_ON, resource: Resource | None = None,
                  scope: str = "infera") -> None:
         self._processor = processor
-        self._sink: SpansSink | None = processor if callable(getattr(processor, "on_spans", None)) else None  # type: ignore[assignment]
+        self._sink: RequestSink | None = processor if callable(getattr(processor, "on_request", None)) else None  # type: ignore[assignment]
         self._sampler = sampler
         self._resource = resource if resource is not None else Resource.create({})
         self._scope = InstrumentationScope(scope)
@@ -157,18 +173,21 @@ class Tracing:
         if span.emitted:
             return
         span.close(end)
-        self.emit([span])
+        self.emit(span, ())
 
-    def emit(self, spans: Sequence[Span]) -> None:
-        """Hand over ``spans``, already closed and not yet emitted, together (a request's, its root last)."""
-        for span in spans:
-            span.emitted = True
+    def emit(self, root: Span, children: Sequence[Span | Stage]) -> None:
+        """Hand over ``root``, ended, and its ended ``children`` (spans not yet emitted, and stages)."""
+        root.emitted = True
+        for child in children:
+            if isinstance(child, Span):
+                child.emitted = True
         if self._sink is not None:
-            self._sink.on_spans(self._resource, self._scope, spans)
+            self._sink.on_request(self._resource, self._scope, root, children)
             return
         on_end = self._processor.on_end
-        for span in spans:
-            on_end(self.readable(span))
+        for child in children:
+            on_end(self.readable(child if isinstance(child, Span) else stage_span(root, child, self._bits)))
+        on_end(self.readable(root))
 
     def readable(self, span: Span) -> ReadableSpan:
         """The SDK's form of an ended span."""
@@ -176,16 +195,6 @@ class Tracing:
             name=span.name, context=span.context, parent=span.parent, resource=self._resource,
             attributes=span.attributes, events=[Event(n, None, t) for n, t in span.events], kind=span.kind,
             status=span.status, start_time=span.start, end_time=span.end, instrumentation_scope=self._scope)
-
-    def child(self, name: str, parent: Span, start: int, attributes: dict[str, Any] | None = None) -> Span:
-        """A closed child of ``parent`` from ``start`` to now (a synchronous stage), for :meth:`emit`."""
-        span = self.start(name, parent, SpanKind.INTERNAL, attributes, start)
-        span.end = time.time_ns()
-        return span
-
-    def record(self, name: str, parent: Span, start: int, attributes: dict[str, Any] | None = None) -> None:
-        """A child of ``parent`` from ``start`` to now, made and handed over at once."""
-        self.end(self.child(name, parent, start, attributes))
 
     def shutdown(self) -> None:
         """Flush and stop the processor (its exporter's last batch goes out)."""

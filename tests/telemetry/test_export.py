@@ -138,9 +138,9 @@ async def test_the_otlp_processor_encodes_a_requests_span_records_as_the_sdk_enc
     readable = []
 
     class Both(OtlpProcessor):
-        def on_spans(self, resource: Resource, scope: InstrumentationScope, spans: Sequence[Span]) -> None:
+        def _take(self, resource: Resource, scope: InstrumentationScope, spans: Sequence[Span]) -> None:
             readable.extend(t.tracing.readable(s) for s in spans)
-            super().on_spans(resource, scope, spans)
+            super()._take(resource, scope, spans)
 
     processor = Both(lambda body: posted.append(body) or True, delay=3600)
     t = Traced(worker("w1"), worker("w2"), transport=FailFirst(text="hello there"), processor=processor)
