@@ -17,7 +17,7 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind
 
-from infera.telemetry.spans import Span, Stage, Tracing, traceparent
+from infera.telemetry.spans import Span, Stage, Tracing
 
 _CURRENT: ContextVar[RequestRecord | None] = ContextVar("infera_request", default=None)
 
@@ -139,8 +139,9 @@ class RequestRecord:
 
     @staticmethod
     def traceparent(span: Span) -> str:
-        """W3C ``traceparent`` naming ``span`` as the parent, for the request sent on to a worker."""
-        return traceparent(span.context)
+        """W3C ``traceparent`` naming ``span`` (recorded, so sampled) as the parent, for the request sent on
+        to a worker."""
+        return f"00-{span.trace_id:032x}-{span.span_id:016x}-01"
 
     # ---- the root ---------------------------------------------------------------------------------
 

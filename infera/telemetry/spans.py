@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
-from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision, Sampler
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON, Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     NonRecordingSpan,
@@ -134,6 +134,8 @@ class Tracing:
         self._processor = processor
         self._sink: RequestSink | None = processor if callable(getattr(processor, "on_request", None)) else None  # type: ignore[assignment]
         self._sampler = sampler
+        # the default (parentbased_always_on) and always_on sample every new trace: no call needed for one
+        self._roots_sampled = sampler is DEFAULT_ON or sampler is ALWAYS_ON
         self._resource = resource if resource is not None else Resource.create({})
         self._scope = InstrumentationScope(scope)
         self._bits = random.getrandbits  # the module's generator: reseeded in a forked child
@@ -155,6 +157,9 @@ class Tracing:
             context: Context | None = set_span_in_context(NonRecordingSpan(parent_ctx))
         else:
             trace_id = bits(128) or 1
+            if self._roots_sampled:
+                return trace_id, Span(name, trace_id, bits(64) or 1, state, None, kind, time.time_ns(),
+                                      dict(attributes or {}))
             context = None
         result = self._sampler.should_sample(context, trace_id, name, kind, attributes)
         if result.decision is not Decision.RECORD_AND_SAMPLE:
