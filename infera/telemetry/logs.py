@@ -54,13 +54,14 @@ class RequestLog:
     once, or ``queued``, by a thread every ``tick`` seconds (and at :meth:`close`, which runs at exit)."""
 
     def __init__(self, fmt: str = "text", stream: IO[bytes] | None = None, logger: str = "infera.request",
-                 queued: bool = False, tick: float = 0.1) -> None:
+                 queued: bool = False, tick: float = 0.1, batch: int = 64) -> None:
         if fmt not in ("text", "json"):
             raise ValueError(f"unknown log format {fmt!r} (text or json)")
         self._json = fmt == "json"
         self._stream = stream if stream is not None else sys.stderr.buffer
         self._logger = logger
         self._queue: deque[tuple[RequestRecord, str, float, float]] | None = None
+        self._batch = batch
         self._lock = threading.Lock()
         self._stop = threading.Event()
         if queued:
@@ -82,8 +83,11 @@ class RequestLog:
 
     def write(self, record: RequestRecord, path: str) -> None:
         """The line of a request that has just ended (the record is not changed after this)."""
-        if self._queue is not None:
-            self._queue.append((record, path, time.perf_counter(), time.time()))
+        queue = self._queue
+        if queue is not None:
+            queue.append((record, path, time.perf_counter(), time.time()))
+            if len(queue) >= self._batch:  # busy: write here, in one go
+                self.flush()
             return
         stream = self._stream
         stream.write(self.line(record, path))

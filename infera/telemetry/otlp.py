@@ -269,8 +269,9 @@ class OtlpProcessor(SpanProcessor):
     """
 
     def __init__(self, post: Callable[[bytes], bool], shutdown: Callable[[], None] = lambda: None,
-                 max_batch: int = 4096, delay: float = 1.0, tick: float = 0.1) -> None:
+                 max_batch: int = 4096, delay: float = 1.0, tick: float = 0.1, batch: int = 64) -> None:
         self._post = post
+        self._batch = batch
         self._queue: deque[tuple[Resource, InstrumentationScope, Span, Sequence[Span | Stage]]] = deque()
         self._tick = min(tick, delay)
         self._bits = random.getrandbits
@@ -291,7 +292,10 @@ class OtlpProcessor(SpanProcessor):
                    children: Sequence[Span | Stage]) -> None:
         """Queue a request's ended spans (see :meth:`Tracing.emit`) for the thread to encode."""
         if not self._stopped:
-            self._queue.append((resource, scope, root, children))
+            queue = self._queue
+            queue.append((resource, scope, root, children))
+            if len(queue) >= self._batch:  # busy: encode here, in one go (see the class docstring)
+                self._drain()
 
     def _drain(self) -> None:
         """Encode the queued requests' spans into the pending batch."""
