@@ -13,10 +13,16 @@ over ~1k-token chat prompts, half streamed, ``max_tokens`` 8, closed loop at con
 
 Each round runs every scenario once, in a shuffled order; CPU = utime+stime of the frontend process
 from /proc over its cell / completed requests. Figures are medians over rounds and ratios to ``off``.
+``--together`` loads every frontend at once in each round instead (each at ``--concurrency``), so
+that the box's drifting load (other jobs) falls on all scenarios of a round alike. ``--baseline DIR``
+adds ``log@base``, ``otlp@base`` and ``all@base``: the same scenarios run from the ``infera`` package
+under DIR (e.g. ``git archive OLD infera | tar -x -C DIR``), before and after a
+change side by side in one run.
 
     nice -n 10 .venv/bin/python bench/tracing_overhead.py --quick   # ~2 min
     nice -n 10 .venv/bin/python bench/tracing_overhead.py           # ~6 min
     .venv/bin/python bench/tracing_overhead.py --frontend ...       # (internal: a frontend with a no-op exporter)
+    .venv/bin/python bench/tracing_overhead.py --base-frontend DIR ...  # (internal: a frontend from DIR)
 """
 
 from __future__ import annotations
@@ -46,6 +52,19 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], dict[str, str], bool]] = {
                 {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}, False),
     "all": (("--otel-exporter", "otlp", "--log-requests", "--log-format", "json"), {}, False),
 }
+
+
+BASELINE = ("log", "otlp", "all")
+
+
+def base_frontend(base: str, argv: Sequence[str]) -> int:
+    """``python -m infera.server`` with the ``infera`` package under ``base`` (not this checkout's)."""
+    here = str(Path(__file__).resolve().parent.parent)
+    sys.path[:] = [base, *(p for p in sys.path if p not in (here, "", ".") and Path(p or ".").resolve() != Path(here))]
+    from infera.server.__main__ import main
+
+    assert Path(sys.modules["infera"].__file__ or "").resolve().is_relative_to(Path(base).resolve())
+    return main(argv)
 
 
 def noop_frontend(argv: Sequence[str]) -> int:
@@ -133,7 +152,8 @@ def thread_cpu(pid: int) -> tuple[float, float]:
     return main, other
 
 
-def start_frontends(engines: list[Any], tok: Path, log_dir: Path, collector: Collector) -> dict[str, Any]:
+def start_frontends(engines: list[Any], tok: Path, log_dir: Path, collector: Collector,
+                    base: str = "") -> dict[str, Any]:
     from bench.common import PYTHON, Proc, frontend_ready
     from harness import free_port, frontend_argv
 
@@ -144,6 +164,8 @@ def start_frontends(engines: list[Any], tok: Path, log_dir: Path, collector: Col
                              args=("--log-level", "warning", *flags))
         if noop:
             argv = [PYTHON, str(Path(__file__).resolve()), "--frontend", *argv[3:]]
+        if name.endswith("@base"):
+            argv = [PYTHON, str(Path(__file__).resolve()), "--base-frontend", base, *argv[3:]]
         proc = Proc(name, argv, port, log_dir / f"frontend-{name}.log")
         proc.env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, **env})
         fronts[name] = proc
@@ -155,30 +177,35 @@ def start_frontends(engines: list[Any], tok: Path, log_dir: Path, collector: Col
 
 
 async def measure(fronts: dict[str, Any], bodies: list[bytes], rounds: int, n: int, conc: int,
-                  seed: int) -> list[dict[str, Any]]:
+                  seed: int, together: bool = False) -> list[dict[str, Any]]:
     from bench.common import make_session, run_load
 
     rows: list[dict[str, Any]] = []
     rng = random.Random(seed)
-    async with make_session(conc) as session:
+
+    async def cell(session: Any, r: int, name: str) -> None:
+        proc = fronts[name]
+        c0, (m0, o0) = proc.cpu(), thread_cpu(proc.pid)
+        res = await run_load(session, [proc.url + "/v1/chat/completions"], bodies, conc, n, 120, offset=r * 7919)
+        cpu, (m1, o1) = proc.cpu() - c0, thread_cpu(proc.pid)
+        ok = max(res.ok, 1)
+        rows.append({"round": r, "scenario": name, "ok": res.ok, "errors": res.errors,
+                     "cpu_us_per_req": cpu / ok * 1e6, "main_us_per_req": (m1 - m0) / ok * 1e6,
+                     "other_us_per_req": (o1 - o0) / ok * 1e6, "rps": res.rps, "first_error": res.first_error})
+        print(f"round {r} {name:8s} ok={res.ok} err={res.errors} cpu/req={cpu / ok * 1e6:7.0f} us "
+              f"(other threads {(o1 - o0) / ok * 1e6:5.0f})", flush=True)
+
+    async with make_session(conc * (len(fronts) if together else 1)) as session:
         for proc in fronts.values():  # warm-up: tokenizer caches, connection pools
             await run_load(session, [proc.url + "/v1/chat/completions"], bodies, conc, 64, 30)
         for r in range(rounds):
             order = list(fronts)
             rng.shuffle(order)
+            if together:  # every scenario loaded at once: the box's load drifts for all of them alike
+                await asyncio.gather(*(cell(session, r, name) for name in order))
+                continue
             for name in order:
-                proc = fronts[name]
-                c0, (m0, o0) = proc.cpu(), thread_cpu(proc.pid)
-                res = await run_load(session, [proc.url + "/v1/chat/completions"], bodies, conc, n, 120,
-                                     offset=r * 7919)
-                cpu, (m1, o1) = proc.cpu() - c0, thread_cpu(proc.pid)
-                ok = max(res.ok, 1)
-                rows.append({"round": r, "scenario": name, "ok": res.ok, "errors": res.errors,
-                             "cpu_us_per_req": cpu / ok * 1e6, "main_us_per_req": (m1 - m0) / ok * 1e6,
-                             "other_us_per_req": (o1 - o0) / ok * 1e6, "rps": res.rps,
-                             "first_error": res.first_error})
-                print(f"round {r} {name:8s} ok={res.ok} err={res.errors} cpu/req={cpu / ok * 1e6:7.0f} us "
-                      f"(other threads {(o1 - o0) / ok * 1e6:5.0f})", flush=True)
+                await cell(session, r, name)
     return rows
 
 
@@ -203,12 +230,21 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--frontend":
         return noop_frontend(sys.argv[2:])
+    if len(sys.argv) > 2 and sys.argv[1] == "--base-frontend":
+        return base_frontend(sys.argv[2], sys.argv[3:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 200 requests")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--together", action="store_true",
+                        help="load every frontend at once in each round (paired against the same box load)")
+    parser.add_argument("--baseline", default="", metavar="DIR",
+                        help="also run log, otlp and all from the infera package under DIR (name@base)")
     args = parser.parse_args()
+    if args.baseline:
+        for name in BASELINE:
+            SCENARIOS[f"{name}@base"] = SCENARIOS[name]
     if args.quick:
         args.rounds, args.requests = 2, 200
 
@@ -228,13 +264,15 @@ def main() -> int:
                 e.start()
             for e in engines:
                 e.wait_ready("/infera/worker", 60)
-            fronts = start_frontends(engines, tok, log_dir, collector)
-            rows = asyncio.run(measure(fronts, bodies, args.rounds, args.requests, args.concurrency, seed=11))
+            fronts = start_frontends(engines, tok, log_dir, collector, args.baseline)
+            rows = asyncio.run(measure(fronts, bodies, args.rounds, args.requests, args.concurrency, seed=11,
+                                       together=args.together))
         finally:
             stop_all([*fronts.values(), *engines])
         exported = (collector.requests, collector.bytes)
     summary = summarize(rows)
-    print(f"\nrun {started}, {args.rounds} rounds x {args.requests} requests, concurrency {args.concurrency}, "
+    print(f"\nrun {started}, {args.rounds} rounds x {args.requests} requests, concurrency {args.concurrency}"
+          f"{' (all frontends at once)' if args.together else ''}, "
           f"collector got {exported[0]} export requests ({exported[1] / 1e6:.1f} MB)")
     print("| scenario | frontend CPU µs/req | main thread | other threads | × off | × off, per-round pairs (IQR) |")
     print("|---|--:|--:|--:|--:|--:|")

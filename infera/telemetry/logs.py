@@ -1,16 +1,22 @@
 """Logs that join up with traces: the request line, and the ids on every other line about a request.
 
-The request line (``--log-requests``) is built once per request and written with one call: orjson
-for ``--log-format json``, ``key=value`` pairs for ``text``. Other log lines go through :mod:`logging`;
+The request line (``--log-requests``) is built once per request: orjson for ``--log-format json``,
+``key=value`` pairs for ``text``. A queued log (the servers') only notes the finished record on the
+request path; a thread builds and writes the lines every ``tick`` (0.1 s), several in one write:
+measured in a loaded frontend, building and writing the line in place cost ~60 µs per request, several
+times its cost in a loop. Other log lines go through :mod:`logging`;
 :class:`RequestIds` adds the current request's ids to them (a warning about a retried request names
 the same request and trace ids as its request line and its spans).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
+import threading
 import time
+from collections import deque
 from typing import IO, Any
 
 import orjson
@@ -24,9 +30,11 @@ def _iso(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds % 1 * 1000):03d}Z"
 
 
-def request_fields(record: RequestRecord, path: str) -> dict[str, Any]:
-    """The request line's fields, in order. Times in milliseconds; ``output_tokens`` -1 when unknown."""
-    now = time.perf_counter()
+def request_fields(record: RequestRecord, path: str, now: float | None = None) -> dict[str, Any]:
+    """The request line's fields, in order. Times in milliseconds; ``output_tokens`` -1 when unknown;
+    ``now``: when the request ended (``time.perf_counter()``; by default, now)."""
+    if now is None:
+        now = time.perf_counter()
     fields: dict[str, Any] = {
         "request_id": record.request_id, "trace_id": record.trace_id, "path": path, "model": record.model,
         "workers": record.workers, "policy": record.policy, "reason": record.reason,
@@ -42,18 +50,30 @@ def request_fields(record: RequestRecord, path: str) -> dict[str, Any]:
 
 
 class RequestLog:
-    """Writes one line per finished request to ``stream`` (a binary stream; stderr's by default)."""
+    """Writes one line per finished request to ``stream`` (a binary stream; stderr's by default): at
+    once, or ``queued``, by a thread every ``tick`` seconds (and at :meth:`close`, which runs at exit)."""
 
-    def __init__(self, fmt: str = "text", stream: IO[bytes] | None = None, logger: str = "infera.request") -> None:
+    def __init__(self, fmt: str = "text", stream: IO[bytes] | None = None, logger: str = "infera.request",
+                 queued: bool = False, tick: float = 0.1, batch: int = 64) -> None:
         if fmt not in ("text", "json"):
             raise ValueError(f"unknown log format {fmt!r} (text or json)")
         self._json = fmt == "json"
         self._stream = stream if stream is not None else sys.stderr.buffer
         self._logger = logger
+        self._queue: deque[tuple[RequestRecord, str, float, float]] | None = None
+        self._batch = batch
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        if queued:
+            self._queue = deque()
+            self._tick = tick
+            threading.Thread(target=self._run, name="infera-request-log", daemon=True).start()
+            atexit.register(self.close)
 
-    def line(self, record: RequestRecord, path: str) -> bytes:
-        fields = request_fields(record, path)
-        now = time.time()
+    def line(self, record: RequestRecord, path: str, ended: float | None = None, at: float | None = None) -> bytes:
+        """The line of a request that ended at ``ended`` (``time.perf_counter()``) and wall time ``at``."""
+        fields = request_fields(record, path, ended)
+        now = time.time() if at is None else at
         if self._json:
             return orjson.dumps({"ts": _iso(now), "level": "info", "logger": self._logger, "msg": "request",
                                  **fields}) + b"\n"
@@ -62,9 +82,45 @@ class RequestLog:
         return f"{stamp} INFO {self._logger}: request {pairs}\n".encode()
 
     def write(self, record: RequestRecord, path: str) -> None:
+        """The line of a request that has just ended (the record is not changed after this)."""
+        queue = self._queue
+        if queue is not None:
+            queue.append((record, path, time.perf_counter(), time.time()))
+            if len(queue) >= self._batch:  # busy: write here, in one go
+                self.flush()
+            return
         stream = self._stream
         stream.write(self.line(record, path))
         stream.flush()
+
+    def flush(self) -> None:
+        """Write the queued lines."""
+        queue = self._queue
+        if not queue:
+            return
+        lines = []
+        with self._lock:  # lines in order, whichever thread flushes
+            while True:
+                try:
+                    record, path, ended, at = queue.popleft()
+                except IndexError:
+                    break
+                lines.append(self.line(record, path, ended, at))
+            if lines:
+                self._stream.write(b"".join(lines))
+                self._stream.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._tick):
+            try:
+                self.flush()
+            except Exception as exc:  # a closed or broken stream: keep the thread (and the next lines)
+                logging.getLogger(__name__).warning("could not write request lines: %s", exc)
+
+    def close(self) -> None:
+        """Stop the thread and write what is queued."""
+        self._stop.set()
+        self.flush()
 
 
 def _text(value: Any) -> str:

@@ -4,6 +4,9 @@ Hooks in the router call the record's methods; with tracing off (or the request 
 record has no tracing and the methods only fill plain fields for the log line. Child spans whose work
 is synchronous (intake, tokenize, pick) are made after the fact with their start time, so the hot path
 holds no span object while it runs, and their attributes are built only when the request is traced.
+Children are closed as they finish and handed to the processor together with the root when the
+request ends (one call, which the OTLP processor encodes in one go); a leg still open then (a stream
+the client still reads) is handed over on its own when it ends.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind
 
-from infera.telemetry.spans import Span, Tracing, traceparent
+from infera.telemetry.spans import Span, Stage, Tracing
 
 _CURRENT: ContextVar[RequestRecord | None] = ContextVar("infera_request", default=None)
 
 clock_ns = time.time_ns  # span times are epoch nanoseconds
+_LEG_NAMES = {role: f"leg {role}" for role in ("mixed", "prefill", "decode")}
 
 
 def current() -> RequestRecord | None:
@@ -43,9 +47,9 @@ class RequestRecord:
     answering worker's first byte came in (0.0 until then).
     """
 
-    __slots__ = ("error", "failed", "first_byte", "model", "output_tokens", "overlap_blocks", "policy",
-                 "prompt_tokens", "reason", "request_id", "retries", "root", "started", "status", "trace_id",
-                 "tracing", "workers")
+    __slots__ = ("children", "done", "error", "failed", "first_byte", "model", "output_tokens", "overlap_blocks",
+                 "policy", "prompt_tokens", "reason", "request_id", "retries", "root", "started", "status",
+                 "trace_id", "tracing", "workers")
 
     def __init__(self, request_id: str, trace_id: str, tracing: Tracing | None = None, root: Span | None = None,
                  ) -> None:
@@ -66,6 +70,8 @@ class RequestRecord:
         self.retries = 0
         self.status = 0
         self.error = ""
+        self.children: list[Span | Stage] = []  # the root's, in start order; handed over when the root ends
+        self.done = False  # the root has ended
 
     # ---- spans made after the fact --------------------------------------------------------------
 
@@ -76,15 +82,15 @@ class RequestRecord:
             attributes: dict[str, Any] = {"infera.body_bytes": body_bytes}
             if error:
                 attributes.update({"infera.error": error, "http.response.status_code": status})
-            tracing.record("intake", self.root, start_ns, attributes)
+            self.children.append(("intake", start_ns, clock_ns(), attributes))
 
     def tokenized(self, start_ns: int, prompt_tokens: int, tokenized: bool) -> None:
         """The ``tokenize`` span: the prompt rendered, tokenized and measured."""
         self.prompt_tokens = prompt_tokens
         tracing = self.tracing
         if tracing is not None and self.root is not None:
-            tracing.record("tokenize", self.root, start_ns,
-                           {"infera.prompt_tokens": prompt_tokens, "infera.tokenized": tokenized})
+            self.children.append(("tokenize", start_ns, clock_ns(),
+                                  {"infera.prompt_tokens": prompt_tokens, "infera.tokenized": tokenized}))
 
     def picked(self, role: str, policy: str, worker: str, reason: str, overlap: int, cost: float, candidates: int,
                start_ns: int) -> None:
@@ -94,9 +100,9 @@ class RequestRecord:
             self.policy, self.reason, self.overlap_blocks = policy, reason, overlap
         tracing = self.tracing
         if tracing is not None and self.root is not None:
-            tracing.record("pick", self.root, start_ns, {
+            self.children.append(("pick", start_ns, clock_ns(), {
                 "infera.role": role, "infera.policy": policy, "infera.worker": worker, "infera.reason": reason,
-                "infera.overlap_blocks": overlap, "infera.cost": cost, "infera.candidates": candidates})
+                "infera.overlap_blocks": overlap, "infera.cost": cost, "infera.candidates": candidates}))
 
     # ---- legs -------------------------------------------------------------------------------------
 
@@ -105,7 +111,10 @@ class RequestRecord:
         tracing = self.tracing
         if tracing is None or self.root is None:
             return None
-        return tracing.start(f"leg {role}", self.root, SpanKind.CLIENT, {"infera.role": role, "infera.worker": worker})
+        span = tracing.start(_LEG_NAMES.get(role) or f"leg {role}", self.root, SpanKind.CLIENT,
+                             {"infera.role": role, "infera.worker": worker})
+        self.children.append(span)
+        return span
 
     def leg_first_byte(self, span: Span | None, worker: str) -> None:
         """The worker's first byte is in: TTFT counts to the last leg's (a pair's decode worker)."""
@@ -116,27 +125,32 @@ class RequestRecord:
 
     def leg_failed(self, span: Span | None, worker: str, error: BaseException) -> None:
         self.failed.append(worker)
-        if span is not None and self.tracing is not None:
+        if span is not None:
             span.error(str(error) or type(error).__name__)
-            self.tracing.end(span)
+            self.leg_done(span)
 
     def leg_done(self, span: Span | None) -> None:
         """The leg's response has ended (idempotent)."""
-        if span is not None and self.tracing is not None:
+        if span is None or span.end:
+            return
+        span.close()
+        if self.done and self.tracing is not None:  # the request ended first: this leg goes out alone
             self.tracing.end(span)
 
     @staticmethod
     def traceparent(span: Span) -> str:
-        """W3C ``traceparent`` naming ``span`` as the parent, for the request sent on to a worker."""
-        return traceparent(span.context)
+        """W3C ``traceparent`` naming ``span`` (recorded, so sampled) as the parent, for the request sent on
+        to a worker."""
+        return f"00-{span.trace_id:032x}-{span.span_id:016x}-01"
 
     # ---- the root ---------------------------------------------------------------------------------
 
     def finish(self) -> None:
-        """End the root span with the outcome (idempotent)."""
+        """End the root span with the outcome and hand it over with its closed children (idempotent)."""
         root, tracing = self.root, self.tracing
-        if root is None or tracing is None:
+        if root is None or tracing is None or self.done:
             return
+        self.done = True
         attributes = root.attributes
         attributes["http.response.status_code"] = self.status
         if self.model:
@@ -149,4 +163,5 @@ class RequestRecord:
             attributes["infera.output_tokens"] = self.output_tokens
         if self.status >= 500 or self.error:
             root.error(self.error or f"status {self.status}")
-        tracing.end(root)
+        root.close()
+        tracing.emit(root, [c for c in self.children if type(c) is tuple or c.end])  # type: ignore[union-attr]

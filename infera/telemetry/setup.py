@@ -68,7 +68,7 @@ def tracing_for(exporter: str, service_name: str) -> Tracing | None:
 
 def build_telemetry(exporter: str, log_requests: bool, log_format: str, service_name: str) -> Telemetry:
     """Telemetry for a process, from its ``--otel-exporter``, ``--log-requests`` and ``--log-format``."""
-    return Telemetry(tracing_for(exporter, service_name), RequestLog(log_format) if log_requests else None)
+    return Telemetry(tracing_for(exporter, service_name), RequestLog(log_format, queued=True) if log_requests else None)
 
 
 def configure_logging(level: str, log_format: str) -> None:

@@ -2,23 +2,27 @@
 
 The SDK's own ``Tracer.start_span`` costs tens of microseconds per span (a sampler call, a lock,
 attribute validation, context objects); a request makes six. Here a span is a small slotted object
-while it runs; when it ends it becomes the SDK's :class:`ReadableSpan` (what every processor and
-exporter consumes: batch, simple, OTLP, console, in-memory) and goes to the processor's ``on_end``.
-The sampler (``OTEL_TRACES_SAMPLER``) is asked once per trace root; children follow their root.
-Attributes are the OTLP-safe primitives the callers pass (str, bool, int, float, lists of str).
+of ints while it runs; when it ends it becomes the SDK's :class:`ReadableSpan` (what every processor
+and exporter consumes: batch, simple, OTLP, console, in-memory) and goes to the processor's
+``on_end``. A request's spans can instead be handed over together when its root ends
+(:meth:`Tracing.emit`), its synchronous stages as plain :data:`Stage` tuples (their ids made then): a
+processor with an ``on_request`` method (the OTLP one) takes them as they are and encodes them off the
+request path, with no SDK object made at all. The sampler
+(``OTEL_TRACES_SAMPLER``) is asked once per trace root; children follow their root. Attributes are
+the OTLP-safe primitives the callers pass (str, bool, int, float, lists of str).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
-from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision, Sampler
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON, Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     NonRecordingSpan,
@@ -56,27 +60,70 @@ def traceparent(context: SpanContext) -> str:
 
 
 class Span:
-    """A span being recorded; :meth:`Tracing.end` ends it (once)."""
+    """A span being recorded: ids as ints, times as epoch nanoseconds (``end`` 0 while open).
+    :meth:`Tracing.end` ends and emits it (once); :meth:`close` only ends it, for :meth:`Tracing.emit`."""
 
-    __slots__ = ("attributes", "context", "ended", "events", "kind", "name", "parent", "start", "status")
+    __slots__ = ("_context", "attributes", "description", "emitted", "end", "events", "kind", "name", "parent",
+                 "span_id", "start", "trace_id", "trace_state")
 
-    def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind, start: int,
-                 attributes: dict[str, Any]) -> None:
+    def __init__(self, name: str, trace_id: int, span_id: int, trace_state: TraceState, parent: SpanContext | None,
+                 kind: SpanKind, start: int, attributes: dict[str, Any]) -> None:
         self.name = name
-        self.context = context
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.trace_state = trace_state
         self.parent = parent
         self.kind = kind
         self.start = start
+        self.end = 0
         self.attributes = attributes
-        self.events: list[Event] = []
-        self.status = _UNSET
-        self.ended = False
+        self.events: list[tuple[str, int]] = []  # (name, epoch ns)
+        self.description: str | None = None  # an error's, when the span failed
+        self.emitted = False
+        self._context: SpanContext | None = None
+
+    @property
+    def context(self) -> SpanContext:
+        ctx = self._context
+        if ctx is None:
+            ctx = self._context = SpanContext(self.trace_id, self.span_id, False, _SAMPLED, self.trace_state)
+        return ctx
+
+    @property
+    def status(self) -> Status:
+        return _UNSET if self.description is None else Status(StatusCode.ERROR, self.description)
 
     def event(self, name: str) -> None:
-        self.events.append(Event(name, None, time.time_ns()))
+        self.events.append((name, time.time_ns()))
 
     def error(self, description: str) -> None:
-        self.status = Status(StatusCode.ERROR, description)
+        self.description = description
+
+    def close(self, end: int | None = None) -> None:
+        """End the span without handing it over (:meth:`Tracing.emit` does); a second close does nothing."""
+        if not self.end:
+            self.end = end if end is not None else time.time_ns()
+
+
+Stage = tuple[str, int, int, dict[str, Any]]
+"""A closed ``INTERNAL`` child of a request's root: (name, start, end (epoch ns), attributes)."""
+
+
+def stage_span(root: Span, stage: Stage, bits: Any = random.getrandbits) -> Span:
+    """The :class:`Span` of a stage of ``root``'s request (its id made now), ended and not yet emitted."""
+    name, start, end, attributes = stage
+    span = Span(name, root.trace_id, bits(64) or 1, root.trace_state, root.context, SpanKind.INTERNAL, start,
+                attributes)
+    span.end = end
+    span.emitted = True
+    return span
+
+
+class RequestSink(Protocol):
+    """A span processor that takes a request's span records as they are (see OtlpProcessor)."""
+
+    def on_request(self, resource: Resource, scope: InstrumentationScope, root: Span,
+                   children: Sequence[Span | Stage]) -> None: ...
 
 
 class Tracing:
@@ -85,7 +132,10 @@ class Tracing:
     def __init__(self, processor: SpanProcessor, sampler: Sampler = DEFAULT_ON, resource: Resource | None = None,
                  scope: str = "infera") -> None:
         self._processor = processor
+        self._sink: RequestSink | None = processor if callable(getattr(processor, "on_request", None)) else None  # type: ignore[assignment]
         self._sampler = sampler
+        # the default (parentbased_always_on) and always_on sample every new trace: no call needed for one
+        self._roots_sampled = sampler is DEFAULT_ON or sampler is ALWAYS_ON
         self._resource = resource if resource is not None else Resource.create({})
         self._scope = InstrumentationScope(scope)
         self._bits = random.getrandbits  # the module's generator: reseeded in a forked child
@@ -107,34 +157,49 @@ class Tracing:
             context: Context | None = set_span_in_context(NonRecordingSpan(parent_ctx))
         else:
             trace_id = bits(128) or 1
+            if self._roots_sampled:
+                return trace_id, Span(name, trace_id, bits(64) or 1, state, None, kind, time.time_ns(),
+                                      dict(attributes or {}))
             context = None
         result = self._sampler.should_sample(context, trace_id, name, kind, attributes)
         if result.decision is not Decision.RECORD_AND_SAMPLE:
             return trace_id, None
-        ctx = SpanContext(trace_id, bits(64) or 1, False, _SAMPLED, result.trace_state or state)
-        return trace_id, Span(name, ctx, parent_ctx, kind, time.time_ns(), dict(attributes or {}))
+        return trace_id, Span(name, trace_id, bits(64) or 1, result.trace_state or state, parent_ctx, kind,
+                              time.time_ns(), dict(attributes or {}))
 
     def start(self, name: str, parent: Span, kind: SpanKind = SpanKind.INTERNAL,
               attributes: dict[str, Any] | None = None, start: int | None = None) -> Span:
         """A child of ``parent`` (recorded: a sampled parent's children are)."""
-        pc = parent.context
-        ctx = SpanContext(pc.trace_id, self._bits(64) or 1, False, _SAMPLED, pc.trace_state)
-        return Span(name, ctx, pc, kind, start if start is not None else time.time_ns(), attributes or {})
+        return Span(name, parent.trace_id, self._bits(64) or 1, parent.trace_state, parent.context, kind,
+                    start if start is not None else time.time_ns(), attributes or {})
 
     def end(self, span: Span, end: int | None = None) -> None:
-        """End ``span`` and hand it to the processor; a second end does nothing."""
-        if span.ended:
+        """End ``span`` (if open) and hand it to the processor; a second end does nothing."""
+        if span.emitted:
             return
-        span.ended = True
-        self._processor.on_end(ReadableSpan(
-            name=span.name, context=span.context, parent=span.parent, resource=self._resource,
-            attributes=span.attributes, events=span.events, kind=span.kind, status=span.status,
-            start_time=span.start, end_time=end if end is not None else time.time_ns(),
-            instrumentation_scope=self._scope))
+        span.close(end)
+        self.emit(span, ())
 
-    def record(self, name: str, parent: Span, start: int, attributes: dict[str, Any] | None = None) -> None:
-        """A child of ``parent`` from ``start`` to now, made at once (a synchronous stage)."""
-        self.end(self.start(name, parent, SpanKind.INTERNAL, attributes, start))
+    def emit(self, root: Span, children: Sequence[Span | Stage]) -> None:
+        """Hand over ``root``, ended, and its ended ``children`` (spans not yet emitted, and stages)."""
+        root.emitted = True
+        for child in children:
+            if isinstance(child, Span):
+                child.emitted = True
+        if self._sink is not None:
+            self._sink.on_request(self._resource, self._scope, root, children)
+            return
+        on_end = self._processor.on_end
+        for child in children:
+            on_end(self.readable(child if isinstance(child, Span) else stage_span(root, child, self._bits)))
+        on_end(self.readable(root))
+
+    def readable(self, span: Span) -> ReadableSpan:
+        """The SDK's form of an ended span."""
+        return ReadableSpan(
+            name=span.name, context=span.context, parent=span.parent, resource=self._resource,
+            attributes=span.attributes, events=[Event(n, None, t) for n, t in span.events], kind=span.kind,
+            status=span.status, start_time=span.start, end_time=span.end, instrumentation_scope=self._scope)
 
     def shutdown(self) -> None:
         """Flush and stop the processor (its exporter's last batch goes out)."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import orjson
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -40,11 +40,12 @@ class Traced:
     """The app, its spans and its request lines."""
 
     def __init__(self, *workers: WorkerRecord, transport: Any = None, policy: str = "round-robin",
-                 renderer: PromptRenderer | None = None, tracing: bool = True) -> None:
+                 renderer: PromptRenderer | None = None, tracing: bool = True,
+                 processor: SpanProcessor | None = None) -> None:
         self.exporter = InMemorySpanExporter()
         self.log = io.BytesIO()
-        telemetry = Telemetry(Tracing(SimpleSpanProcessor(self.exporter)) if tracing else None,
-                              RequestLog("json", self.log))
+        self.tracing = Tracing(processor or SimpleSpanProcessor(self.exporter))
+        telemetry = Telemetry(self.tracing if tracing else None, RequestLog("json", self.log))
         self.transport = transport or FakeTransport(text="hello there")
         self.router = Router(FakeFleet(*workers), self.transport, None, renderer,
                              RouterOptions(policy=policy), rng=random.Random(1))

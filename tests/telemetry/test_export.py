@@ -3,6 +3,8 @@ traceparent starts a new trace."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -119,3 +121,47 @@ async def test_the_otlp_processor_posts_the_encoded_spans_to_the_collector_the_e
     ((path, body),) = bodies
     sent = ExportTraceServiceRequest.FromString(body)
     assert path == "/v1/traces" and sent == encode_spans(t.spans())
+
+
+async def test_the_otlp_processor_encodes_a_requests_span_records_as_the_sdk_encodes_their_spans() -> None:
+    """The OTLP processor takes a request's spans as records (no SDK span made) and writes them itself:
+    the same message as the SDK's encoder makes of their SDK form."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from infera.telemetry.otlp import OtlpProcessor
+    from infera.telemetry.spans import Span
+    from tests.telemetry.conftest import FailFirst
+
+    posted: list[bytes] = []
+    readable = []
+
+    class Both(OtlpProcessor):
+        def _take(self, resource: Resource, scope: InstrumentationScope, spans: Sequence[Span]) -> None:
+            readable.extend(t.tracing.readable(s) for s in spans)
+            super()._take(resource, scope, spans)
+
+    processor = Both(lambda body: posted.append(body) or True, delay=3600)
+    t = Traced(worker("w1"), worker("w2"), transport=FailFirst(text="hello there"), processor=processor)
+    async with t.client() as client:  # a retry (an error status), a caller's traceparent and tracestate, a 400
+        await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                          headers={"traceparent": PARENT, "tracestate": "vendor=x1"})
+        await client.post("/v1/chat/completions", json=CHAT)
+        await client.post("/v1/chat/completions", content=b"{not json")
+    processor.shutdown()
+    (body,) = posted
+    assert len(readable) == 7 + 5 + 2 and any(s.status.description for s in readable)
+    assert ExportTraceServiceRequest.FromString(body) == encode_spans(readable)
+
+
+def test_kept_attribute_encodings_write_what_the_plain_encoder_writes() -> None:
+    from infera.telemetry.otlp import Encoder
+
+    encoder = Encoder()
+    values = [0, 1, 127, 128, 200, 16383, 16384, 1 << 40, -1, True, False, 0.0, 3.25, -1e300, "", "w1", "é" * 200,
+              ["a", "b"], []]
+    for round_ in range(2):  # the second time from the kept encodings
+        for i, value in enumerate(values):
+            attributes = {f"infera.k{i}": value, "x" * 150: value}
+            assert encoder._span_attributes(attributes) == encoder._attributes(9, attributes), (round_, value)

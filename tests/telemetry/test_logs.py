@@ -93,3 +93,21 @@ def test_the_text_request_line_is_key_value_pairs() -> None:
     line = RequestLog("text", io.BytesIO()).line(record, "/v1/completions").decode()
     assert " INFO infera.request: request request_id=r1 trace_id=- path=/v1/completions model=m workers=w1,w2 " in line
     assert line.endswith(" status=200\n")
+
+
+def test_a_queued_request_log_writes_the_same_lines_off_the_request_path() -> None:
+    """The servers' log: the request path only queues the record; a thread (or close) writes the lines."""
+    record = RequestRecord("req-1", "ab" * 16)
+    record.model, record.workers, record.status, record.output_tokens = MODEL, ["w1"], 200, 3
+    direct, queued_out = io.BytesIO(), io.BytesIO()
+    queued = RequestLog("json", queued_out, queued=True, tick=3600)
+    RequestLog("json", direct).write(record, "/v1/completions")
+    queued.write(record, "/v1/completions")
+    queued.write(record, "/v1/chat/completions")
+    assert queued_out.getvalue() == b""  # not yet: the thread writes every tick
+    queued.close()
+    first, second = (orjson.loads(line) for line in queued_out.getvalue().splitlines())
+    expected = orjson.loads(direct.getvalue())
+    for line in (first, second, expected):
+        del line["ts"], line["duration_ms"]
+    assert first == expected and second == {**expected, "path": "/v1/chat/completions"}
