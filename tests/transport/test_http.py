@@ -32,6 +32,20 @@ async def engine(first_chunk_after: float, then_hang: float = 0.0) -> AsyncItera
         yield url
 
 
+def sse_of(parts: list[bytes]) -> Handler:
+    """An engine handler that streams ``parts`` as server-sent events, then ends the body."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for part in parts:
+            await resp.write(part)
+        await resp.write_eof()
+        return resp
+
+    return stream
+
+
 async def serve(stream: Handler) -> AsyncIterator[str]:
     """An engine on a free 127.0.0.1 port answering /v1/chat/completions with ``stream``; yields its URL."""
     app = web.Application()
@@ -118,14 +132,7 @@ async def test_gaps_shorter_than_the_idle_timeout_pass() -> None:
 async def test_drain_and_reads_together_hand_over_every_byte_once() -> None:
     parts = [b"data: %d\n\n" % i for i in range(50)]
 
-    async def stream(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for part in parts:
-            await resp.write(part)
-        await resp.write_eof()
-        return resp
-
+    stream = sse_of(parts)
     got: list[bytes] = []
     async for url in serve(stream):
         transport = HttpTransport(connect_timeout=2, first_byte_timeout=5)

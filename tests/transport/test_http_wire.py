@@ -14,7 +14,7 @@ from aiohttp import web
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import UpstreamError
 from infera.transport.http import HttpTransport
-from tests.transport.test_http import serve
+from tests.transport.test_http import serve, sse_of
 
 PATH = "/v1/chat/completions"
 
@@ -64,14 +64,7 @@ async def test_sequential_answers_reuse_one_connection_and_carry_the_request() -
 async def test_a_streamed_answer_arrives_whole_and_in_order() -> None:
     parts = [b"data: %d\n\n" % i for i in range(200)]
 
-    async def stream(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for part in parts:
-            await resp.write(part)
-        await resp.write_eof()
-        return resp
-
+    stream = sse_of(parts)
     async for url in serve(stream):
         transport = await started()
         try:
