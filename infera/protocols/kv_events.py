@@ -266,7 +266,11 @@ def _decode_event(raw: Any) -> KvEvent | None:
 
 
 def decode_batch(payload: bytes) -> EventBatch:
-    """Decode one msgpack ``EventBatch``; unknown event types are skipped."""
+    """Decode one msgpack ``EventBatch``; unknown event types are skipped.
+
+    A stored event's ``TokenIds`` is a view of ``payload`` (it keeps it alive): pass ``bytes``, never a buffer
+    that is written to again.
+    """
     try:
         wire = _fast_decoder.decode(payload)
     except msgspec.DecodeError:  # not vLLM 0.32's map form (or not valid at all): the general path
