@@ -40,9 +40,12 @@ WORKERS = (16, 128, 1024)
 PROMPT_TOKENS = (1024, 8192, 32768)
 
 
-def _impls() -> dict[str, tuple[Any, Any]]:
+def _impls(ints: bool = False) -> dict[str, tuple[Any, Any]]:
     """name -> (index factory, decode function); old = main 2d3553e (bench/index_v2.py), new = this tree as it
-    runs (its C loops if built: infera.kv.native), pure = this tree with ``native=False`` (when C is built)."""
+    runs (its C loops if built: infera.kv.native), pure = this tree with ``native=False`` (when C is built).
+    ``ints``: also "ints", this tree's index fed by the decoder of main 2d3553e-7f6bc8d (token ids decoded into
+    int lists, hashed by ``chain_hashes``; the index's list path is main's code), to show the packed token ids'
+    share side by side."""
     from functools import partial
 
     from bench import index_v2
@@ -50,8 +53,10 @@ def _impls() -> dict[str, tuple[Any, Any]]:
     from infera.kv.native import load
     from infera.protocols.kv_events import decode_batch
 
-    impls: dict[str, tuple[Any, Any]] = {"old": (index_v2.PrefixIndex, index_v2.decode_batch),
-                                         "new": (PrefixIndex, decode_batch)}
+    impls: dict[str, tuple[Any, Any]] = {"old": (index_v2.PrefixIndex, index_v2.decode_batch)}
+    if ints:
+        impls["ints"] = (PrefixIndex, index_v2.decode_batch)
+    impls["new"] = (PrefixIndex, decode_batch)
     if load() is not None:
         impls["pure"] = (partial(PrefixIndex, native=False), decode_batch)
     return impls
@@ -67,7 +72,7 @@ def ingest(quick: bool) -> dict[str, Any]:
     n_events = synth.block_events(batches)
     out: dict[str, Any] = {"workers": 16, "batches": len(batches), "block_events": n_events,
                            "stored_blocks_per_batch": n_events / len(batches)}
-    impls = _impls()
+    impls = _impls(ints=True)
     rates: dict[str, dict[str, list[float]]] = {name: {"apply": [], "decode+apply": [], "decode": []}
                                                 for name in impls}
     for _ in range(3 if quick else 5):
@@ -244,7 +249,7 @@ def print_report(res: dict[str, Any]) -> None:
         print(f"KV-event ingest ({ing['workers']} workers, caches full, {ing['batches']} batches, "
               f"{ing['stored_blocks_per_batch']:.0f} block events/batch), CPU time, M block events/s:")
         rates = ing["events_per_s"]
-        names = [k for k in ("old", "pure", "new") if k in rates]
+        names = [k for k in ("old", "pure", "ints", "new") if k in rates]
         print(f"{'path':<14}" + "".join(f"{k:>8}" for k in names) + "".join(f"{'new/' + k:>10}" for k in names[:-1]))
         for mode in ("apply", "decode+apply", "decode"):
             print(f"{mode:<14}" + "".join(f"{rates[k][mode] / 1e6:>8.2f}" for k in names)

@@ -98,6 +98,135 @@ fail:
     return NULL;
 }
 
+/* ---- block hashes from msgpack ------------------------------------------------------------------- */
+
+/* One msgpack int at *p (< end) into *v if it is in [0, 2**32): 1; anything else (another type, a negative or larger
+ * int, bytes cut short): 0. Every int width counts (positive fixint, uint8/16/32/64, int8/16/32/64, negative fixint),
+ * as the Python path takes any int in range whatever its encoding. */
+static int packed_u32(const unsigned char **p, const unsigned char *end, uint32_t *v) {
+    const unsigned char *q = *p;
+    if (q >= end) return 0;
+    unsigned char c = *q++;
+    uint64_t u;
+    int neg = 0;
+    size_t w;
+    if (c <= 0x7f) {
+        *v = c;
+        *p = q;
+        return 1;
+    }
+    switch (c) {
+        case 0xcc: w = 1; break;
+        case 0xcd: w = 2; break;
+        case 0xce: w = 4; break;
+        case 0xcf: w = 8; break;
+        case 0xd0: w = 1; neg = 1; break;
+        case 0xd1: w = 2; neg = 1; break;
+        case 0xd2: w = 4; neg = 1; break;
+        case 0xd3: w = 8; neg = 1; break;
+        default: return 0;  /* negative fixint, or not an int */
+    }
+    if ((size_t)(end - q) < w) return 0;
+    u = 0;
+    for (size_t k = 0; k < w; k++) u = (u << 8) | q[k];
+    if (neg && (u >> (8 * w - 1)) & 1) return 0;  /* a signed form holding a negative value */
+    if (u > 0xFFFFFFFFULL) return 0;
+    *v = (uint32_t)u;
+    *p = q + w;
+    return 1;
+}
+
+/* chain_hashes_packed(raw, n_blocks, block_size, parent) -> list[int] | None
+ * chain_hashes(tokens, 0, n_blocks, block_size, parent) for ``raw``, the msgpack encoding of the token-id array
+ * (any bytes-like object), read in place: no int object per token. None when ``raw`` is not exactly one msgpack
+ * array of ints in [0, 2**32) (the caller decodes it and takes the Python path, which raises what it raises). */
+static PyObject *chain_hashes_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "chain_hashes_packed takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t n_blocks = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t bs = PyLong_AsSsize_t(args[2]);
+    unsigned long long h = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (bs <= 0) {
+        PyErr_SetString(PyExc_ValueError, "block_size must be positive");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *p = view.buf, *end = p + view.len;
+    PyObject *out = NULL;
+    uint32_t stack[256];
+    uint32_t *buf = stack;
+    size_t count;
+    if (p >= end) goto none;
+    if ((*p & 0xf0) == 0x90) {
+        count = *p++ & 0x0f;
+    } else if (*p == 0xdc && end - p >= 3) {
+        count = ((size_t)p[1] << 8) | p[2];
+        p += 3;
+    } else if (*p == 0xdd && end - p >= 5) {
+        count = ((size_t)p[1] << 24) | ((size_t)p[2] << 16) | ((size_t)p[3] << 8) | p[4];
+        p += 5;
+    } else {
+        goto none;
+    }
+    if (count > (size_t)(end - p)) goto none;  /* every element takes a byte at least */
+    if (n_blocks < 0) n_blocks = 0;
+    if ((size_t)n_blocks > count / (size_t)bs) n_blocks = (Py_ssize_t)(count / (size_t)bs);
+    if (bs > 256 && (buf = PyMem_Malloc(sizeof(uint32_t) * (size_t)bs)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint64_t *hs = PyMem_Malloc(sizeof(uint64_t) * (size_t)(n_blocks ? n_blocks : 1));
+    if (hs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t b = 0; b < n_blocks; b++) {
+        for (Py_ssize_t j = 0; j < bs; j++) {
+            uint32_t v;
+            if (!packed_u32(&p, end, &v)) {
+                PyMem_Free(hs);
+                goto none;
+            }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            buf[j] = __builtin_bswap32(v);
+#else
+            buf[j] = v;
+#endif
+        }
+        hs[b] = h = XXH3_64bits_withSeed(buf, (size_t)bs * 4, h);
+    }
+    for (size_t k = (size_t)n_blocks * (size_t)bs; k < count; k++) {  /* the rest: checked, not hashed */
+        uint32_t v;
+        if (!packed_u32(&p, end, &v)) {
+            PyMem_Free(hs);
+            goto none;
+        }
+    }
+    if (p != end) {  /* bytes after the array */
+        PyMem_Free(hs);
+        goto none;
+    }
+    out = PyList_New(n_blocks);
+    for (Py_ssize_t b = 0; out != NULL && b < n_blocks; b++) {
+        PyObject *o = PyLong_FromUnsignedLongLong(hs[b]);
+        if (o == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, b, o);
+    }
+    PyMem_Free(hs);
+    goto done;
+none:
+    out = Py_None;
+    Py_INCREF(out);
+done:
+    if (buf != stack) PyMem_Free(buf);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 /* ---- shared helpers --------------------------------------------------------------------------- */
 
 /* mask & bit != 0 (both non-negative ints, bit == 1 << slot); -1 on error */
@@ -593,6 +722,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"chain_hashes", (PyCFunction)(void (*)(void))chain_hashes, METH_FASTCALL, NULL},
+    {"chain_hashes_packed", (PyCFunction)(void (*)(void))chain_hashes_packed, METH_FASTCALL, NULL},
     {"store_blocks", (PyCFunction)(void (*)(void))store_blocks, METH_FASTCALL, NULL},
     {"remove_blocks", (PyCFunction)(void (*)(void))remove_blocks, METH_FASTCALL, NULL},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL, NULL},

@@ -1,9 +1,12 @@
 # The C part of the prefix index (csrc/index.c); see infera/kv/native.py for when it runs.
 from collections.abc import Sequence
 
+from typing_extensions import Buffer
+
 def chain_hashes(
     tokens: Sequence[int], first: int, n_blocks: int, block_size: int, parent: int,
 ) -> list[int] | None: ...
+def chain_hashes_packed(packed: Buffer, n_blocks: int, block_size: int, parent: int) -> list[int] | None: ...
 def store_blocks(
     blocks: dict[int, int], media: dict[int, list[str | None]], extra: dict[int, int], lower: dict[int, str],
     predicted: dict[int, float], holders: dict[int, int], shared: dict[int, int], watched: set[int],

@@ -43,7 +43,7 @@ from infera.kv.bitmasks import Run, Slots, walk
 from infera.kv.hashing import pure_block_hashes
 from infera.kv.index_tables import Predictions, WorkerTable
 from infera.kv.native import load
-from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, TokenIds
 
 CACHE_VIEW_MAX_HASHES = 256
 RUN_MIN_BLOCKS = 64  # a query remembers the walk over a prompt's leading shared blocks from this many on
@@ -243,9 +243,14 @@ class PrefixIndex:
             parent = found
         tokens = event.token_ids
         locals_: list[int] | None = None
-        if self._native is not None and bs > 0:
-            locals_ = self._native.chain_hashes(tokens, 0, n, bs, parent)  # None: a token id outside uint32
+        if self._native is not None and bs > 0:  # None: a token id outside uint32 (or not msgpack ints)
+            if type(tokens) is TokenIds:  # as decoded: hashed from the msgpack bytes, no int per token
+                locals_ = self._native.chain_hashes_packed(tokens.packed, n, bs, parent)
+            else:
+                locals_ = self._native.chain_hashes(tokens, 0, n, bs, parent)
         if locals_ is None:
+            if type(tokens) is TokenIds:
+                tokens = tokens.ids()  # KvEventDecodeError if not msgpack
             if len(tokens) > n * bs:
                 tokens = tokens[: n * bs]
             locals_ = pure_block_hashes(tokens, bs, parent) if bs > 0 else []

@@ -12,12 +12,15 @@ Block hashes are opaque unsigned 64-bit ids chosen by the engine.
 Decoding is on the router's hot path (one ``BlockRemoved`` per evicted block): a typed msgspec
 decoder reads vLLM 0.32's map form straight into the event structs, in C; anything it does not
 accept (array forms, signed or byte-string hashes, unknown event types, missing fields) goes
-through the general decoder, which gives the same result the slow way.
+through the general decoder, which gives the same result the slow way. On the fast path a stored
+event's token ids stay msgpack bytes (:class:`TokenIds`): the index hashes them from those bytes, and
+builds no int object per token.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any, Literal, overload
 
 import msgpack
 import msgspec
@@ -42,10 +45,65 @@ _GPU = _Unsaid("GPU")
 _U64 = Annotated[int, msgspec.Meta(ge=0)]
 
 
+class TokenIds(Sequence[int]):
+    """A decoded ``BlockStored``'s token ids as they came on the wire: one msgpack array, decoded on first use.
+
+    ``packed``: the array's msgpack bytes (a bytes-like object), which the index hashes in place
+    (``infera.kv._native.chain_hashes_packed``). Read as a sequence it is the list the general decoder
+    would give (``==`` a list holding the same ids); bytes that are not one msgpack array raise
+    :class:`KvEventDecodeError` on first use.
+    """
+
+    __slots__ = ("_ids", "packed")
+
+    def __init__(self, packed: Any) -> None:
+        self.packed = packed
+        self._ids: list[Any] | None = None
+
+    def ids(self) -> list[Any]:
+        """The token ids as a list (decoded once; the list is shared: do not change it)."""
+        if self._ids is None:
+            try:
+                ids = msgspec.msgpack.decode(self.packed)
+            except msgspec.DecodeError as exc:
+                raise KvEventDecodeError(f"token_ids are not msgpack: {exc}") from exc
+            if not isinstance(ids, list):
+                raise KvEventDecodeError(f"token_ids is {type(ids).__name__}, expected an array")
+            self._ids = ids
+        return self._ids
+
+    def __len__(self) -> int:
+        return len(self.ids())
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        return self.ids()[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenIds):
+            return self.ids() == other.ids()
+        if isinstance(other, list):
+            return self.ids() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # a list's equality, a list's (absent) hash
+
+    def __repr__(self) -> str:
+        return f"TokenIds({self.ids()!r})"
+
+
 class BlockStored(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
     block_hashes: list[_U64]
     parent_block_hash: _U64 | None
-    token_ids: list[int]  # tokens of all blocks in the event, concatenated
+    # Tokens of all blocks in the event, concatenated: a list when built in code or by the general decoder,
+    # TokenIds from the fast path.
+    token_ids: Sequence[int]
     block_size: Annotated[int, msgspec.Meta(gt=0)]
     lora_id: int | None = None
     medium: str | None = _GPU
@@ -74,15 +132,33 @@ class EventBatch(msgspec.Struct, gc=False):
     data_parallel_rank: int | None = 0
 
 
+class _WireStored(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
+    """``BlockStored`` as the fast path reads it: the same fields in the same order, the token ids left as
+    msgpack bytes, a medium left out None."""
+
+    block_hashes: list[_U64]
+    parent_block_hash: _U64 | None
+    token_ids: msgspec.Raw
+    block_size: Annotated[int, msgspec.Meta(gt=0)]
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+
+
 class _WireBatch(msgspec.Struct, array_like=True, gc=False):
     """``[ts, events, dp_rank]`` with every event in vLLM 0.32's map form (the fast path)."""
 
     ts: float
-    events: list[KvEvent]
+    events: list[_WireStored | BlockRemoved | AllBlocksCleared]
     data_parallel_rank: Any = None
 
 
 _fast_decoder = msgspec.msgpack.Decoder(_WireBatch)
+_astuple = msgspec.structs.astuple
+_ARRAY_HEADS = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])  # the first byte of a msgpack array
 
 
 # Field order on the wire (vLLM's class field order). Fields with a default are written
@@ -190,15 +266,27 @@ def _decode_event(raw: Any) -> KvEvent | None:
 
 
 def decode_batch(payload: bytes) -> EventBatch:
-    """Decode one msgpack ``EventBatch``; unknown event types are skipped."""
+    """Decode one msgpack ``EventBatch``; unknown event types are skipped.
+
+    A stored event's ``TokenIds`` is a view of ``payload`` (it keeps it alive): pass ``bytes``, never a buffer
+    that is written to again.
+    """
     try:
         wire = _fast_decoder.decode(payload)
     except msgspec.DecodeError:  # not vLLM 0.32's map form (or not valid at all): the general path
         return _decode_general(payload)
-    for ev in wire.events:
-        if ev.__class__ is not AllBlocksCleared and ev.medium.__class__ is _Unsaid:  # type: ignore[union-attr]
-            ev.medium = None  # type: ignore[union-attr]  # left out on the wire, as the general path reads it
-    return EventBatch(wire.ts, wire.events, wire.data_parallel_rank)
+    events: list[Any] = wire.events
+    for i, ev in enumerate(events):
+        cls = ev.__class__
+        if cls is BlockRemoved:
+            if ev.medium.__class__ is _Unsaid:
+                ev.medium = None  # left out on the wire, as the general path reads it
+        elif cls is _WireStored:
+            f = _astuple(ev)
+            if memoryview(f[2])[0] not in _ARRAY_HEADS:  # not an array (nil, say): the general path's reading
+                return _decode_general(payload)
+            events[i] = BlockStored(f[0], f[1], TokenIds(f[2]), *f[3:])
+    return EventBatch(wire.ts, events, wire.data_parallel_rank)
 
 
 def _decode_general(payload: bytes) -> EventBatch:
@@ -241,4 +329,10 @@ def encode_batch(batch: EventBatch) -> bytes:
     body: list[Any] = [batch.ts, [_event_map(ev) for ev in batch.events]]
     if batch.data_parallel_rank is not None:
         body.append(batch.data_parallel_rank)
-    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+    return msgpack.packb(body, use_bin_type=True, default=_packable)  # type: ignore[no-any-return]
+
+
+def _packable(obj: Any) -> Any:
+    if isinstance(obj, TokenIds):
+        return obj.ids()
+    raise TypeError(f"cannot encode {type(obj).__name__}")

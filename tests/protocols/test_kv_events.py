@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infera.protocols.kv_events import (
     REPLAY_END_SEQ,
@@ -18,6 +21,8 @@ from infera.protocols.kv_events import (
     EventBatch,
     KvEvent,
     KvEventDecodeError,
+    TokenIds,
+    _decode_general,
     decode_batch,
     encode_batch,
     seq_from_bytes,
@@ -153,6 +158,61 @@ def test_map_form_with_missing_optional_keys() -> None:
 def test_garbage_raises_decode_error(payload: bytes) -> None:
     with pytest.raises(KvEventDecodeError):
         decode_batch(payload)
+
+
+def test_the_fast_path_keeps_token_ids_as_msgpack_bytes_that_read_as_a_list(live: list[list[bytes]]) -> None:
+    stored = [ev for _, _, payload in live for ev in decode_batch(payload).events if isinstance(ev, BlockStored)]
+    for ev in stored:
+        ids = ev.token_ids
+        assert type(ids) is TokenIds
+        plain = msgspec.msgpack.decode(ids.packed)
+        assert msgspec.msgpack.encode(plain) == bytes(ids.packed)  # the wire bytes, as vLLM wrote them
+        assert ids == plain and plain == ids and ids == TokenIds(bytes(ids.packed))
+        assert ids != [*plain, 1] and ids != tuple(plain) and ids != "x"
+        assert len(ids) == len(plain) and list(ids) == plain and ids[0] == plain[0] and ids[1:3] == plain[1:3]
+        assert repr(ids) == f"TokenIds({plain!r})"
+    with pytest.raises(TypeError):
+        hash(stored[0].token_ids)  # like the list it stands for
+
+
+_INT = st.one_of(st.integers(0, 300), st.integers(0, 2**32 - 1), st.integers(2**32, 2**64 - 1))
+_stored = st.fixed_dictionaries(
+    {"type": st.just("BlockStored"), "block_hashes": st.lists(_INT, max_size=4),
+     "parent_block_hash": st.one_of(st.none(), _INT),
+     "token_ids": st.one_of(st.lists(_INT, max_size=12), st.none(), st.lists(st.one_of(st.integers(-5, 5),
+                                                                                            st.floats(0, 1)),
+                                                                                  max_size=3)),
+     "block_size": st.integers(-1, 4)},
+    optional={"lora_id": st.one_of(st.none(), st.integers(0, 3)), "medium": st.sampled_from([None, "GPU", "CPU"]),
+              "lora_name": st.one_of(st.none(), st.just("a")), "extra_keys": st.one_of(st.none(), st.just([1])),
+              "group_idx": st.one_of(st.none(), st.integers(0, 2)), "kv_cache_spec_kind": st.just("full")})
+_removed = st.fixed_dictionaries({"type": st.just("BlockRemoved"), "block_hashes": st.lists(_INT, max_size=3)},
+                                 optional={"medium": st.sampled_from([None, "GPU", "CPU"]),
+                                           "group_idx": st.integers(0, 2)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_stored, _removed, st.just({"type": "AllBlocksCleared"})), max_size=6),
+       st.sampled_from([None, 0, 1]))
+def test_the_fast_path_reads_what_the_general_decoder_reads(events: list[dict[str, Any]], dp: int | None) -> None:
+    payload = msgpack.packb([1.25, events] + ([] if dp is None else [dp]), use_bin_type=True)
+    assert decode_batch(payload) == _decode_general(payload)
+
+
+def test_token_ids_that_are_not_an_array_take_the_general_path() -> None:
+    ev = {"type": "BlockStored", "block_hashes": [5], "parent_block_hash": None, "token_ids": None, "block_size": 2,
+          "lora_id": None, "medium": "GPU", "lora_name": None}
+    (stored,) = decode_batch(msgpack.packb([1.0, [ev], 0])).events
+    assert isinstance(stored, BlockStored) and stored.token_ids == [] and type(stored.token_ids) is list
+
+
+@pytest.mark.parametrize("packed", [b"", b"\xc1", b"\x92\x01", b"\x92\x01\x02\x03", b"\xa1x", b"\xc0"])
+def test_token_ids_that_are_not_one_msgpack_array_raise_on_use(packed: bytes) -> None:
+    ids = TokenIds(packed)
+    with pytest.raises(KvEventDecodeError, match="token_ids"):
+        len(ids)
+    with pytest.raises(KvEventDecodeError, match="token_ids"):
+        encode_batch(EventBatch(1.0, [BlockStored([1], None, ids, 1)]))
 
 
 def test_replay_step_rules() -> None:
