@@ -99,7 +99,7 @@ class Encoder:
     def __init__(self) -> None:
         self._keys: dict[str, bytes] = {}
         self._span_keys: dict[str, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
-        self._strings: dict[tuple[str, str], bytes] = {}
+        self._strings: dict[tuple[str, Any], bytes] = {}  # (key, str or tuple of str)
         self._heads: dict[str, tuple[SpanKind, bytes]] = {}  # by name (an enum's hash is Python code)
         self._resources: dict[int, tuple[Resource, bytes]] = {}
         self._scopes: dict[int, tuple[InstrumentationScope | None, bytes]] = {}
@@ -420,10 +420,41 @@ class OtlpProcessor(SpanProcessor):
 
 def otlp_exporter() -> SpanExporter:
     """The SDK's OTLP/HTTP span exporter: endpoint, headers, timeout, compression and retries from the
-    standard ``OTEL_EXPORTER_OTLP_*`` environment."""
+    standard ``OTEL_EXPORTER_OTLP_*`` environment; posting through urllib3 rather than ``requests``
+    where that changes nothing (see :func:`lighter_transport`)."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter()
+    exporter = OTLPSpanExporter()
+    lighter_transport(exporter)
+    return exporter
+
+
+# what ``requests`` reads from the environment and urllib3 does not: with any of them set, requests stays
+_REQUESTS_ENV = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+                 "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC", "OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER",
+                 "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER")
+
+
+def lighter_transport(exporter: SpanExporter) -> bool:
+    """Swap the exporter's ``requests`` transport for the SDK's urllib3 one (same retries, headers,
+    compression, certificates: the client above the transport is kept). Measured on the loaded 2-core
+    box, a post cost ~1.0-1.4 ms of CPU through ``requests`` and ~0.4-0.6 ms through urllib3, once a
+    second per process. Not done when ``requests`` would use something urllib3 does not read (a
+    proxy, a CA bundle, ``.netrc`` credentials, a credential-provider session). Returns whether it was
+    swapped."""
+    client = getattr(exporter, "_client", None)
+    transport = getattr(client, "_transport", None)
+    if transport is None or type(transport).__name__ != "RequestsHTTPTransport":
+        return False
+    if any(os.environ.get(name) for name in _REQUESTS_ENV) or os.path.exists(os.path.expanduser("~/.netrc")):
+        return False
+    try:
+        from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+    except ImportError:
+        return False
+    session = transport._session
+    client._transport = Urllib3HTTPTransport(verify=session.verify, cert=session.cert)  # type: ignore[union-attr]
+    return True
 
 
 def _env_number(name: str, default: float) -> float:

@@ -239,3 +239,17 @@ async def test_the_otlp_processor_encodes_on_the_event_loop_and_posts_a_batch_wh
     assert [s.name for s in spans] == ["leg mixed", "pick", "r"] * 3
     assert not any(t.name == "infera-otlp-encode" for t in threading.enumerate())  # the loop encoded them
     processor.shutdown()
+
+
+def test_the_otlp_exporter_posts_through_urllib3_unless_requests_would_read_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from infera.telemetry.otlp import _REQUESTS_ENV, otlp_exporter
+
+    for name in _REQUESTS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")  # no ~/.netrc
+    transport = otlp_exporter()._client._transport  # type: ignore[attr-defined]
+    assert type(transport).__name__ == "Urllib3HTTPTransport"
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # requests honours it, urllib3 would not
+    transport = otlp_exporter()._client._transport  # type: ignore[attr-defined]
+    assert type(transport).__name__ == "RequestsHTTPTransport"
