@@ -430,8 +430,9 @@ def otlp_exporter() -> SpanExporter:
 
 
 # what ``requests`` reads from the environment and urllib3 does not: with any of them set, requests stays
-_REQUESTS_ENV = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
-                 "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC", "OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER",
+# (its CA bundle variables are passed on instead)
+_REQUESTS_ENV = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NETRC",
+                 "OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER",
                  "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER")
 
 
@@ -440,7 +441,8 @@ def lighter_transport(exporter: SpanExporter) -> bool:
     compression, certificates: the client above the transport is kept). Measured on the loaded 2-core
     box, a post cost ~1.0-1.4 ms of CPU through ``requests`` and ~0.4-0.6 ms through urllib3, once a
     second per process. Not done when ``requests`` would use something urllib3 does not read (a
-    proxy, a CA bundle, ``.netrc`` credentials, a credential-provider session). Returns whether it was
+    proxy, ``.netrc`` credentials, a credential-provider session); the CA bundle ``requests`` would
+    take from ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` is given to urllib3. Returns whether it was
     swapped."""
     client = getattr(exporter, "_client", None)
     transport = getattr(client, "_transport", None)
@@ -453,7 +455,10 @@ def lighter_transport(exporter: SpanExporter) -> bool:
     except ImportError:
         return False
     session = transport._session
-    client._transport = Urllib3HTTPTransport(verify=session.verify, cert=session.cert)  # type: ignore[union-attr]
+    verify = session.verify
+    if verify is True:  # what requests would verify against (trust_env)
+        verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+    client._transport = Urllib3HTTPTransport(verify=verify, cert=session.cert)  # type: ignore[union-attr]
     return True
 
 

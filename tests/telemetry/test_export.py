@@ -248,8 +248,10 @@ def test_the_otlp_exporter_posts_through_urllib3_unless_requests_would_read_the_
     for name in _REQUESTS_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", "/nonexistent")  # no ~/.netrc
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")  # what requests would verify with
     transport = otlp_exporter()._client._transport  # type: ignore[attr-defined]
     assert type(transport).__name__ == "Urllib3HTTPTransport"
+    assert transport._pool.connection_pool_kw["ca_certs"] == "/etc/ssl/certs/ca-certificates.crt"
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # requests honours it, urllib3 would not
     transport = otlp_exporter()._client._transport  # type: ignore[attr-defined]
     assert type(transport).__name__ == "RequestsHTTPTransport"
