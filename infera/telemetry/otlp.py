@@ -287,16 +287,17 @@ Groups = dict[int, tuple[Resource, dict[int, tuple[InstrumentationScope | None, 
 
 class OtlpProcessor(SpanProcessor):
     """A batch span processor for OTLP: a request's span records are queued as they are, encoded in
-    batches ``tick`` seconds after the first of a batch (or at ``batch`` requests, in place) and posted
-    by a thread.
+    batches ``tick`` seconds (by default ``delay``) after the first of a batch, or at ``batch``
+    requests in place, and posted by a thread.
 
     Measured in a loaded frontend, the same Python costs several times more on the request path, among
     everything else a request does, than in a loop over many requests' spans (encoding: ~95 µs per
     request in place against ~20 µs in a loop). Spans queued as SDK objects until a batch was exported
-    outlived several garbage collections, doubling them on a busy frontend: here the records wait at most
-    a tick, and what waits for the post is encoded bytes (untracked by the collector). The encoding runs
-    on the event loop of the thread that ends the requests (:class:`~infera.telemetry.later.Later`): a
-    thread that woke every tick to do it cost more than the encoding. SDK spans ended elsewhere
+    outlived several garbage collections, doubling them on a busy frontend: here at most ``batch``
+    requests' records wait, and what waits for the post is encoded bytes (untracked by the collector).
+    The encoding runs on the event loop of the thread that ends the requests
+    (:class:`~infera.telemetry.later.Later`): a thread that woke every 0.1 s to do it cost more than the
+    encoding, and so did a timer every 0.1 s on a frontend serving tens of requests a second. SDK spans ended elsewhere
     (``on_end``) are encoded by the caller. ``post(body)`` sends one encoded request and returns whether
     it was taken; the posting thread wakes only to post. Batches go out ``delay`` seconds after their
     first span or at ``max_batch`` spans, whichever comes first. A post through the SDK's ``requests``
@@ -305,11 +306,11 @@ class OtlpProcessor(SpanProcessor):
     """
 
     def __init__(self, post: Callable[[bytes], bool], shutdown: Callable[[], None] = lambda: None,
-                 max_batch: int = 4096, delay: float = 1.0, tick: float = 0.1, batch: int = 64) -> None:
+                 max_batch: int = 4096, delay: float = 5.0, tick: float | None = None, batch: int = 64) -> None:
         self._post = post
         self._batch = batch
         self._queue: deque[tuple[Resource, InstrumentationScope, Span, Sequence[Span | Stage]]] = deque()
-        self._tick = min(tick, delay)
+        self._tick = delay if tick is None else min(tick, delay)
         self._bits = random.getrandbits
         self._close = shutdown
         self._max = max_batch
@@ -317,7 +318,7 @@ class OtlpProcessor(SpanProcessor):
         self._encoder = Encoder()
         self._groups: Groups = {}
         self._count = 0
-        self._first = 0.0  # when the pending batch's first span was encoded (monotonic)
+        self._first = 0.0  # when the pending batch's first request was queued (monotonic)
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._later = Later(self._flush, "infera-otlp-encode")
@@ -331,6 +332,8 @@ class OtlpProcessor(SpanProcessor):
         """Queue a request's ended spans (see :meth:`Tracing.emit`) to be encoded in a batch."""
         if not self._stopped:
             queue = self._queue
+            if not queue and not self._count:  # a new batch: it is due ``delay`` from now
+                self._first = time.monotonic()
             queue.append((resource, scope, root, children))
             if len(queue) >= self._batch:  # busy: encode here, in one go (see the class docstring)
                 self._flush()
@@ -365,8 +368,6 @@ class OtlpProcessor(SpanProcessor):
         with self._lock:
             scopes = self._groups.setdefault(id(resource), (resource, {}))[1]
             scopes.setdefault(id(scope), (scope, []))[1].append(encoded)
-            if not self._count:
-                self._first = time.monotonic()
             self._count += len(children) + 1
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -475,8 +476,10 @@ def _env_number(name: str, default: float) -> float:
 def otlp_processor(exporter: SpanExporter) -> SpanProcessor | None:
     """An :class:`OtlpProcessor` posting through ``exporter``'s HTTP client, or None when this SDK's
     exporter keeps no such client (then its own batch processor and encoder serve). The standard
-    ``OTEL_BSP_SCHEDULE_DELAY`` (ms; 1000 here) and ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (spans; 4096
-    here) bound a batch."""
+    ``OTEL_BSP_SCHEDULE_DELAY`` (ms; 5000, the specification's default) and
+    ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (spans; 4096 here) bound a batch. A post costs ~0.5 ms of CPU
+    whatever its size: with a batch every second, a frontend serving ~20 requests a second paid ~1.5 %
+    per request for it in bench/tracing_overhead.py (``otlp-1s``)."""
     client = getattr(exporter, "_client", None)
     if client is None or not callable(getattr(client, "export", None)):
         return None
@@ -485,4 +488,4 @@ def otlp_processor(exporter: SpanExporter) -> SpanProcessor | None:
         return bool(client.export(body).success)
 
     return OtlpProcessor(post, exporter.shutdown, max_batch=int(_env_number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 4096)),
-                         delay=_env_number("OTEL_BSP_SCHEDULE_DELAY", 1000.0) / 1000.0)
+                         delay=_env_number("OTEL_BSP_SCHEDULE_DELAY", 5000.0) / 1000.0)
