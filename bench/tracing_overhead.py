@@ -8,6 +8,7 @@ over ~1k-token chat prompts, half streamed, ``max_tokens`` 8, closed loop at con
   log        --log-requests --log-format json (the request line to the process's log file)
   traced     --otel-exporter otlp whose HTTP client sends nothing (spans recorded and encoded, no export)
   otlp       --otel-exporter otlp to a local collector stub (OTLP/HTTP protobuf, answered 200)
+  otlp-1s    otlp with OTEL_BSP_SCHEDULE_DELAY=1000 (a post every second rather than every 5 s)
   sampled    otlp with OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG=0.1
   all        otlp + --log-requests --log-format json
 
@@ -48,6 +49,7 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], dict[str, str], bool]] = {
     "log": (("--log-requests", "--log-format", "json"), {}, False),
     "traced": (("--otel-exporter", "otlp"), {}, True),
     "otlp": (("--otel-exporter", "otlp"), {}, False),
+    "otlp-1s": (("--otel-exporter", "otlp"), {"OTEL_BSP_SCHEDULE_DELAY": "1000"}, False),
     "sampled": (("--otel-exporter", "otlp"),
                 {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}, False),
     "all": (("--otel-exporter", "otlp", "--log-requests", "--log-format", "json"), {}, False),

@@ -2,9 +2,10 @@
 
 The request line (``--log-requests``) is built once per request: orjson for ``--log-format json``,
 ``key=value`` pairs for ``text``. A queued log (the servers') only notes the finished record on the
-request path; a thread builds and writes the lines every ``tick`` (0.1 s), several in one write:
-measured in a loaded frontend, building and writing the line in place cost ~60 µs per request, several
-times its cost in a loop. Other log lines go through :mod:`logging`;
+request path; the lines are built and written ``tick`` (0.1 s) after the first of a batch, several in
+one write, by a timer on the event loop (:class:`~infera.telemetry.later.Later`): measured in a loaded
+frontend, building and writing the line in place cost ~60 µs per request, several times its cost in a
+loop, and a thread writing them every tick cost more than the lines. Other log lines go through :mod:`logging`;
 :class:`RequestIds` adds the current request's ids to them (a warning about a retried request names
 the same request and trace ids as its request line and its spans).
 """
@@ -21,6 +22,7 @@ from typing import IO, Any
 
 import orjson
 
+from infera.telemetry.later import Later
 from infera.telemetry.record import RequestRecord, current
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -51,7 +53,8 @@ def request_fields(record: RequestRecord, path: str, now: float | None = None) -
 
 class RequestLog:
     """Writes one line per finished request to ``stream`` (a binary stream; stderr's by default): at
-    once, or ``queued``, by a thread every ``tick`` seconds (and at :meth:`close`, which runs at exit)."""
+    once, or ``queued``: ``tick`` seconds after the first queued line, at ``batch`` lines, and at
+    :meth:`close` (which runs at exit)."""
 
     def __init__(self, fmt: str = "text", stream: IO[bytes] | None = None, logger: str = "infera.request",
                  queued: bool = False, tick: float = 0.1, batch: int = 64) -> None:
@@ -63,11 +66,11 @@ class RequestLog:
         self._queue: deque[tuple[RequestRecord, str, float, float]] | None = None
         self._batch = batch
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._tick = tick
+        self._second, self._prefix = -1, ""  # the last line's whole second (epoch), and its ISO form
+        self._later = Later(self._flush_queued, "infera-request-log")
         if queued:
             self._queue = deque()
-            self._tick = tick
-            threading.Thread(target=self._run, name="infera-request-log", daemon=True).start()
             atexit.register(self.close)
 
     def line(self, record: RequestRecord, path: str, ended: float | None = None, at: float | None = None) -> bytes:
@@ -75,7 +78,11 @@ class RequestLog:
         fields = request_fields(record, path, ended)
         now = time.time() if at is None else at
         if self._json:
-            return orjson.dumps({"ts": _iso(now), "level": "info", "logger": self._logger, "msg": "request",
+            whole = int(now)
+            if whole != self._second:  # the lines of a batch mostly share their second: format it once
+                self._second, self._prefix = whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+            ts = f"{self._prefix}.{int(now % 1 * 1000):03d}Z"
+            return orjson.dumps({"ts": ts, "level": "info", "logger": self._logger, "msg": "request",
                                  **fields}) + b"\n"
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
         pairs = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
@@ -88,6 +95,8 @@ class RequestLog:
             queue.append((record, path, time.perf_counter(), time.time()))
             if len(queue) >= self._batch:  # busy: write here, in one go
                 self.flush()
+            else:
+                self._later.soon(self._tick)
             return
         stream = self._stream
         stream.write(self.line(record, path))
@@ -110,16 +119,15 @@ class RequestLog:
                 self._stream.write(b"".join(lines))
                 self._stream.flush()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._tick):
-            try:
-                self.flush()
-            except Exception as exc:  # a closed or broken stream: keep the thread (and the next lines)
-                logging.getLogger(__name__).warning("could not write request lines: %s", exc)
+    def _flush_queued(self) -> None:
+        try:
+            self.flush()
+        except Exception as exc:  # a closed or broken stream: the next lines try again
+            logging.getLogger(__name__).warning("could not write request lines: %s", exc)
 
     def close(self) -> None:
-        """Stop the thread and write what is queued."""
-        self._stop.set()
+        """Write what is queued and stop the helper thread (if one was started)."""
+        self._later.stop()
         self.flush()
 
 

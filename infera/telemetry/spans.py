@@ -22,7 +22,14 @@ from typing import Any, Protocol
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON, Decision, Sampler
+from opentelemetry.sdk.trace.sampling import (
+    DEFAULT_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    StaticSampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     NonRecordingSpan,
@@ -61,18 +68,30 @@ def traceparent(context: SpanContext) -> str:
 
 class Span:
     """A span being recorded: ids as ints, times as epoch nanoseconds (``end`` 0 while open).
-    :meth:`Tracing.end` ends and emits it (once); :meth:`close` only ends it, for :meth:`Tracing.emit`."""
+    :meth:`Tracing.end` ends and emits it (once); :meth:`close` only ends it, for :meth:`Tracing.emit`.
 
-    __slots__ = ("_context", "attributes", "description", "emitted", "end", "events", "kind", "name", "parent",
-                 "span_id", "start", "trace_id", "trace_state")
+    ``parent``: a caller's span context (remote), or the id of a span of this process (local: no
+    SDK object is made for it unless :attr:`parent` is read), or None for a new trace."""
 
-    def __init__(self, name: str, trace_id: int, span_id: int, trace_state: TraceState, parent: SpanContext | None,
-                 kind: SpanKind, start: int, attributes: dict[str, Any]) -> None:
+    __slots__ = ("_context", "_parent", "attributes", "description", "emitted", "end", "events", "kind", "name",
+                 "parent_id", "remote", "span_id", "start", "trace_id", "trace_state")
+
+    def __init__(self, name: str, trace_id: int, span_id: int, trace_state: TraceState,
+                 parent: SpanContext | int | None, kind: SpanKind, start: int, attributes: dict[str, Any]) -> None:
         self.name = name
         self.trace_id = trace_id
         self.span_id = span_id
         self.trace_state = trace_state
-        self.parent = parent
+        self._parent: SpanContext | None = None
+        self.remote = False
+        if isinstance(parent, int):
+            self.parent_id = parent
+        elif parent is None:
+            self.parent_id = 0
+        else:
+            self.parent_id = parent.span_id
+            self.remote = parent.is_remote
+            self._parent = parent
         self.kind = kind
         self.start = start
         self.end = 0
@@ -88,6 +107,13 @@ class Span:
         if ctx is None:
             ctx = self._context = SpanContext(self.trace_id, self.span_id, False, _SAMPLED, self.trace_state)
         return ctx
+
+    @property
+    def parent(self) -> SpanContext | None:
+        """The parent's span context (None for a new trace)."""
+        if self._parent is None and self.parent_id:
+            self._parent = SpanContext(self.trace_id, self.parent_id, False, _SAMPLED, self.trace_state)
+        return self._parent
 
     @property
     def status(self) -> Status:
@@ -112,7 +138,7 @@ Stage = tuple[str, int, int, dict[str, Any]]
 def stage_span(root: Span, stage: Stage, bits: Any = random.getrandbits) -> Span:
     """The :class:`Span` of a stage of ``root``'s request (its id made now), ended and not yet emitted."""
     name, start, end, attributes = stage
-    span = Span(name, root.trace_id, bits(64) or 1, root.trace_state, root.context, SpanKind.INTERNAL, start,
+    span = Span(name, root.trace_id, bits(64) or 1, root.trace_state, root.span_id, SpanKind.INTERNAL, start,
                 attributes)
     span.end = end
     span.emitted = True
@@ -126,6 +152,22 @@ class RequestSink(Protocol):
                    children: Sequence[Span | Stage]) -> None: ...
 
 
+_LOW_64 = (1 << 64) - 1
+
+
+def root_bound(sampler: Sampler) -> int | None:
+    """For a sampler whose decision on a new trace (no parent) is the SDK's trace-id ratio rule, the
+    bound: a new trace is sampled when its id's low 64 bits are below it (2**64: always, 0: never).
+    None for any other sampler (it is asked). Covers the standard ``OTEL_TRACES_SAMPLER`` values."""
+    if isinstance(sampler, ParentBased) and type(sampler).should_sample is ParentBased.should_sample:
+        sampler = sampler._root  # a new trace has no parent: the root sampler decides
+    if type(sampler) is TraceIdRatioBased:
+        return sampler.bound
+    if isinstance(sampler, StaticSampler) and type(sampler).should_sample is StaticSampler.should_sample:
+        return 1 << 64 if sampler._decision is Decision.RECORD_AND_SAMPLE else 0
+    return None
+
+
 class Tracing:
     """Records spans and hands them, ended, to ``processor`` (which exports them as it does for the SDK)."""
 
@@ -134,8 +176,7 @@ class Tracing:
         self._processor = processor
         self._sink: RequestSink | None = processor if callable(getattr(processor, "on_request", None)) else None  # type: ignore[assignment]
         self._sampler = sampler
-        # the default (parentbased_always_on) and always_on sample every new trace: no call needed for one
-        self._roots_sampled = sampler is DEFAULT_ON or sampler is ALWAYS_ON
+        self._root_bound = root_bound(sampler)
         self._resource = resource if resource is not None else Resource.create({})
         self._scope = InstrumentationScope(scope)
         self._bits = random.getrandbits  # the module's generator: reseeded in a forked child
@@ -157,7 +198,10 @@ class Tracing:
             context: Context | None = set_span_in_context(NonRecordingSpan(parent_ctx))
         else:
             trace_id = bits(128) or 1
-            if self._roots_sampled:
+            bound = self._root_bound
+            if bound is not None:  # the sampler's decision for a new trace, without calling it
+                if trace_id & _LOW_64 >= bound:
+                    return trace_id, None
                 return trace_id, Span(name, trace_id, bits(64) or 1, state, None, kind, time.time_ns(),
                                       dict(attributes or {}))
             context = None
@@ -170,7 +214,7 @@ class Tracing:
     def start(self, name: str, parent: Span, kind: SpanKind = SpanKind.INTERNAL,
               attributes: dict[str, Any] | None = None, start: int | None = None) -> Span:
         """A child of ``parent`` (recorded: a sampled parent's children are)."""
-        return Span(name, parent.trace_id, self._bits(64) or 1, parent.trace_state, parent.context, kind,
+        return Span(name, parent.trace_id, self._bits(64) or 1, parent.trace_state, parent.span_id, kind,
                     start if start is not None else time.time_ns(), attributes or {})
 
     def end(self, span: Span, end: int | None = None) -> None:

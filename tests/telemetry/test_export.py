@@ -3,6 +3,7 @@ traceparent starts a new trace."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -131,16 +132,21 @@ async def test_the_otlp_processor_encodes_a_requests_span_records_as_the_sdk_enc
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     from infera.telemetry.otlp import OtlpProcessor
-    from infera.telemetry.spans import Span
+    from infera.telemetry.spans import Span, Stage, stage_span
     from tests.telemetry.conftest import FailFirst
 
     posted: list[bytes] = []
     readable = []
 
-    class Both(OtlpProcessor):
-        def _take(self, resource: Resource, scope: InstrumentationScope, spans: Sequence[Span]) -> None:
-            readable.extend(t.tracing.readable(s) for s in spans)
-            super()._take(resource, scope, spans)
+    class Both(OtlpProcessor):  # the stages' ids from the same draws for both forms
+        def _take(self, resource: Resource, scope: InstrumentationScope, root: Span,
+                  children: Sequence[Span | Stage]) -> None:
+            seed = random.getrandbits(32)
+            bits = random.Random(seed).getrandbits
+            spans = [c if isinstance(c, Span) else stage_span(root, c, bits) for c in children]
+            readable.extend(t.tracing.readable(s) for s in [*spans, root])
+            self._bits = random.Random(seed).getrandbits
+            super()._take(resource, scope, root, children)
 
     processor = Both(lambda body: posted.append(body) or True, delay=3600)
     t = Traced(worker("w1"), worker("w2"), transport=FailFirst(text="hello there"), processor=processor)
@@ -160,8 +166,92 @@ def test_kept_attribute_encodings_write_what_the_plain_encoder_writes() -> None:
 
     encoder = Encoder()
     values = [0, 1, 127, 128, 200, 16383, 16384, 1 << 40, -1, True, False, 0.0, 3.25, -1e300, "", "w1", "é" * 200,
-              ["a", "b"], []]
+              ["a", "b"], [], ["w1", "w2"], [1, 2], [["a"], ["b"]]]
     for round_ in range(2):  # the second time from the kept encodings
         for i, value in enumerate(values):
-            attributes = {f"infera.k{i}": value, "x" * 150: value}
+            attributes = {f"infera.k{i}": value, "x" * 150: value, "infera.request_id": value}
             assert encoder._span_attributes(attributes) == encoder._attributes(9, attributes), (round_, value)
+
+
+def test_a_new_traces_sampling_decision_is_the_samplers_without_asking_it() -> None:
+    from opentelemetry.sdk.trace.sampling import (
+        ALWAYS_OFF,
+        ALWAYS_ON,
+        DEFAULT_OFF,
+        DEFAULT_ON,
+        Decision,
+        ParentBasedTraceIdRatio,
+        Sampler,
+        SamplingResult,
+        TraceIdRatioBased,
+    )
+
+    from infera.telemetry.spans import root_bound
+
+    class Odd(Sampler):  # a sampler of its own: asked every time
+        def should_sample(self, *args: object, **kwargs: object) -> SamplingResult:
+            return SamplingResult(Decision.RECORD_AND_SAMPLE)
+
+        def get_description(self) -> str:
+            return "odd"
+
+    assert root_bound(Odd()) is None
+    rng = random.Random(7)
+    for sampler in (ALWAYS_ON, ALWAYS_OFF, DEFAULT_ON, DEFAULT_OFF, TraceIdRatioBased(0.3),
+                    ParentBasedTraceIdRatio(0.1)):
+        bound = root_bound(sampler)
+        assert bound is not None, sampler
+        for _ in range(2000):
+            trace_id = rng.getrandbits(128)
+            ours = trace_id & ((1 << 64) - 1) < bound
+            sdk = sampler.should_sample(None, trace_id, "r").decision is Decision.RECORD_AND_SAMPLE
+            assert ours == sdk, (sampler, trace_id)
+    sampled = Tracing(SimpleSpanProcessor(InMemorySpanExporter()), ParentBasedTraceIdRatio(0.1))
+    kept = sum(sampled.root("r", None)[1] is not None for _ in range(2000))
+    assert 100 < kept < 300
+
+
+async def test_the_otlp_processor_encodes_on_the_event_loop_and_posts_a_batch_when_it_is_due() -> None:
+    import asyncio
+    import threading
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from infera.telemetry.otlp import OtlpProcessor
+
+    posted: list[bytes] = []
+    processor = OtlpProcessor(lambda body: posted.append(body) or True, delay=0.05, tick=0.01)
+    tracing = Tracing(processor)
+    for _ in range(3):
+        _, root = tracing.root("r", None)
+        assert root is not None
+        leg = tracing.start("leg mixed", root)
+        leg.close()
+        root.close()
+        tracing.emit(root, [leg, ("pick", root.start, root.end, {"infera.worker": "w1"})])
+    for _ in range(500):  # bounded wait for the batch to be due and posted
+        if posted:
+            break
+        await asyncio.sleep(0.01)
+    (body,) = posted  # one post for the three requests
+    spans = [s for rs in ExportTraceServiceRequest.FromString(body).resource_spans for ss in rs.scope_spans
+             for s in ss.spans]
+    assert [s.name for s in spans] == ["leg mixed", "pick", "r"] * 3
+    assert not any(t.name == "infera-otlp-encode" for t in threading.enumerate())  # the loop encoded them
+    processor.shutdown()
+
+
+def test_the_otlp_exporter_posts_through_urllib3_unless_requests_would_read_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from infera.telemetry.otlp import _REQUESTS_ENV, otlp_exporter
+
+    for name in _REQUESTS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")  # no ~/.netrc
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")  # what requests would verify with
+    transport = otlp_exporter()._client._transport  # type: ignore[attr-defined]
+    assert type(transport).__name__ == "Urllib3HTTPTransport"
+    assert transport._pool.connection_pool_kw["ca_certs"] == "/etc/ssl/certs/ca-certificates.crt"
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # requests honours it, urllib3 would not
+    transport = otlp_exporter()._client._transport  # type: ignore[attr-defined]
+    assert type(transport).__name__ == "RequestsHTTPTransport"

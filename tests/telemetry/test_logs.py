@@ -111,3 +111,54 @@ def test_a_queued_request_log_writes_the_same_lines_off_the_request_path() -> No
     for line in (first, second, expected):
         del line["ts"], line["duration_ms"]
     assert first == expected and second == {**expected, "path": "/v1/chat/completions"}
+
+
+def test_the_json_lines_time_is_the_iso_time_of_its_request_in_utc() -> None:
+    import io
+
+    from infera.telemetry.logs import RequestLog, _iso
+    from infera.telemetry.record import RequestRecord
+
+    log = RequestLog("json", io.BytesIO())
+    record = RequestRecord("r1", "")
+    for at in (1764000000.123, 1764000000.999, 1764000001.0, 1764000000.5, 1.25):  # the second changes, returns
+        assert orjson.loads(log.line(record, "/v1/completions", at=at))["ts"] == _iso(at)
+    assert _iso(1764000000.5) == "2025-11-24T16:00:00.500Z"
+
+
+async def test_a_queued_request_log_writes_its_lines_from_the_event_loop_soon_after_the_request() -> None:
+    import asyncio
+    import io
+    import threading
+
+    from infera.telemetry.logs import RequestLog
+    from infera.telemetry.record import RequestRecord
+
+    out = io.BytesIO()
+    log = RequestLog("json", out, queued=True, tick=0.01)
+    log.write(RequestRecord("r1", ""), "/v1/completions")
+    assert out.getvalue() == b""
+    for _ in range(500):  # a bounded wait for the loop's timer
+        if out.getvalue():
+            break
+        await asyncio.sleep(0.01)
+    assert orjson.loads(out.getvalue())["request_id"] == "r1"
+    assert not any(t.name == "infera-request-log" for t in threading.enumerate())  # no thread was needed
+    log.close()
+
+
+def test_a_queued_request_log_without_an_event_loop_writes_from_a_thread_woken_for_it() -> None:
+    import io
+    import time
+
+    from infera.telemetry.logs import RequestLog
+    from infera.telemetry.record import RequestRecord
+
+    out = io.BytesIO()
+    log = RequestLog("json", out, queued=True, tick=0.01)
+    log.write(RequestRecord("r2", ""), "/v1/completions")
+    deadline = time.monotonic() + 5
+    while not out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert orjson.loads(out.getvalue())["request_id"] == "r2"
+    log.close()
