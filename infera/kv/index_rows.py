@@ -1,0 +1,197 @@
+"""Remembered walks for the C path of the prefix index: a hot prefix's masks as rows of words, patched in place.
+
+A query of a prompt whose leading blocks two or more workers hold each (a hot system prompt everywhere)
+ANDs one mask per block. The index remembers, per first router hash, the masks of that leading stretch
+as rows of ``width`` bytes in one ``bytearray`` (little-endian ints, a row per block) and the walk's state
+after them. When one of those masks changes (a store or an eviction on any worker) its row is rewritten
+from the index's table and the state is marked stale: the next query walks the rows in order in C
+(``_native.walk_rows``: ~2k rows of 1024 workers are ~280 KB read sequentially) instead of looking 2k
+masks up in the index's dicts, then goes on past the stretch as usual.
+
+Rows are exact only while every change to their masks reaches :meth:`RowRuns.touch`. The index's store and
+removal paths report the router hashes in ``watched`` whose masks changed while two or more workers held
+them before or after; a row whose mask falls below two holders (later changes would go unreported), or
+gains a worker whose slot lies beyond the row's width, drops its run instead (the next query captures it
+again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+ROWS_MAX_BYTES = 32 << 20  # rows of all remembered runs; beyond it every run is forgotten
+
+
+@dataclasses.dataclass(slots=True)
+class Rows:
+    """One remembered run: the masks of ``hashes`` (a prompt's leading blocks) as rows of ``width`` bytes."""
+
+    hashes: list[int]
+    rows: bytearray
+    width: int  # bytes per row, a multiple of 8, with room for at least one slot beyond the fleet's at capture
+    active: int | None  # workers holding every row's block (None: a row changed since, walk the rows again)
+    result: dict[str, int] | None  # workers that dropped out within the rows, with their depth
+
+
+class RowRuns:
+    """The C path's remembered runs, by first router hash, and where each router hash they cover sits."""
+
+    def __init__(self, native: Any, names: list[str], watched: set[int], runs_max: int, watched_max: int) -> None:
+        """``names``: the index's worker names by slot; ``watched``: its set of router hashes whose mask changes
+        its store and removal paths report (kept equal to the router hashes the runs cover)."""
+        self._native = native
+        self._names = names
+        self._watched = watched
+        self._runs_max = runs_max
+        self._watched_max = watched_max
+        self.runs: dict[int, Rows] = {}
+        self._at: dict[int, tuple[Rows, int]] = {}  # router hash -> its run and row
+        self._bytes = 0
+
+    def forget(self) -> None:
+        self.runs.clear()
+        self._at.clear()
+        self._watched.clear()
+        self._bytes = 0
+
+    def touch(self, locals_: Iterable[int], holders: dict[int, int]) -> None:
+        """The masks of ``locals_`` (router hashes; any, remembered or not) may have changed: patch their rows,
+        and the depth of each worker whose bit changed in one."""
+        at = self._at
+        if not at:
+            return
+        for local in locals_:
+            hit = at.get(local)
+            if hit is None:
+                continue
+            run, row = hit
+            mask = holders.get(local, 0)
+            width = run.width
+            if not mask & (mask - 1) or mask.bit_length() > 8 * width:
+                self._drop(run)
+                continue
+            start = row * width
+            old = int.from_bytes(run.rows[start : start + width], "little")
+            if old == mask:
+                continue
+            run.rows[start : start + width] = mask.to_bytes(width, "little")
+            if run.result is not None:
+                self._redepth(run, row, mask & ~old, old & ~mask)
+
+    def _redepth(self, run: Rows, row: int, gained: int, lost: int) -> None:
+        """Row ``row`` of ``run`` gained and lost these workers: only their depths change. A worker's depth is
+        the first row it does not hold (``active``: all of them; ``result``: fewer, not 0)."""
+        names, n, result = self._names, len(run.hashes), run.result
+        active = run.active
+        assert result is not None and active is not None
+        while lost:
+            low = lost & -lost
+            lost ^= low
+            name = names[low.bit_length() - 1]
+            if active & low:
+                active ^= low
+            elif result.get(name, 0) <= row:
+                continue
+            if row:
+                result[name] = row
+            else:
+                result.pop(name, None)
+        while gained:
+            low = gained & -gained
+            gained ^= low
+            slot = low.bit_length() - 1
+            name = names[slot]
+            if result.get(name, 0) != row or active & low:  # a hole after its depth, or none before
+                continue
+            depth = self._native.scan_column(run.rows, run.width, slot, row + 1, n)
+            if depth == n:
+                active |= low
+                result.pop(name, None)
+            else:
+                result[name] = depth
+        run.active = active
+
+    def overlaps(self, hashes: Sequence[int], shared: dict[int, int], holders: dict[int, int], names: list[str],
+                 capture: int) -> dict[str, int]:
+        """``PrefixIndex.overlaps`` without predictions (``hashes`` not empty), resuming a remembered run."""
+        native = self._native
+        run = self.runs.get(hashes[0])
+        if run is not None:
+            m = min(len(hashes), len(run.hashes))
+            if hashes[m - 1] == run.hashes[m - 1]:  # chained hashes: the prompt's first m blocks are the run's
+                if m < len(run.hashes):  # a shorter prompt: its rows say it all
+                    short: dict[str, int] = native.walk_rows(run.rows, m, run.width, names, True)[1]
+                    return short
+                if run.active is None or run.result is None:
+                    run.active, run.result = native.walk_rows(run.rows, m, run.width, names, False)
+                found: dict[str, int]
+                found, caught = native.walk(hashes, shared, holders, names, (m, hashes[m - 1], run.active, run.result),
+                                            capture, None, 0)
+                if caught is not None:
+                    self._extend(run, hashes, caught, shared, holders)
+                return found
+        found, caught = native.walk(hashes, shared, holders, names, None, capture, None, 0)
+        if caught is not None:
+            width = 8 * (len(names) // 64 + 1)
+            rows = native.fill_rows(hashes, 0, caught[0], shared, holders, width)
+            if rows is not None:
+                self._remember(Rows(list(hashes[: caught[0]]), rows, width, caught[2], caught[3]))
+        return found
+
+    def _remember(self, run: Rows) -> None:
+        if len(run.hashes) > self._watched_max or len(run.rows) > ROWS_MAX_BYTES:
+            return
+        first = run.hashes[0]
+        old = self.runs.get(first)
+        if old is not None:
+            self._drop(old)
+        if len(self._at) + len(run.hashes) > self._watched_max or self._bytes + len(run.rows) > ROWS_MAX_BYTES:
+            self.forget()
+        elif len(self.runs) >= self._runs_max:
+            self._drop(next(iter(self.runs.values())))  # the oldest
+        self.runs[first] = run
+        self._bytes += len(run.rows)
+        self._register(run, 0)
+
+    def _extend(self, run: Rows, hashes: Sequence[int], caught: tuple[int, int, int, dict[str, int]],
+                shared: dict[int, int], holders: dict[int, int]) -> None:
+        """A longer prompt took the run further: rows for its blocks past the run's."""
+        start, end = len(run.hashes), caught[0]
+        rows = self._native.fill_rows(hashes, start, end, shared, holders, run.width)
+        if rows is None or len(self._at) + end - start > self._watched_max or \
+                self._bytes + len(rows) > ROWS_MAX_BYTES:
+            self._drop(run)
+            return
+        run.rows += rows
+        run.hashes += hashes[start:end]
+        run.active, run.result = caught[2], caught[3]
+        self._bytes += len(rows)
+        self._register(run, start)
+
+    def _register(self, run: Rows, start: int) -> None:
+        """Point rows ``start``.. of ``run`` at it; a router hash another run (or this one, twice) covers
+        already drops that run (or this one: a row must have one place to patch)."""
+        at = self._at
+        for row in range(start, len(run.hashes)):
+            local = run.hashes[row]
+            hit = at.get(local)
+            if hit is not None:
+                self._drop(hit[0])
+                if hit[0] is run:
+                    return
+            at[local] = (run, row)
+        self._watched.update(run.hashes[start:])
+
+    def _drop(self, run: Rows) -> None:
+        first = run.hashes[0]
+        if self.runs.get(first) is run:
+            del self.runs[first]
+            self._bytes -= len(run.rows)
+        at, watched = self._at, self._watched
+        for local in run.hashes:
+            hit = at.get(local)
+            if hit is not None and hit[0] is run:
+                del at[local]
+                watched.discard(local)
