@@ -1,7 +1,8 @@
 """The prefix index and the tokenizer path in process: ingest rate, query latency, memory, render+tokenize+hash.
 
 The index is measured side by side with the one of main 2d3553e ("old": ``bench/index_v2.py``, its
-decoder and block hashing frozen with it), in the same run.
+decoder and block hashing frozen with it) and the one of main 7f6bc8d ("main": ``bench/index_v3.py``, the
+third round's C loops), in the same run.
 
   ingest   block events/s (one per stored or removed block) through ``PrefixIndex.apply``, and through
            ``decode_batch`` + ``apply`` from msgpack frames (``encode_batch``), for 16 workers whose
@@ -12,12 +13,14 @@ decoder and block hashing frozen with it), in the same run.
            1k/8k/32k tokens; "few": each prompt's prefix on 1-4 workers (what kv-aware routing
            makes), "all": every worker holds a prefix of staggered depth (the worst case);
            "+pred": the same with ``use_predicted=True`` while every worker holds a prediction;
-           "+churn": before each (untimed) a one-block store or removal on an extra worker
-           changes the mask of the prompt's first block, so no query resumes a remembered walk.
+           "+churn": before each (untimed, its CPU time reported apart) a one-block store or removal
+           on an extra worker changes the mask of the prompt's first block, so no query finds a
+           remembered walk as it left it.
   memory   bytes per indexed block (tracemalloc, retained after applying) at 1M blocks.
   tokenize chat template render + tokenize + block hashes per prompt size (1k/8k/32k tokens).
 
     .venv/bin/python bench/index_bench.py [--quick] [--only ingest,query,memory,tokenize] [--workers 16,128,1024]
+                                          [--impls old,main,new,pure]
 """
 
 from __future__ import annotations
@@ -40,12 +43,17 @@ WORKERS = (16, 128, 1024)
 PROMPT_TOKENS = (1024, 8192, 32768)
 
 
+IMPLS = ("old", "main", "new", "pure")
+_selected = list(IMPLS)  # which of them run (--impls)
+
+
 def _impls() -> dict[str, tuple[Any, Any]]:
-    """name -> (index factory, decode function); old = main 2d3553e (bench/index_v2.py), new = this tree as it
-    runs (its C loops if built: infera.kv.native), pure = this tree with ``native=False`` (when C is built)."""
+    """name -> (index factory, decode function); old = main 2d3553e (bench/index_v2.py), main = main 7f6bc8d
+    (bench/index_v3.py), new = this tree as it runs (its C loops if built: infera.kv.native), pure = this tree
+    with ``native=False`` (when C is built)."""
     from functools import partial
 
-    from bench import index_v2
+    from bench import index_v2, index_v3
     from infera.kv.index import PrefixIndex
     from infera.kv.native import load
     from infera.protocols.kv_events import decode_batch
@@ -53,8 +61,9 @@ def _impls() -> dict[str, tuple[Any, Any]]:
     impls: dict[str, tuple[Any, Any]] = {"old": (index_v2.PrefixIndex, index_v2.decode_batch),
                                          "new": (PrefixIndex, decode_batch)}
     if load() is not None:
+        impls["main"] = (index_v3.PrefixIndex, decode_batch)
         impls["pure"] = (partial(PrefixIndex, native=False), decode_batch)
-    return impls
+    return {name: impls[name] for name in _selected if name in impls}
 
 
 def ingest(quick: bool) -> dict[str, Any]:
@@ -119,6 +128,7 @@ def query(quick: bool, workers: tuple[int, ...] = WORKERS) -> list[dict[str, Any
                             index.overlaps(h, now=1.0, use_predicted=use_predicted)
                         lat: list[float] = []
                         cpu: list[float] = []  # on a loaded box wall time mostly measures the scheduler
+                        churn: list[float] = []  # CPU of the +churn event's apply
                         gc.disable()
                         for i in range(reps):
                             h = hashes[i % len(hashes)]
@@ -127,7 +137,9 @@ def query(quick: bool, workers: tuple[int, ...] = WORKERS) -> list[dict[str, Any
                                 on = (i // len(prompts)) % 2 == 0
                                 ev = BlockStored([i % len(prompts)], None, p[: synth.BLOCK], synth.BLOCK) if on \
                                     else BlockRemoved([i % len(prompts)])
+                                c0 = time.thread_time_ns()
                                 index.apply("x", EventBatch(0.0, [ev]))
+                                churn.append((time.thread_time_ns() - c0) / 1e3)
                             c0 = time.thread_time_ns()
                             t0 = time.perf_counter_ns()
                             found = index.overlaps(h, now=1.0, use_predicted=use_predicted)
@@ -138,7 +150,9 @@ def query(quick: bool, workers: tuple[int, ...] = WORKERS) -> list[dict[str, Any
                                      "workers": n_workers, "prompt_tokens": size, "samples": len(lat),
                                      "p50_us": percentile(lat, 50), "p99_us": percentile(lat, 99),
                                      "cpu_p50_us": percentile(cpu, 50), "cpu_p99_us": percentile(cpu, 99),
-                                     "holders": len(found), "best_overlap_blocks": max(found.values(), default=0)})
+                                     "holders": len(found), "best_overlap_blocks": max(found.values(), default=0),
+                                     **({"churn_apply_cpu_p50_us": percentile(churn, 50),
+                                         "churn_apply_cpu_p99_us": percentile(churn, 99)} if churn else {})})
                     if mode == "+churn":
                         index.remove_worker("x")
                 del index
@@ -244,7 +258,7 @@ def print_report(res: dict[str, Any]) -> None:
         print(f"KV-event ingest ({ing['workers']} workers, caches full, {ing['batches']} batches, "
               f"{ing['stored_blocks_per_batch']:.0f} block events/batch), CPU time, M block events/s:")
         rates = ing["events_per_s"]
-        names = [k for k in ("old", "pure", "new") if k in rates]
+        names = [k for k in ("old", "main", "pure", "new") if k in rates]
         print(f"{'path':<14}" + "".join(f"{k:>8}" for k in names) + "".join(f"{'new/' + k:>10}" for k in names[:-1]))
         for mode in ("apply", "decode+apply", "decode"):
             print(f"{mode:<14}" + "".join(f"{rates[k][mode] / 1e6:>8.2f}" for k in names)
@@ -268,6 +282,20 @@ def print_report(res: dict[str, Any]) -> None:
             old_cpu = f"{o['cpu_p50_us']:>12.1f}{o['cpu_p99_us']:>12.1f}" if o else f"{'':>24}"
             print(f"{r['spread']:<12}{r['workers']:>8}{r['prompt_tokens']:>11}{olds}{r['p50_us']:>10.1f}"
                   f"{r['p99_us']:>10.1f}{old_cpu}{r['cpu_p50_us']:>12.1f}{r['cpu_p99_us']:>12.1f}{r['holders']:>8}")
+    if "query" in res and any(r["impl"] == "main" for r in res["query"]):
+        main = {(r["spread"], r["workers"], r["prompt_tokens"]): r for r in res["query"] if r["impl"] == "main"}
+        print("\noverlap query, main (7f6bc8d) and new, CPU µs (churn apply: the +churn event's apply, CPU µs):")
+        print(f"{'spread':<12}{'workers':>8}{'prompt tok':>11}{'main p50':>10}{'main p99':>10}{'new p50':>10}"
+              f"{'new p99':>10}{'new/main p99':>13}{'main apply':>11}{'new apply':>10}")
+        for r in (r for r in res["query"] if r["impl"] == "new"):
+            m = main.get((r["spread"], r["workers"], r["prompt_tokens"]))
+            if m is None:
+                continue
+            apply = (f"{m['churn_apply_cpu_p50_us']:>11.1f}{r['churn_apply_cpu_p50_us']:>10.1f}"
+                     if "churn_apply_cpu_p50_us" in r else "")
+            print(f"{r['spread']:<12}{r['workers']:>8}{r['prompt_tokens']:>11}{m['cpu_p50_us']:>10.1f}"
+                  f"{m['cpu_p99_us']:>10.1f}{r['cpu_p50_us']:>10.1f}{r['cpu_p99_us']:>10.1f}"
+                  f"{r['cpu_p99_us'] / m['cpu_p99_us']:>12.2f}x{apply}")
     if "memory" in res:
         print("\nmemory per indexed block (tracemalloc, retained):")
         for r in res["memory"]:
@@ -288,7 +316,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tokenizer", type=Path, default=None)
     ap.add_argument("--only", default=",".join(STEPS), help="comma-separated steps: " + ",".join(STEPS))
     ap.add_argument("--workers", default=",".join(map(str, WORKERS)), help="query: comma-separated fleet sizes")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="indexes to run: " + ",".join(IMPLS))
     args = ap.parse_args(argv)
+    _selected[:] = [s for s in args.impls.split(",") if s]
     only = tuple(s for s in args.only.split(",") if s)
     workers = tuple(int(w) for w in args.workers.split(",") if w)
     res = run(args.tokenizer or default_tokenizer_dir(), args.quick, only, workers)
