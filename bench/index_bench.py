@@ -16,6 +16,10 @@ third round's C loops), in the same run.
            "+churn": before each (untimed, its CPU time reported apart) a one-block store or removal
            on an extra worker changes the mask of the prompt's first block, so no query finds a
            remembered walk as it left it.
+  mixed    ingest with a query between batches (16 and 128 workers, 64 shared 128-block prefixes
+           re-stored and evicted all along): apply CPU per block event and query CPU per prompt (a shared
+           prefix + 8 blocks), so that what remembered walks cost the event path shows beside what they
+           save the queries. Interleaved rounds, gc off.
   memory   bytes per indexed block (tracemalloc, retained after applying) at 1M blocks.
   tokenize chat template render + tokenize + block hashes per prompt size (1k/8k/32k tokens).
 
@@ -160,6 +164,51 @@ def query(quick: bool, workers: tuple[int, ...] = WORKERS) -> list[dict[str, Any
     return rows
 
 
+def mixed(quick: bool, workers: tuple[int, ...] = (16, 128)) -> list[dict[str, Any]]:
+    import random
+
+    from infera.kv.hashing import block_hashes
+
+    rows = []
+    for n_workers in workers:
+        n_warm, n_req = 2000, 2000 if quick else 6000
+        stream = synth.event_batches(n_workers, n_warm + n_req, capacity=4000, seed=4, prefix_blocks=128)
+        rng = random.Random(4)  # the prefixes event_batches drew from the same seed
+        prefixes = [[t for _ in range(128) for t in synth.token_block(rng)] for _ in range(64)]
+        prompts = [block_hashes(p + [t for _ in range(8) for t in synth.token_block(rng)], synth.BLOCK)
+                   for p in prefixes]
+        pick = [rng.randrange(64) for _ in range(n_req)]
+        n_events = synth.block_events(stream[n_warm:])
+        stats: dict[str, dict[str, list[float]]] = {}
+        for _ in range(2 if quick else 3):
+            for name, (cls, _) in _impls().items():
+                index = cls()
+                for w, b in stream[:n_warm]:
+                    index.apply(w, b)
+                for h in prompts:
+                    index.overlaps(h)
+                apply_ns, query = 0, []
+                gc.collect()
+                gc.disable()
+                for (w, b), k in zip(stream[n_warm:], pick, strict=True):
+                    c0 = time.thread_time_ns()
+                    index.apply(w, b)
+                    c1 = time.thread_time_ns()
+                    index.overlaps(prompts[k])
+                    query.append((time.thread_time_ns() - c1) / 1e3)
+                    apply_ns += c1 - c0
+                gc.enable()
+                st = stats.setdefault(name, {"apply_ns_per_event": [], "query_p50": [], "query_p99": []})
+                st["apply_ns_per_event"].append(apply_ns / n_events)
+                st["query_p50"].append(percentile(query, 50))
+                st["query_p99"].append(percentile(query, 99))
+                del index
+        for name, st in stats.items():
+            rows.append({"impl": name, "workers": n_workers, "block_events": n_events, "queries": n_req,
+                         **{k: statistics.median(v) for k, v in st.items()}})
+    return rows
+
+
 def memory(quick: bool) -> list[dict[str, Any]]:
     """Retained bytes per indexed block (tracemalloc), 16 workers, each block on one worker."""
     from infera.protocols.kv_events import BlockStored, EventBatch
@@ -237,7 +286,7 @@ def tokenize(tok: Path, quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-STEPS = ("ingest", "query", "memory", "tokenize")
+STEPS = ("ingest", "query", "mixed", "memory", "tokenize")
 
 
 def run(tok: Path, quick: bool, only: tuple[str, ...] = STEPS, workers: tuple[int, ...] = WORKERS) -> dict[str, Any]:
@@ -296,6 +345,12 @@ def print_report(res: dict[str, Any]) -> None:
             print(f"{r['spread']:<12}{r['workers']:>8}{r['prompt_tokens']:>11}{m['cpu_p50_us']:>10.1f}"
                   f"{m['cpu_p99_us']:>10.1f}{r['cpu_p50_us']:>10.1f}{r['cpu_p99_us']:>10.1f}"
                   f"{r['cpu_p99_us'] / m['cpu_p99_us']:>12.2f}x{apply}")
+    if "mixed" in res:
+        print("\ningest with a query between batches: apply CPU ns per block event, query CPU µs (median of rounds):")
+        print(f"{'impl':<6}{'workers':>8}{'apply ns/ev':>12}{'query p50':>10}{'query p99':>10}")
+        for r in res["mixed"]:
+            print(f"{r['impl']:<6}{r['workers']:>8}{r['apply_ns_per_event']:>12.0f}{r['query_p50']:>10.1f}"
+                  f"{r['query_p99']:>10.1f}")
     if "memory" in res:
         print("\nmemory per indexed block (tracemalloc, retained):")
         for r in res["memory"]:
