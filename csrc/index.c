@@ -632,13 +632,35 @@ static int record_words(PyObject *result, const uint64_t *gone, Py_ssize_t lo, P
     return 0;
 }
 
-/* walk_rows(rows, n, width, names, finish) -> (active, result)
+/* The guess of row ``i`` (guessed[hashes[i]] & allowed) in ``g`` (nw words); 0: none, 1: some, -1: error, 2: a
+ * guess does not fit in a row */
+static int guess_row(PyObject *guessed, PyObject *const *hs, Py_ssize_t i, const uint64_t *allowed, Py_ssize_t nw,
+                     unsigned char *tmp, uint64_t *g) {
+    PyObject *m = PyDict_GetItemWithError(guessed, hs[i]);
+    if (m == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyLong_Check(m)) {
+        PyErr_SetString(PyExc_TypeError, "masks must be ints");
+        return -1;
+    }
+    if (AS_BYTES(m, tmp, (size_t)nw * 8) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        return 2;
+    }
+    for (Py_ssize_t k = 0; k < nw; k++) g[k] = load_le64(tmp + 8 * k) & allowed[k];
+    return 1;
+}
+
+/* walk_rows(rows, n, width, names, finish[, hashes, guessed, allowed]) -> (active, result) | None
  * The walk over the first ``n`` rows of ``rows`` (a buffer of rows of ``width`` bytes): ``active`` the workers
  * (an int mask) holding all ``n`` blocks, ``result`` the depth of each worker that dropped out before; with
- * ``finish`` also the workers of ``active`` at depth ``n`` (the answer for a prompt of ``n`` blocks). */
+ * ``finish`` also the workers of ``active`` at depth ``n`` (the answer for a prompt of ``n`` blocks). With
+ * ``guessed`` (a dict of masks by router hash, ``hashes`` the rows' router hashes), row i also counts for the
+ * workers in ``allowed`` (an int; -1: every worker, else no wider than a row) whose bit guessed[hashes[i]] sets;
+ * None when such a guess does not fit in a row. */
 static PyObject *walk_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "walk_rows takes 5 arguments");
+    if (nargs != 5 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "walk_rows takes 5 or 8 arguments");
         return NULL;
     }
     Py_ssize_t n = PyLong_AsSsize_t(args[1]), width = PyLong_AsSsize_t(args[2]);
@@ -654,30 +676,63 @@ static PyObject *walk_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_ValueError, "walk_rows: width must be a positive multiple of 8, n positive");
         return NULL;
     }
+    PyObject *guessed = nargs == 8 && args[6] != Py_None ? args[6] : NULL, *seq = NULL;
+    if (guessed != NULL && !PyDict_Check(guessed)) {
+        PyErr_SetString(PyExc_TypeError, "walk_rows: guessed must be a dict");
+        return NULL;
+    }
     Py_buffer buf;
     if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *result = NULL, *act = NULL, *out = NULL;
-    Py_ssize_t nw = width / 8;
-    uint64_t *active = PyMem_Calloc((size_t)nw * 2, sizeof(uint64_t));
+    PyObject *const *hs = NULL;
+    Py_ssize_t nw = width / 8, k;
+    uint64_t *active = PyMem_Calloc((size_t)nw * 4 + 1, sizeof(uint64_t));
     if (active == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    uint64_t *gone = active + nw;
+    uint64_t *gone = active + nw, *g = active + 2 * nw, *allowed = active + 3 * nw;
+    unsigned char *tmp = (unsigned char *)gone;  /* guess_row's bytes: gone is free then */
     if (buf.len / width < n) {
         PyErr_SetString(PyExc_ValueError, "walk_rows: fewer rows than n");
         goto done;
     }
+    if (guessed != NULL) {
+        if ((seq = PySequence_Fast(args[5], "hashes must be a sequence")) == NULL) goto done;
+        if (PySequence_Fast_GET_SIZE(seq) < n) {
+            PyErr_SetString(PyExc_ValueError, "walk_rows: fewer hashes than n");
+            goto done;
+        }
+        hs = PySequence_Fast_ITEMS(seq);
+        int all = PyObject_RichCompareBool(args[7], ZERO, Py_LT);
+        if (all < 0) goto done;
+        if (all) {
+            for (k = 0; k < nw; k++) allowed[k] = ~(uint64_t)0;
+        } else {
+            if (AS_BYTES(args[7], tmp, (size_t)width) < 0) goto done;
+            for (k = 0; k < nw; k++) allowed[k] = load_le64(tmp + 8 * k);
+        }
+    }
     if ((result = PyDict_New()) == NULL) goto done;
     const unsigned char *row = buf.buf;
-    Py_ssize_t lo = 0, hi = nw, k;  /* words of active outside lo..hi-1 are 0 */
-    for (k = 0; k < nw; k++) active[k] = load_le64(row + 8 * k);
+    int r = guessed == NULL ? 0 : guess_row(guessed, hs, 0, allowed, nw, tmp, g);
+    if (r < 0) goto done;
+    if (r == 2) goto none;
+    for (k = 0; k < nw; k++) active[k] = load_le64(row + 8 * k) | (r ? g[k] : 0);
+    Py_ssize_t lo = 0, hi = nw;  /* words of active outside lo..hi-1 are 0 */
     while (hi > 0 && !active[hi - 1]) hi--;
     while (lo < hi && !active[lo]) lo++;
     for (Py_ssize_t i = 1; i < n && lo < hi; i++) {
         row += width;
+        r = guessed == NULL ? 0 : guess_row(guessed, hs, i, allowed, nw, tmp, g);
+        if (r < 0) goto done;
+        if (r == 2) goto none;
         uint64_t changed = 0;
-        for (k = lo; k < hi; k++) changed |= gone[k] = active[k] & ~load_le64(row + 8 * k);
+        if (r) {
+            for (k = lo; k < hi; k++) changed |= gone[k] = active[k] & ~(load_le64(row + 8 * k) | g[k]);
+        } else {
+            for (k = lo; k < hi; k++) changed |= gone[k] = active[k] & ~load_le64(row + 8 * k);
+        }
         if (!changed) continue;
         if (record_words(result, gone, lo, hi, i, names) < 0) goto done;
         for (k = lo; k < hi; k++) active[k] ^= gone[k];
@@ -690,11 +745,96 @@ static PyObject *walk_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
 #endif
     act = _PyLong_FromByteArray((const unsigned char *)active, (size_t)width, 1, 0);
     if (act != NULL) out = PyTuple_Pack(2, act, result);
+    goto done;
+none:
+    out = Py_None;
+    Py_INCREF(out);
 done:
     Py_XDECREF(act);
     Py_XDECREF(result);
+    Py_XDECREF(seq);
     PyMem_Free(active);
     PyBuffer_Release(&buf);
+    return out;
+}
+
+/* capture_rows(hashes, shared, width, min_rows) -> bytearray | None
+ * The masks of the prompt's leading blocks that two or more workers hold (found in ``shared``) as rows of
+ * ``width`` bytes, up to the first block no worker holding all before it holds; None when fewer than
+ * ``min_rows`` (at least 1) or a mask does not fit in a row. */
+static PyObject *capture_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "capture_rows takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t width = PyLong_AsSsize_t(args[2]), min_rows = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *shared = args[1];
+    if (!PyDict_Check(shared) || width <= 0 || width % 8) {
+        PyErr_SetString(PyExc_ValueError, "capture_rows: expected a dict and a positive multiple of 8");
+        return NULL;
+    }
+    if (min_rows < 1) min_rows = 1;
+    PyObject *seq = PySequence_Fast(args[0], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), nw = width / 8, i, k;
+    PyObject **hs = PySequence_Fast_ITEMS(seq);
+    PyObject *out = NULL;
+    uint64_t *running = NULL;
+    for (i = 0; i < n && i < min_rows; i++) {  /* the cheap refusal first: most prompts have no such stretch */
+        int r = PyDict_Contains(shared, hs[i]);
+        if (r < 0) goto done;
+        if (!r) break;
+    }
+    if (i < min_rows) {
+        out = Py_None;
+        Py_INCREF(out);
+        goto done;
+    }
+    if ((out = PyByteArray_FromStringAndSize(NULL, 0)) == NULL) goto done;
+    if ((running = PyMem_Malloc((size_t)width)) == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *m = PyDict_GetItemWithError(shared, hs[i]);
+        if (m == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            break;
+        }
+        Py_ssize_t at = PyByteArray_GET_SIZE(out);
+        if (PyByteArray_Resize(out, at + width) < 0) goto fail;
+        unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(out) + at;
+        if (!PyLong_Check(m)) {
+            PyErr_SetString(PyExc_TypeError, "masks must be ints");
+            goto fail;
+        }
+        if (AS_BYTES(m, dst, (size_t)width) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) goto fail;
+            PyErr_Clear();
+            Py_DECREF(out);
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+        uint64_t any = 0;
+        for (k = 0; k < nw; k++) any |= running[k] = (i ? running[k] : ~(uint64_t)0) & load_le64(dst + 8 * k);
+        if (!any) {
+            i++;
+            break;
+        }
+    }
+    if (i < min_rows) {
+        Py_DECREF(out);
+        out = Py_None;
+        Py_INCREF(out);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyMem_Free(running);
+    Py_DECREF(seq);
     return out;
 }
 
@@ -790,6 +930,7 @@ static PyMethodDef methods[] = {
     {"walk_rows", (PyCFunction)(void (*)(void))walk_rows, METH_FASTCALL, NULL},
     {"fill_rows", (PyCFunction)(void (*)(void))fill_rows, METH_FASTCALL, NULL},
     {"scan_column", (PyCFunction)(void (*)(void))scan_column, METH_FASTCALL, NULL},
+    {"capture_rows", (PyCFunction)(void (*)(void))capture_rows, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

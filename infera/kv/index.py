@@ -233,7 +233,7 @@ class PrefixIndex:
         if self._rows is None:
             self._forget_runs()
         else:
-            self._rows.touch(locals_, self._holders)
+            self._rows.touch(locals_)
 
     def _forget_runs(self) -> None:
         self._runs.clear()
@@ -474,6 +474,11 @@ class PrefixIndex:
             if self._predicted:
                 workers = self._workers
                 allowed = -1 if use_predicted is True else sum({workers[w].bit for w in use_predicted if w in workers})
+                if self._rows is not None:
+                    over_rows = self._rows.guessed(hashes, self._shared, self._holders, self._slots.names,
+                                                   RUN_MIN_BLOCKS, self._predicted, allowed)
+                    if over_rows is not None:
+                        return over_rows
                 if self._native is not None:
                     guessed: dict[str, int] = self._native.walk(hashes, self._shared, self._holders, self._slots.names,
                                                                 None, 0, self._predicted, allowed)[0]
@@ -527,6 +532,8 @@ class PrefixIndex:
         if worker is not None:
             self._clear(worker)
             self._slots.release(worker.slot)
+            if self._rows is not None:
+                self._rows.released()
 
     def workers(self) -> list[str]:
         """Workers the index has heard of (events or predictions), sorted."""

@@ -3,15 +3,18 @@
 A query of a prompt whose leading blocks two or more workers hold each (a hot system prompt everywhere)
 ANDs one mask per block. The index remembers, per first router hash, the masks of that leading stretch
 as rows of ``width`` bytes in one ``bytearray`` (little-endian ints, a row per block) and the walk's state
-after them. When one of those masks changes (a store or an eviction on any worker) its row is rewritten
-from the index's table and the state is marked stale: the next query walks the rows in order in C
+after them. When one of those masks changes (a store or an eviction on any worker) the event path only
+notes the row (:meth:`RowRuns.touch`, a set intersection and a set add); the next query of the prefix
+rewrites the noted rows from the index's table and updates the depth of just the workers whose bits changed
+(a column scan of the rows in C), or, after many changes, walks the rows in order in C
 (``_native.walk_rows``: ~2k rows of 1024 workers are ~280 KB read sequentially) instead of looking 2k
-masks up in the index's dicts, then goes on past the stretch as usual.
+masks up in the index's dicts; then it goes on past the stretch as usual. With predictions the rows are
+walked with each row's guesses ORed in (the guesses change with every routing decision, so they are not kept).
 
 Rows are exact only while every change to their masks reaches :meth:`RowRuns.touch`. The index's store and
 removal paths report the router hashes in ``watched`` whose masks changed while two or more workers held
-them before or after; a row whose mask falls below two holders (later changes would go unreported), or
-gains a worker whose slot lies beyond the row's width, drops its run instead (the next query captures it
+them before or after; a row whose mask has fallen below two holders (later changes would go unreported), or
+gained a worker whose slot lies beyond the row's width, drops its run instead (the next query captures it
 again).
 """
 
@@ -22,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 ROWS_MAX_BYTES = 32 << 20  # rows of all remembered runs; beyond it every run is forgotten
+PATCH_MAX = 8  # rows changed since a run's last query up to which depths are patched, not walked again
 
 
 @dataclasses.dataclass(slots=True)
@@ -31,8 +35,9 @@ class Rows:
     hashes: list[int]
     rows: bytearray
     width: int  # bytes per row, a multiple of 8, with room for at least one slot beyond the fleet's at capture
-    active: int | None  # workers holding every row's block (None: a row changed since, walk the rows again)
+    active: int | None  # workers holding every row's block (None: walk the rows again)
     result: dict[str, int] | None  # workers that dropped out within the rows, with their depth
+    pending: set[int] = dataclasses.field(default_factory=set)  # rows whose mask changed since: patch them
 
 
 class RowRuns:
@@ -56,29 +61,43 @@ class RowRuns:
         self._watched.clear()
         self._bytes = 0
 
-    def touch(self, locals_: Iterable[int], holders: dict[int, int]) -> None:
-        """The masks of ``locals_`` (router hashes; any, remembered or not) may have changed: patch their rows,
-        and the depth of each worker whose bit changed in one."""
+    def touch(self, locals_: Iterable[int]) -> None:
+        """The masks of ``locals_`` (router hashes; any, remembered or not) may have changed: note their rows."""
         at = self._at
         if not at:
             return
-        for local in locals_:
+        for local in self._watched.intersection(locals_):
             hit = at.get(local)
-            if hit is None:
-                continue
-            run, row = hit
-            mask = holders.get(local, 0)
-            width = run.width
+            if hit is not None:
+                hit[0].pending.add(hit[1])
+
+    def released(self) -> None:
+        """A worker's slot was freed (its name may go to another): depths are walked again, not patched by name."""
+        for run in self.runs.values():
+            if run.pending:
+                run.active = run.result = None
+
+    def _settle(self, run: Rows, holders: dict[int, int]) -> bool:
+        """Rewrite the rows noted since the last query from ``holders``, and the depths of the workers whose bits
+        changed (or, after many changes, mark the state for a walk of the rows). False: the run was dropped."""
+        rows, width, hashes = run.rows, run.width, run.hashes
+        patch = len(run.pending) <= PATCH_MAX and run.result is not None
+        for row in sorted(run.pending):
+            mask = holders.get(hashes[row], 0)
             if not mask & (mask - 1) or mask.bit_length() > 8 * width:
                 self._drop(run)
-                continue
+                return False
             start = row * width
-            old = int.from_bytes(run.rows[start : start + width], "little")
+            old = int.from_bytes(rows[start : start + width], "little")
             if old == mask:
                 continue
-            run.rows[start : start + width] = mask.to_bytes(width, "little")
-            if run.result is not None:
+            rows[start : start + width] = mask.to_bytes(width, "little")
+            if patch:
                 self._redepth(run, row, mask & ~old, old & ~mask)
+            else:
+                run.active = run.result = None
+        run.pending.clear()
+        return True
 
     def _redepth(self, run: Rows, row: int, gained: int, lost: int) -> None:
         """Row ``row`` of ``run`` gained and lost these workers: only their depths change. A worker's depth is
@@ -113,31 +132,70 @@ class RowRuns:
                 result[name] = depth
         run.active = active
 
+    def _find(self, hashes: Sequence[int], holders: dict[int, int]) -> Rows | None:
+        """The remembered run ``hashes`` starts with (or that starts with ``hashes``), its rows up to date."""
+        run = self.runs.get(hashes[0])
+        if run is None:
+            return None
+        m = min(len(hashes), len(run.hashes))
+        if hashes[m - 1] != run.hashes[m - 1]:  # chained hashes: else the prompt's first m blocks are the run's
+            return None
+        if run.pending and not self._settle(run, holders):
+            return None
+        return run
+
     def overlaps(self, hashes: Sequence[int], shared: dict[int, int], holders: dict[int, int], names: list[str],
                  capture: int) -> dict[str, int]:
         """``PrefixIndex.overlaps`` without predictions (``hashes`` not empty), resuming a remembered run."""
         native = self._native
-        run = self.runs.get(hashes[0])
+        run = self._find(hashes, holders)
         if run is not None:
             m = min(len(hashes), len(run.hashes))
-            if hashes[m - 1] == run.hashes[m - 1]:  # chained hashes: the prompt's first m blocks are the run's
-                if m < len(run.hashes):  # a shorter prompt: its rows say it all
-                    short: dict[str, int] = native.walk_rows(run.rows, m, run.width, names, True)[1]
-                    return short
-                if run.active is None or run.result is None:
-                    run.active, run.result = native.walk_rows(run.rows, m, run.width, names, False)
-                found: dict[str, int]
-                found, caught = native.walk(hashes, shared, holders, names, (m, hashes[m - 1], run.active, run.result),
-                                            capture, None, 0)
-                if caught is not None:
-                    self._extend(run, hashes, caught, shared, holders)
-                return found
+            if m < len(run.hashes):  # a shorter prompt: its rows say it all
+                short: dict[str, int] = native.walk_rows(run.rows, m, run.width, names, True)[1]
+                return short
+            if run.active is None or run.result is None:
+                run.active, run.result = native.walk_rows(run.rows, m, run.width, names, False)
+            found: dict[str, int]
+            found, caught = native.walk(hashes, shared, holders, names, (m, hashes[m - 1], run.active, run.result),
+                                        capture, None, 0)
+            if caught is not None:
+                self._extend(run, hashes, caught, shared, holders)
+            return found
         found, caught = native.walk(hashes, shared, holders, names, None, capture, None, 0)
         if caught is not None:
             width = 8 * (len(names) // 64 + 1)
             rows = native.fill_rows(hashes, 0, caught[0], shared, holders, width)
             if rows is not None:
                 self._remember(Rows(list(hashes[: caught[0]]), rows, width, caught[2], caught[3]))
+        return found
+
+    def guessed(self, hashes: Sequence[int], shared: dict[int, int], holders: dict[int, int], names: list[str],
+                capture: int, guesses: dict[int, int], allowed: int) -> dict[str, int] | None:
+        """``PrefixIndex.overlaps`` with predictions (``guesses``: masks by router hash; ``allowed``: the workers
+        whose guesses count, -1: all) over a remembered run's rows, capturing one if the prompt starts with
+        ``capture`` or more blocks two or more workers hold each; None: no run, the caller walks."""
+        native = self._native
+        run = self._find(hashes, holders)
+        if run is None:
+            width = 8 * (len(names) // 64 + 1)
+            rows = native.capture_rows(hashes, shared, width, capture)
+            if rows is None:
+                return None
+            n = len(rows) // width
+            active, result = native.walk_rows(rows, n, width, names, False)
+            run = Rows(list(hashes[:n]), rows, width, active, result)
+            self._remember(run)
+        m = min(len(hashes), len(run.hashes))
+        in_rows = allowed if allowed < 0 else allowed & ((1 << 8 * run.width) - 1)  # no guess is wider (else None)
+        got = native.walk_rows(run.rows, m, run.width, names, m == len(hashes), hashes, guesses, in_rows)
+        if got is None:  # a guess for a slot beyond the rows
+            return None
+        if m == len(hashes):
+            done: dict[str, int] = got[1]
+            return done
+        found: dict[str, int] = native.walk(hashes, shared, holders, names, (m, hashes[m - 1], got[0], got[1]), 0,
+                                            guesses, allowed)[0]
         return found
 
     def _remember(self, run: Rows) -> None:

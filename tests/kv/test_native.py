@@ -187,6 +187,7 @@ hot_op = st.one_of(
     st.tuples(st.just("remove_worker"), st.integers(0, 79)),
     st.tuples(st.just("clear"), st.integers(0, 79)),
     st.tuples(st.just("query"), st.integers(0, 2), st.integers(1, LONG)),
+    st.tuples(st.just("predict"), st.integers(0, 79), st.integers(0, 2), st.integers(1, LONG), st.booleans()),
 )
 
 
@@ -198,7 +199,8 @@ def test_remembered_rows_are_patched_exactly(holds: list[tuple[int, int]], ops: 
     """The C path keeps a hot prefix's masks as rows and patches them (and the workers' depths) on every change:
     many workers holding two prompts that share a prefix to staggered depths, then stores that fill holes or extend,
     single-block evictions, cleared and removed workers (slots reused), new workers whose slots lie beyond the rows'
-    width, queries of every length between the changes (runs captured, extended, replaced, walked shorter)."""
+    width, queries of every length between the changes (runs captured, extended, replaced, walked shorter), with
+    and without predictions (some expiring)."""
 
     def engine(k: int, p: int, j: int) -> int:
         return k * 1000 + p * 100 + j
@@ -210,6 +212,7 @@ def test_remembered_rows_are_patched_exactly(holds: list[tuple[int, int]], ops: 
                            BLOCK)
 
     c, py = PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
+    now = 10.0
     with patch("infera.kv.index.RUN_MIN_BLOCKS", run_min):
         for index in (c, py):
             for k, (d0, d1) in enumerate(holds):
@@ -225,16 +228,26 @@ def test_remembered_rows_are_patched_exactly(holds: list[tuple[int, int]], ops: 
                     index.remove_worker(f"w{o[1]}")
                 elif o[0] == "clear":
                     index.apply(f"w{o[1]}", EventBatch(1.0, [AllBlocksCleared()]))
+                elif o[0] == "predict":
+                    index.predict(f"w{o[1]}", HOT_ROUTER[o[2]][: o[3]], ttl=1.0 if o[4] else 100.0, now=now)
             if o[0] == "query":
                 assert c.overlaps(HOT_ROUTER[o[1]][: o[2]]) == py.overlaps(HOT_ROUTER[o[1]][: o[2]])
                 continue
+            if o[0] == "predict":
+                now += 0.6  # a short prediction lives one more step
             assert _state(c) == _state(py)
             for hashes in HOT_ROUTER:
                 for n in (LONG, 5, LONG):
                     assert c.overlaps(hashes[:n]) == py.overlaps(hashes[:n]), (hashes[0], n)
+                    for use in (True, {"w1", "w3", "w70"}):
+                        assert c.overlaps(hashes[:n], now=now, use_predicted=use) == \
+                            py.overlaps(hashes[:n], now=now, use_predicted=use), (hashes[0], n, use)
         assert c._rows is not None
         rows = c._rows
+        for run in list(rows.runs.values()):
+            c.overlaps(run.hashes)  # patches the rows noted since the last query
         for run in rows.runs.values():  # every remembered row is the index's mask, and every one is watched
+            assert not run.pending
             for r, local in enumerate(run.hashes):
                 assert int.from_bytes(run.rows[r * run.width : (r + 1) * run.width], "little") == \
                     c._holders.get(local, 0)
@@ -289,3 +302,22 @@ def test_a_worker_beyond_the_rows_width_recaptures_the_run() -> None:
             assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0])
             assert c.overlaps(HOT_ROUTER[0][:3]) == py.overlaps(HOT_ROUTER[0][:3])
         assert c._rows.runs[HOT_ROUTER[0][0]].width == 16
+
+
+def test_a_removed_workers_slot_taken_by_another_between_queries() -> None:
+    """Row changes are patched at the next query, by the names the slots have then: a worker removed (its slot freed,
+    then taken by a newcomer) between two queries must leave no trace in the answer."""
+    c, py = _hot_pair()
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", 4):
+        for index in (c, py):
+            for k in range(3):
+                _hold(index, f"w{k}", LONG, 1000 * k)
+            _hold(index, "small", 3, 5000)
+        assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0])
+        for index in (c, py):
+            index.remove_worker("small")
+        assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0]) == {f"w{k}": LONG for k in range(3)}
+        for index in (c, py):
+            index.remove_worker("w1")
+            _hold(index, "new", 2, 6000)  # takes w1's slot
+        assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0]) == {"w0": LONG, "w2": LONG, "new": 2}
