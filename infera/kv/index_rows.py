@@ -37,7 +37,7 @@ class Rows:
     width: int  # bytes per row, a multiple of 8, with room for at least one slot beyond the fleet's at capture
     active: int | None  # workers holding every row's block (None: walk the rows again)
     result: dict[str, int] | None  # workers that dropped out within the rows, with their depth
-    pending: set[int] = dataclasses.field(default_factory=set)  # rows whose mask changed since: patch them
+    keys: set[int] = dataclasses.field(default_factory=set)  # ``hashes`` as a set
 
 
 class RowRuns:
@@ -53,50 +53,52 @@ class RowRuns:
         self._watched_max = watched_max
         self.runs: dict[int, Rows] = {}
         self._at: dict[int, tuple[Rows, int]] = {}  # router hash -> its run and row
+        self._pending: set[int] = set()  # router hashes of rows whose mask changed since their run's last query
         self._bytes = 0
 
     def forget(self) -> None:
         self.runs.clear()
         self._at.clear()
+        self._pending.clear()
         self._watched.clear()
         self._bytes = 0
 
     def touch(self, locals_: Iterable[int]) -> None:
         """The masks of ``locals_`` (router hashes; any, remembered or not) may have changed: note their rows."""
-        at = self._at
-        if not at:
-            return
-        for local in self._watched.intersection(locals_):
-            hit = at.get(local)
-            if hit is not None:
-                hit[0].pending.add(hit[1])
+        if self._at:
+            self._pending.update(self._watched.intersection(locals_))
 
     def released(self) -> None:
         """A worker's slot was freed (its name may go to another): depths are walked again, not patched by name."""
-        for run in self.runs.values():
-            if run.pending:
-                run.active = run.result = None
+        if self._pending:
+            for run in self.runs.values():
+                if not self._pending.isdisjoint(run.keys):
+                    run.active = run.result = None
 
-    def _settle(self, run: Rows, holders: dict[int, int]) -> bool:
-        """Rewrite the rows noted since the last query from ``holders``, and the depths of the workers whose bits
-        changed (or, after many changes, mark the state for a walk of the rows). False: the run was dropped."""
-        rows, width, hashes = run.rows, run.width, run.hashes
-        patch = len(run.pending) <= PATCH_MAX and run.result is not None
-        for row in sorted(run.pending):
+    def _settle(self, run: Rows, mine: set[int], shared: dict[int, int], holders: dict[int, int]) -> bool:
+        """Rewrite the rows of ``mine`` (router hashes noted since the run's last query) from ``holders``, and the
+        depths of the workers whose bits changed; after many changes, take every row again from ``shared`` and
+        mark the state for a walk of the rows. False: the run was dropped."""
+        self._pending -= mine
+        rows, width, hashes, at = run.rows, run.width, run.hashes, self._at
+        if len(mine) > PATCH_MAX or run.result is None:
+            again = self._native.capture_rows(hashes, shared, width, len(hashes))
+            if again is None or len(again) != len(rows):  # a row left with one holder (or none), or wider
+                self._drop(run)
+                return False
+            run.rows = again
+            run.active = run.result = None
+            return True
+        for row in sorted(at[local][1] for local in mine):
             mask = holders.get(hashes[row], 0)
             if not mask & (mask - 1) or mask.bit_length() > 8 * width:
                 self._drop(run)
                 return False
             start = row * width
             old = int.from_bytes(rows[start : start + width], "little")
-            if old == mask:
-                continue
-            rows[start : start + width] = mask.to_bytes(width, "little")
-            if patch:
+            if old != mask:
+                rows[start : start + width] = mask.to_bytes(width, "little")
                 self._redepth(run, row, mask & ~old, old & ~mask)
-            else:
-                run.active = run.result = None
-        run.pending.clear()
         return True
 
     def _redepth(self, run: Rows, row: int, gained: int, lost: int) -> None:
@@ -132,7 +134,7 @@ class RowRuns:
                 result[name] = depth
         run.active = active
 
-    def _find(self, hashes: Sequence[int], holders: dict[int, int]) -> Rows | None:
+    def _find(self, hashes: Sequence[int], shared: dict[int, int], holders: dict[int, int]) -> Rows | None:
         """The remembered run ``hashes`` starts with (or that starts with ``hashes``), its rows up to date."""
         run = self.runs.get(hashes[0])
         if run is None:
@@ -140,15 +142,17 @@ class RowRuns:
         m = min(len(hashes), len(run.hashes))
         if hashes[m - 1] != run.hashes[m - 1]:  # chained hashes: else the prompt's first m blocks are the run's
             return None
-        if run.pending and not self._settle(run, holders):
-            return None
+        if self._pending:
+            mine = self._pending & run.keys
+            if mine and not self._settle(run, mine, shared, holders):
+                return None
         return run
 
     def overlaps(self, hashes: Sequence[int], shared: dict[int, int], holders: dict[int, int], names: list[str],
                  capture: int) -> dict[str, int]:
         """``PrefixIndex.overlaps`` without predictions (``hashes`` not empty), resuming a remembered run."""
         native = self._native
-        run = self._find(hashes, holders)
+        run = self._find(hashes, shared, holders)
         if run is not None:
             m = min(len(hashes), len(run.hashes))
             if m < len(run.hashes):  # a shorter prompt: its rows say it all
@@ -167,7 +171,8 @@ class RowRuns:
             width = 8 * (len(names) // 64 + 1)
             rows = native.fill_rows(hashes, 0, caught[0], shared, holders, width)
             if rows is not None:
-                self._remember(Rows(list(hashes[: caught[0]]), rows, width, caught[2], caught[3]))
+                covered = list(hashes[: caught[0]])
+                self._remember(Rows(covered, rows, width, caught[2], caught[3], set(covered)))
         return found
 
     def guessed(self, hashes: Sequence[int], shared: dict[int, int], holders: dict[int, int], names: list[str],
@@ -176,7 +181,7 @@ class RowRuns:
         whose guesses count, -1: all) over a remembered run's rows, capturing one if the prompt starts with
         ``capture`` or more blocks two or more workers hold each; None: no run, the caller walks."""
         native = self._native
-        run = self._find(hashes, holders)
+        run = self._find(hashes, shared, holders)
         if run is None:
             width = 8 * (len(names) // 64 + 1)
             rows = native.capture_rows(hashes, shared, width, capture)
@@ -184,7 +189,7 @@ class RowRuns:
                 return None
             n = len(rows) // width
             active, result = native.walk_rows(rows, n, width, names, False)
-            run = Rows(list(hashes[:n]), rows, width, active, result)
+            run = Rows(list(hashes[:n]), rows, width, active, result, set(hashes[:n]))
             self._remember(run)
         m = min(len(hashes), len(run.hashes))
         in_rows = allowed if allowed < 0 else allowed & ((1 << 8 * run.width) - 1)  # no guess is wider (else None)
@@ -224,6 +229,7 @@ class RowRuns:
             return
         run.rows += rows
         run.hashes += hashes[start:end]
+        run.keys.update(hashes[start:end])
         run.active, run.result = caught[2], caught[3]
         self._bytes += len(rows)
         self._register(run, start)
@@ -247,9 +253,10 @@ class RowRuns:
         if self.runs.get(first) is run:
             del self.runs[first]
             self._bytes -= len(run.rows)
-        at, watched = self._at, self._watched
+        at, watched, pending = self._at, self._watched, self._pending
         for local in run.hashes:
             hit = at.get(local)
             if hit is not None and hit[0] is run:
                 del at[local]
                 watched.discard(local)
+                pending.discard(local)

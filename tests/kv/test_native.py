@@ -247,7 +247,7 @@ def test_remembered_rows_are_patched_exactly(holds: list[tuple[int, int]], ops: 
         for run in list(rows.runs.values()):
             c.overlaps(run.hashes)  # patches the rows noted since the last query
         for run in rows.runs.values():  # every remembered row is the index's mask, and every one is watched
-            assert not run.pending
+            assert rows._pending.isdisjoint(run.keys) and run.keys == set(run.hashes)
             for r, local in enumerate(run.hashes):
                 assert int.from_bytes(run.rows[r * run.width : (r + 1) * run.width], "little") == \
                     c._holders.get(local, 0)
