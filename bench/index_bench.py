@@ -1,7 +1,8 @@
 """The prefix index and the tokenizer path in process: ingest rate, query latency, memory, render+tokenize+hash.
 
 The index is measured side by side with the one of main 2d3553e ("old": ``bench/index_v2.py``, its
-decoder and block hashing frozen with it), in the same run.
+decoder and block hashing frozen with it) and the one of main 7f6bc8d ("main": ``bench/index_v3.py``, the
+third round's C loops), in the same run.
 
   ingest   block events/s (one per stored or removed block) through ``PrefixIndex.apply``, and through
            ``decode_batch`` + ``apply`` from msgpack frames (``encode_batch``), for 16 workers whose
@@ -12,12 +13,18 @@ decoder and block hashing frozen with it), in the same run.
            1k/8k/32k tokens; "few": each prompt's prefix on 1-4 workers (what kv-aware routing
            makes), "all": every worker holds a prefix of staggered depth (the worst case);
            "+pred": the same with ``use_predicted=True`` while every worker holds a prediction;
-           "+churn": before each (untimed) a one-block store or removal on an extra worker
-           changes the mask of the prompt's first block, so no query resumes a remembered walk.
+           "+churn": before each (untimed, its CPU time reported apart) a one-block store or removal
+           on an extra worker changes the mask of the prompt's first block, so no query finds a
+           remembered walk as it left it.
+  mixed    ingest with a query between batches (16 and 128 workers, 64 shared 128-block prefixes
+           re-stored and evicted all along): apply CPU per block event and query CPU per prompt (a shared
+           prefix + 8 blocks), so that what remembered walks cost the event path shows beside what they
+           save the queries. Interleaved rounds, gc off.
   memory   bytes per indexed block (tracemalloc, retained after applying) at 1M blocks.
   tokenize chat template render + tokenize + block hashes per prompt size (1k/8k/32k tokens).
 
     .venv/bin/python bench/index_bench.py [--quick] [--only ingest,query,memory,tokenize] [--workers 16,128,1024]
+                                          [--impls old,main,new,pure]
 """
 
 from __future__ import annotations
@@ -40,26 +47,28 @@ WORKERS = (16, 128, 1024)
 PROMPT_TOKENS = (1024, 8192, 32768)
 
 
-def _impls(ints: bool = False) -> dict[str, tuple[Any, Any]]:
-    """name -> (index factory, decode function); old = main 2d3553e (bench/index_v2.py), new = this tree as it
-    runs (its C loops if built: infera.kv.native), pure = this tree with ``native=False`` (when C is built).
-    ``ints``: also "ints", this tree's index fed by the decoder of main 2d3553e-7f6bc8d (token ids decoded into
-    int lists, hashed by ``chain_hashes``; the index's list path is main's code), to show the packed token ids'
-    share side by side."""
+IMPLS = ("old", "main", "new", "pure")
+_selected = list(IMPLS)  # which of them run (--impls)
+
+
+def _impls() -> dict[str, tuple[Any, Any]]:
+    """name -> (index factory, decode function); old = main 2d3553e (bench/index_v2.py), main = main 7f6bc8d
+    (bench/index_v3.py), new = this tree as it runs (its C loops if built: infera.kv.native), pure = this tree
+    with ``native=False`` (when C is built)."""
     from functools import partial
 
-    from bench import index_v2
+    from bench import index_v2, index_v3
     from infera.kv.index import PrefixIndex
     from infera.kv.native import load
     from infera.protocols.kv_events import decode_batch
 
-    impls: dict[str, tuple[Any, Any]] = {"old": (index_v2.PrefixIndex, index_v2.decode_batch)}
-    if ints:
-        impls["ints"] = (PrefixIndex, index_v2.decode_batch)
-    impls["new"] = (PrefixIndex, decode_batch)
+    impls: dict[str, tuple[Any, Any]] = {"old": (index_v2.PrefixIndex, index_v2.decode_batch),
+                                         "new": (PrefixIndex, decode_batch)}
     if load() is not None:
+        # main 7f6bc8d's decoder is bench/index_v2's (token ids as int lists); this tree's gives packed bytes
+        impls["main"] = (index_v3.PrefixIndex, index_v2.decode_batch)
         impls["pure"] = (partial(PrefixIndex, native=False), decode_batch)
-    return impls
+    return {name: impls[name] for name in _selected if name in impls}
 
 
 def ingest(quick: bool) -> dict[str, Any]:
@@ -72,7 +81,7 @@ def ingest(quick: bool) -> dict[str, Any]:
     n_events = synth.block_events(batches)
     out: dict[str, Any] = {"workers": 16, "batches": len(batches), "block_events": n_events,
                            "stored_blocks_per_batch": n_events / len(batches)}
-    impls = _impls(ints=True)
+    impls = _impls()
     rates: dict[str, dict[str, list[float]]] = {name: {"apply": [], "decode+apply": [], "decode": []}
                                                 for name in impls}
     for _ in range(3 if quick else 5):
@@ -124,6 +133,7 @@ def query(quick: bool, workers: tuple[int, ...] = WORKERS) -> list[dict[str, Any
                             index.overlaps(h, now=1.0, use_predicted=use_predicted)
                         lat: list[float] = []
                         cpu: list[float] = []  # on a loaded box wall time mostly measures the scheduler
+                        churn: list[float] = []  # CPU of the +churn event's apply
                         gc.disable()
                         for i in range(reps):
                             h = hashes[i % len(hashes)]
@@ -132,7 +142,9 @@ def query(quick: bool, workers: tuple[int, ...] = WORKERS) -> list[dict[str, Any
                                 on = (i // len(prompts)) % 2 == 0
                                 ev = BlockStored([i % len(prompts)], None, p[: synth.BLOCK], synth.BLOCK) if on \
                                     else BlockRemoved([i % len(prompts)])
+                                c0 = time.thread_time_ns()
                                 index.apply("x", EventBatch(0.0, [ev]))
+                                churn.append((time.thread_time_ns() - c0) / 1e3)
                             c0 = time.thread_time_ns()
                             t0 = time.perf_counter_ns()
                             found = index.overlaps(h, now=1.0, use_predicted=use_predicted)
@@ -143,11 +155,58 @@ def query(quick: bool, workers: tuple[int, ...] = WORKERS) -> list[dict[str, Any
                                      "workers": n_workers, "prompt_tokens": size, "samples": len(lat),
                                      "p50_us": percentile(lat, 50), "p99_us": percentile(lat, 99),
                                      "cpu_p50_us": percentile(cpu, 50), "cpu_p99_us": percentile(cpu, 99),
-                                     "holders": len(found), "best_overlap_blocks": max(found.values(), default=0)})
+                                     "holders": len(found), "best_overlap_blocks": max(found.values(), default=0),
+                                     **({"churn_apply_cpu_p50_us": percentile(churn, 50),
+                                         "churn_apply_cpu_p99_us": percentile(churn, 99)} if churn else {})})
                     if mode == "+churn":
                         index.remove_worker("x")
                 del index
                 gc.collect()
+    return rows
+
+
+def mixed(quick: bool, workers: tuple[int, ...] = (16, 128)) -> list[dict[str, Any]]:
+    import random
+
+    from infera.kv.hashing import block_hashes
+
+    rows = []
+    for n_workers in workers:
+        n_warm, n_req = 2000, 2000 if quick else 6000
+        stream = synth.event_batches(n_workers, n_warm + n_req, capacity=4000, seed=4, prefix_blocks=128)
+        rng = random.Random(4)  # the prefixes event_batches drew from the same seed
+        prefixes = [[t for _ in range(128) for t in synth.token_block(rng)] for _ in range(64)]
+        prompts = [block_hashes(p + [t for _ in range(8) for t in synth.token_block(rng)], synth.BLOCK)
+                   for p in prefixes]
+        pick = [rng.randrange(64) for _ in range(n_req)]
+        n_events = synth.block_events(stream[n_warm:])
+        stats: dict[str, dict[str, list[float]]] = {}
+        for _ in range(2 if quick else 3):
+            for name, (cls, _) in _impls().items():
+                index = cls()
+                for w, b in stream[:n_warm]:
+                    index.apply(w, b)
+                for h in prompts:
+                    index.overlaps(h)
+                apply_ns, query = 0, []
+                gc.collect()
+                gc.disable()
+                for (w, b), k in zip(stream[n_warm:], pick, strict=True):
+                    c0 = time.thread_time_ns()
+                    index.apply(w, b)
+                    c1 = time.thread_time_ns()
+                    index.overlaps(prompts[k])
+                    query.append((time.thread_time_ns() - c1) / 1e3)
+                    apply_ns += c1 - c0
+                gc.enable()
+                st = stats.setdefault(name, {"apply_ns_per_event": [], "query_p50": [], "query_p99": []})
+                st["apply_ns_per_event"].append(apply_ns / n_events)
+                st["query_p50"].append(percentile(query, 50))
+                st["query_p99"].append(percentile(query, 99))
+                del index
+        for name, st in stats.items():
+            rows.append({"impl": name, "workers": n_workers, "block_events": n_events, "queries": n_req,
+                         **{k: statistics.median(v) for k, v in st.items()}})
     return rows
 
 
@@ -228,7 +287,7 @@ def tokenize(tok: Path, quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-STEPS = ("ingest", "query", "memory", "tokenize")
+STEPS = ("ingest", "query", "mixed", "memory", "tokenize")
 
 
 def run(tok: Path, quick: bool, only: tuple[str, ...] = STEPS, workers: tuple[int, ...] = WORKERS) -> dict[str, Any]:
@@ -249,7 +308,7 @@ def print_report(res: dict[str, Any]) -> None:
         print(f"KV-event ingest ({ing['workers']} workers, caches full, {ing['batches']} batches, "
               f"{ing['stored_blocks_per_batch']:.0f} block events/batch), CPU time, M block events/s:")
         rates = ing["events_per_s"]
-        names = [k for k in ("old", "pure", "ints", "new") if k in rates]
+        names = [k for k in ("old", "main", "pure", "new") if k in rates]
         print(f"{'path':<14}" + "".join(f"{k:>8}" for k in names) + "".join(f"{'new/' + k:>10}" for k in names[:-1]))
         for mode in ("apply", "decode+apply", "decode"):
             print(f"{mode:<14}" + "".join(f"{rates[k][mode] / 1e6:>8.2f}" for k in names)
@@ -273,6 +332,26 @@ def print_report(res: dict[str, Any]) -> None:
             old_cpu = f"{o['cpu_p50_us']:>12.1f}{o['cpu_p99_us']:>12.1f}" if o else f"{'':>24}"
             print(f"{r['spread']:<12}{r['workers']:>8}{r['prompt_tokens']:>11}{olds}{r['p50_us']:>10.1f}"
                   f"{r['p99_us']:>10.1f}{old_cpu}{r['cpu_p50_us']:>12.1f}{r['cpu_p99_us']:>12.1f}{r['holders']:>8}")
+    if "query" in res and any(r["impl"] == "main" for r in res["query"]):
+        main = {(r["spread"], r["workers"], r["prompt_tokens"]): r for r in res["query"] if r["impl"] == "main"}
+        print("\noverlap query, main (7f6bc8d) and new, CPU µs (churn apply: the +churn event's apply, CPU µs):")
+        print(f"{'spread':<12}{'workers':>8}{'prompt tok':>11}{'main p50':>10}{'main p99':>10}{'new p50':>10}"
+              f"{'new p99':>10}{'new/main p99':>13}{'main apply':>11}{'new apply':>10}")
+        for r in (r for r in res["query"] if r["impl"] == "new"):
+            m = main.get((r["spread"], r["workers"], r["prompt_tokens"]))
+            if m is None:
+                continue
+            apply = (f"{m['churn_apply_cpu_p50_us']:>11.1f}{r['churn_apply_cpu_p50_us']:>10.1f}"
+                     if "churn_apply_cpu_p50_us" in r else "")
+            print(f"{r['spread']:<12}{r['workers']:>8}{r['prompt_tokens']:>11}{m['cpu_p50_us']:>10.1f}"
+                  f"{m['cpu_p99_us']:>10.1f}{r['cpu_p50_us']:>10.1f}{r['cpu_p99_us']:>10.1f}"
+                  f"{r['cpu_p99_us'] / m['cpu_p99_us']:>12.2f}x{apply}")
+    if "mixed" in res:
+        print("\ningest with a query between batches: apply CPU ns per block event, query CPU µs (median of rounds):")
+        print(f"{'impl':<6}{'workers':>8}{'apply ns/ev':>12}{'query p50':>10}{'query p99':>10}")
+        for r in res["mixed"]:
+            print(f"{r['impl']:<6}{r['workers']:>8}{r['apply_ns_per_event']:>12.0f}{r['query_p50']:>10.1f}"
+                  f"{r['query_p99']:>10.1f}")
     if "memory" in res:
         print("\nmemory per indexed block (tracemalloc, retained):")
         for r in res["memory"]:
@@ -293,7 +372,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tokenizer", type=Path, default=None)
     ap.add_argument("--only", default=",".join(STEPS), help="comma-separated steps: " + ",".join(STEPS))
     ap.add_argument("--workers", default=",".join(map(str, WORKERS)), help="query: comma-separated fleet sizes")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="indexes to run: " + ",".join(IMPLS))
     args = ap.parse_args(argv)
+    _selected[:] = [s for s in args.impls.split(",") if s]
     only = tuple(s for s in args.only.split(",") if s)
     workers = tuple(int(w) for w in args.workers.split(",") if w)
     res = run(args.tokenizer or default_tokenizer_dir(), args.quick, only, workers)

@@ -720,12 +720,347 @@ done:
     return out;
 }
 
+/* ---- remembered runs as rows of 64-bit words ------------------------------------------------------ */
+
+/* A remembered prefix keeps its blocks' masks as rows of ``width`` bytes (little-endian, width a multiple of
+ * 8) in one buffer, patched in place when one of them changes (infera/kv/index_rows.py): a walk after a
+ * change reads them in order instead of looking each mask up in the index's dicts. */
+
+static inline uint64_t load_le64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+/* result[names[slot]] = depth for each bit of words lo..hi-1 of ``gone`` */
+static int record_words(PyObject *result, const uint64_t *gone, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t depth,
+                        PyObject *names) {
+    PyObject *d = NULL;
+    Py_ssize_t n_names = PyList_GET_SIZE(names);
+    for (Py_ssize_t k = lo; k < hi; k++) {
+        uint64_t g = gone[k];
+        while (g) {
+            Py_ssize_t slot = k * 64 + __builtin_ctzll(g);
+            g &= g - 1;
+            if (slot >= n_names) {
+                PyErr_SetString(PyExc_IndexError, "mask bit without a slot");
+                Py_XDECREF(d);
+                return -1;
+            }
+            if (d == NULL && (d = PyLong_FromSsize_t(depth)) == NULL) return -1;
+            if (PyDict_SetItem(result, PyList_GET_ITEM(names, slot), d) < 0) {
+                Py_DECREF(d);
+                return -1;
+            }
+        }
+    }
+    Py_XDECREF(d);
+    return 0;
+}
+
+/* The guess of row ``i`` (guessed[hashes[i]] & allowed) in ``g`` (nw words); 0: none, 1: some, -1: error, 2: a
+ * guess does not fit in a row */
+static int guess_row(PyObject *guessed, PyObject *const *hs, Py_ssize_t i, const uint64_t *allowed, Py_ssize_t nw,
+                     unsigned char *tmp, uint64_t *g) {
+    PyObject *m = PyDict_GetItemWithError(guessed, hs[i]);
+    if (m == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyLong_Check(m)) {
+        PyErr_SetString(PyExc_TypeError, "masks must be ints");
+        return -1;
+    }
+    if (AS_BYTES(m, tmp, (size_t)nw * 8) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        return 2;
+    }
+    for (Py_ssize_t k = 0; k < nw; k++) g[k] = load_le64(tmp + 8 * k) & allowed[k];
+    return 1;
+}
+
+/* walk_rows(rows, n, width, names, finish[, hashes, guessed, allowed]) -> (active, result) | None
+ * The walk over the first ``n`` rows of ``rows`` (a buffer of rows of ``width`` bytes): ``active`` the workers
+ * (an int mask) holding all ``n`` blocks, ``result`` the depth of each worker that dropped out before; with
+ * ``finish`` also the workers of ``active`` at depth ``n`` (the answer for a prompt of ``n`` blocks). With
+ * ``guessed`` (a dict of masks by router hash, ``hashes`` the rows' router hashes), row i also counts for the
+ * workers in ``allowed`` (an int; -1: every worker, else no wider than a row) whose bit guessed[hashes[i]] sets;
+ * None when such a guess does not fit in a row. */
+static PyObject *walk_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "walk_rows takes 5 or 8 arguments");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]), width = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *names = args[3];
+    int finish = PyObject_IsTrue(args[4]);
+    if (finish < 0) return NULL;
+    if (!PyList_Check(names)) {
+        PyErr_SetString(PyExc_TypeError, "walk_rows: names must be a list");
+        return NULL;
+    }
+    if (width <= 0 || width % 8 || n < 1) {
+        PyErr_SetString(PyExc_ValueError, "walk_rows: width must be a positive multiple of 8, n positive");
+        return NULL;
+    }
+    PyObject *guessed = nargs == 8 && args[6] != Py_None ? args[6] : NULL, *seq = NULL;
+    if (guessed != NULL && !PyDict_Check(guessed)) {
+        PyErr_SetString(PyExc_TypeError, "walk_rows: guessed must be a dict");
+        return NULL;
+    }
+    Py_buffer buf;
+    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = NULL, *act = NULL, *out = NULL;
+    PyObject *const *hs = NULL;
+    Py_ssize_t nw = width / 8, k;
+    uint64_t *active = PyMem_Calloc((size_t)nw * 4 + 1, sizeof(uint64_t));
+    if (active == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint64_t *gone = active + nw, *g = active + 2 * nw, *allowed = active + 3 * nw;
+    unsigned char *tmp = (unsigned char *)gone;  /* guess_row's bytes: gone is free then */
+    if (buf.len / width < n) {
+        PyErr_SetString(PyExc_ValueError, "walk_rows: fewer rows than n");
+        goto done;
+    }
+    if (guessed != NULL) {
+        if ((seq = PySequence_Fast(args[5], "hashes must be a sequence")) == NULL) goto done;
+        if (PySequence_Fast_GET_SIZE(seq) < n) {
+            PyErr_SetString(PyExc_ValueError, "walk_rows: fewer hashes than n");
+            goto done;
+        }
+        hs = PySequence_Fast_ITEMS(seq);
+        int all = PyObject_RichCompareBool(args[7], ZERO, Py_LT);
+        if (all < 0) goto done;
+        if (all) {
+            for (k = 0; k < nw; k++) allowed[k] = ~(uint64_t)0;
+        } else {
+            if (AS_BYTES(args[7], tmp, (size_t)width) < 0) goto done;
+            for (k = 0; k < nw; k++) allowed[k] = load_le64(tmp + 8 * k);
+        }
+    }
+    if ((result = PyDict_New()) == NULL) goto done;
+    const unsigned char *row = buf.buf;
+    int r = guessed == NULL ? 0 : guess_row(guessed, hs, 0, allowed, nw, tmp, g);
+    if (r < 0) goto done;
+    if (r == 2) goto none;
+    for (k = 0; k < nw; k++) active[k] = load_le64(row + 8 * k) | (r ? g[k] : 0);
+    Py_ssize_t lo = 0, hi = nw;  /* words of active outside lo..hi-1 are 0 */
+    while (hi > 0 && !active[hi - 1]) hi--;
+    while (lo < hi && !active[lo]) lo++;
+    for (Py_ssize_t i = 1; i < n && lo < hi; i++) {
+        row += width;
+        r = guessed == NULL ? 0 : guess_row(guessed, hs, i, allowed, nw, tmp, g);
+        if (r < 0) goto done;
+        if (r == 2) goto none;
+        uint64_t changed = 0;
+        if (r) {
+            for (k = lo; k < hi; k++) changed |= gone[k] = active[k] & ~(load_le64(row + 8 * k) | g[k]);
+        } else {
+            for (k = lo; k < hi; k++) changed |= gone[k] = active[k] & ~load_le64(row + 8 * k);
+        }
+        if (!changed) continue;
+        if (record_words(result, gone, lo, hi, i, names) < 0) goto done;
+        for (k = lo; k < hi; k++) active[k] ^= gone[k];
+        while (hi > lo && !active[hi - 1]) hi--;
+        while (lo < hi && !active[lo]) lo++;
+    }
+    if (finish && lo < hi && record_words(result, active, lo, hi, n, names) < 0) goto done;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    for (k = 0; k < nw; k++) active[k] = __builtin_bswap64(active[k]);
+#endif
+    act = _PyLong_FromByteArray((const unsigned char *)active, (size_t)width, 1, 0);
+    if (act != NULL) out = PyTuple_Pack(2, act, result);
+    goto done;
+none:
+    out = Py_None;
+    Py_INCREF(out);
+done:
+    Py_XDECREF(act);
+    Py_XDECREF(result);
+    Py_XDECREF(seq);
+    PyMem_Free(active);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* capture_rows(hashes, shared, width, min_rows) -> bytearray | None
+ * The masks of the prompt's leading blocks that two or more workers hold (found in ``shared``) as rows of
+ * ``width`` bytes, up to the first block no worker holding all before it holds; None when fewer than
+ * ``min_rows`` (at least 1) or a mask does not fit in a row. */
+static PyObject *capture_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "capture_rows takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t width = PyLong_AsSsize_t(args[2]), min_rows = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *shared = args[1];
+    if (!PyDict_Check(shared) || width <= 0 || width % 8) {
+        PyErr_SetString(PyExc_ValueError, "capture_rows: expected a dict and a positive multiple of 8");
+        return NULL;
+    }
+    if (min_rows < 1) min_rows = 1;
+    PyObject *seq = PySequence_Fast(args[0], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), nw = width / 8, i, k;
+    PyObject **hs = PySequence_Fast_ITEMS(seq);
+    PyObject *out = NULL;
+    uint64_t *running = NULL;
+    for (i = 0; i < n && i < min_rows; i++) {  /* the cheap refusal first: most prompts have no such stretch */
+        int r = PyDict_Contains(shared, hs[i]);
+        if (r < 0) goto done;
+        if (!r) break;
+    }
+    if (i < min_rows) {
+        out = Py_None;
+        Py_INCREF(out);
+        goto done;
+    }
+    if ((out = PyByteArray_FromStringAndSize(NULL, 0)) == NULL) goto done;
+    if ((running = PyMem_Malloc((size_t)width)) == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *m = PyDict_GetItemWithError(shared, hs[i]);
+        if (m == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            break;
+        }
+        Py_ssize_t at = PyByteArray_GET_SIZE(out);
+        if (PyByteArray_Resize(out, at + width) < 0) goto fail;
+        unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(out) + at;
+        if (!PyLong_Check(m)) {
+            PyErr_SetString(PyExc_TypeError, "masks must be ints");
+            goto fail;
+        }
+        if (AS_BYTES(m, dst, (size_t)width) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) goto fail;
+            PyErr_Clear();
+            Py_DECREF(out);
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+        uint64_t any = 0;
+        for (k = 0; k < nw; k++) any |= running[k] = (i ? running[k] : ~(uint64_t)0) & load_le64(dst + 8 * k);
+        if (!any) {
+            i++;
+            break;
+        }
+    }
+    if (i < min_rows) {
+        Py_DECREF(out);
+        out = Py_None;
+        Py_INCREF(out);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyMem_Free(running);
+    Py_DECREF(seq);
+    return out;
+}
+
+/* fill_rows(hashes, start, stop, shared, holders, width) -> bytearray | None
+ * The masks of hashes[start:stop] (shared first, else holders, else 0) as rows of ``width`` bytes; None when a
+ * mask does not fit in a row. */
+static PyObject *fill_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "fill_rows takes 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]), width = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *shared = args[3], *holders = args[4];
+    if (!PyDict_Check(shared) || !PyDict_Check(holders)) {
+        PyErr_SetString(PyExc_TypeError, "fill_rows: expected dicts");
+        return NULL;
+    }
+    if (width <= 0 || width % 8) {
+        PyErr_SetString(PyExc_ValueError, "fill_rows: width must be a positive multiple of 8");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (stop > n) stop = n;
+    if (start < 0 || start > stop) start = stop;
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, (stop - start) * width);
+    if (out == NULL) goto fail;
+    unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(out);
+    memset(dst, 0, (size_t)((stop - start) * width));
+    for (Py_ssize_t i = start; i < stop; i++, dst += width) {
+        PyObject *h = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *m = PyDict_GetItemWithError(shared, h);
+        if (m == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            m = PyDict_GetItemWithError(holders, h);
+            if (m == NULL) {
+                if (PyErr_Occurred()) goto fail;
+                continue;
+            }
+        }
+        if (!PyLong_Check(m)) {
+            PyErr_SetString(PyExc_TypeError, "masks must be ints");
+            goto fail;
+        }
+        if (AS_BYTES(m, dst, (size_t)width) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) goto fail;
+            PyErr_Clear();  /* a slot beyond the row (or a negative int): the caller does without rows */
+            Py_DECREF(out);
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* scan_column(rows, width, slot, start, n) -> int
+ * The first row from ``start`` (below ``n``) of ``rows`` (rows of ``width`` bytes) whose bit ``slot`` is clear, else n:
+ * how far a worker that holds block ``start - 1`` holds the run on. */
+static PyObject *scan_column(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "scan_column takes 5 arguments");
+        return NULL;
+    }
+    Py_ssize_t width = PyLong_AsSsize_t(args[1]), slot = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t i = PyLong_AsSsize_t(args[3]), n = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    if (width <= 0 || slot < 0 || slot >= 8 * width || i < 0) {
+        PyErr_SetString(PyExc_ValueError, "scan_column: slot outside the row");
+        return NULL;
+    }
+    Py_buffer buf;
+    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0) return NULL;
+    if (n > buf.len / width) n = buf.len / width;
+    const unsigned char *p = (const unsigned char *)buf.buf + slot / 8;
+    unsigned char b = (unsigned char)(1u << (slot % 8));
+    while (i < n && (p[i * width] & b)) i++;
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(i);
+}
+
 static PyMethodDef methods[] = {
     {"chain_hashes", (PyCFunction)(void (*)(void))chain_hashes, METH_FASTCALL, NULL},
     {"chain_hashes_packed", (PyCFunction)(void (*)(void))chain_hashes_packed, METH_FASTCALL, NULL},
     {"store_blocks", (PyCFunction)(void (*)(void))store_blocks, METH_FASTCALL, NULL},
     {"remove_blocks", (PyCFunction)(void (*)(void))remove_blocks, METH_FASTCALL, NULL},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL, NULL},
+    {"walk_rows", (PyCFunction)(void (*)(void))walk_rows, METH_FASTCALL, NULL},
+    {"fill_rows", (PyCFunction)(void (*)(void))fill_rows, METH_FASTCALL, NULL},
+    {"scan_column", (PyCFunction)(void (*)(void))scan_column, METH_FASTCALL, NULL},
+    {"capture_rows", (PyCFunction)(void (*)(void))capture_rows, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -34,13 +34,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from itertools import chain, compress, groupby, islice, repeat
 from operator import and_, attrgetter, ne, not_, or_, sub, xor
 from typing import Any
 
 from infera.kv.bitmasks import Run, Slots, walk
 from infera.kv.hashing import pure_block_hashes
+from infera.kv.index_rows import RowRuns
 from infera.kv.index_tables import Predictions, WorkerTable
 from infera.kv.native import load
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, TokenIds
@@ -96,6 +97,9 @@ class PrefixIndex:
         # cover: any change to one of those masks forgets every run (see overlaps).
         self._runs: dict[int, Run] = {}
         self._watched: set[int] = set()
+        # The C path's runs: their masks as rows, patched when one changes (Python's runs are forgotten).
+        self._rows = None if self._native is None else RowRuns(self._native, self._slots.names, self._watched, RUNS_MAX,
+                                                                    WATCHED_MAX)
         self._guesses = Predictions()
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
         self._expiry_heap = self._guesses.heap
@@ -138,11 +142,14 @@ class PrefixIndex:
     def _remove_run_native(self, worker: WorkerTable, events: list[BlockRemoved], hashes: list[int]) -> None:
         """:meth:`_remove_run` in C, block by block; a block held in other tiers goes through :meth:`_remove`."""
         tables, start, n = self._tables(worker), 0, len(hashes)
+        # Their router hashes, while remembered runs are watched: the C loop says whether one of those masks
+        # changed, and its rows are patched from these.
+        locals_ = list(map(worker.blocks.get, hashes)) if self._watched else []
         while True:
             stop, unknown, forget = self._native.remove_blocks(*tables, hashes, start)
             self.counters.unknown_removed += unknown
             if forget:
-                self._forget_runs()
+                self._touch([local for local in locals_ if local is not None])
             if stop >= n:
                 return
             offset = 0  # the event holding block ``stop`` says the medium
@@ -218,11 +225,21 @@ class PrefixIndex:
             for local in compress(locals_, single):
                 del shared[local]
         if self._watched and not self._watched.isdisjoint(locals_):
+            self._touch(locals_)
+
+    def _touch(self, locals_: Iterable[int]) -> None:
+        """The masks of some of ``locals_`` (router hashes) that remembered runs cover changed: C patches the
+        rows of its runs, Python forgets its runs."""
+        if self._rows is None:
             self._forget_runs()
+        else:
+            self._rows.touch(locals_)
 
     def _forget_runs(self) -> None:
         self._runs.clear()
         self._watched.clear()
+        if self._rows is not None:
+            self._rows.forget()
 
     def _store(self, worker: WorkerTable, event: BlockStored) -> None:
         hashes = event.block_hashes
@@ -264,7 +281,7 @@ class PrefixIndex:
         if self._native is not None and medium == _PLAIN:
             done, forget = self._native.store_blocks(*self._tables(worker), hashes, locals_, 0)
             if forget:
-                self._forget_runs()
+                self._touch(locals_)
             if done == len(hashes):
                 return
             hashes, locals_ = hashes[done:], locals_[done:]  # a block held in other tiers: Python goes on
@@ -286,7 +303,7 @@ class PrefixIndex:
                 if mask:
                     holders[local] = self._shared[local] = mask | bit
                     if local in self._watched:
-                        self._forget_runs()
+                        self._touch((local,))
                 else:
                     holders[local] = bit
                 if not top:
@@ -327,7 +344,7 @@ class PrefixIndex:
             if any(others):
                 self._shared.update(zip(compress(locals_, others), compress(new, others), strict=True))
                 if self._watched and not self._watched.isdisjoint(compress(locals_, others)):
-                    self._forget_runs()
+                    self._touch(compress(locals_, others))
         else:
             # A block held by this worker alone maps to the worker's own ``bit`` object: no int per block.
             size = len(holders)
@@ -462,25 +479,25 @@ class PrefixIndex:
             if self._predicted:
                 workers = self._workers
                 allowed = -1 if use_predicted is True else sum({workers[w].bit for w in use_predicted if w in workers})
+                if self._rows is not None:
+                    over_rows = self._rows.guessed(hashes, self._shared, self._holders, self._slots.names,
+                                                   RUN_MIN_BLOCKS, self._predicted, allowed)
+                    if over_rows is not None:
+                        return over_rows
                 if self._native is not None:
                     guessed: dict[str, int] = self._native.walk(hashes, self._shared, self._holders, self._slots.names,
                                                                 None, 0, self._predicted, allowed)[0]
                     return guessed
                 return walk(hashes, self._shared, self._holders.get, self._slots.names,
                             guessed=self._predicted.get, allowed=allowed)[0]
+        if self._rows is not None:  # the same answers; its runs are rows of masks, patched (index_rows)
+            return self._rows.overlaps(hashes, self._shared, self._holders, self._slots.names, RUN_MIN_BLOCKS)
         first = hashes[0]
         run = self._runs.get(first)
         if run is None or len(hashes) < run.end or hashes[run.end - 1] != run.last:
             run = None
-        found: dict[str, int]
-        if self._native is not None:  # the same answers; its run is the prompt's whole leading shared stretch
-            resume = None if run is None else (run.end, run.last, run.active, run.result)
-            found, caught = self._native.walk(hashes, self._shared, self._holders, self._slots.names, resume,
-                                              RUN_MIN_BLOCKS, None, 0)
-            run = None if caught is None else Run(*caught)
-        else:
-            found, run = walk(hashes, self._shared, self._holders.get, self._slots.names, resume=run,
-                              capture=RUN_MIN_BLOCKS)
+        found, run = walk(hashes, self._shared, self._holders.get, self._slots.names, resume=run,
+                          capture=RUN_MIN_BLOCKS)
         if run is not None:
             self._remember(first, run, hashes)
         return found
@@ -520,6 +537,8 @@ class PrefixIndex:
         if worker is not None:
             self._clear(worker)
             self._slots.release(worker.slot)
+            if self._rows is not None:
+                self._rows.released()
 
     def workers(self) -> list[str]:
         """Workers the index has heard of (events or predictions), sorted."""

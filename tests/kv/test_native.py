@@ -172,3 +172,152 @@ def test_hashes_in_tuples_work_on_both_paths() -> None:
         index.apply("w", EventBatch(1.0, [BlockStored((1, 2, 3, 4), None, tokens, 4)]))  # type: ignore[arg-type]
         index.apply("w", EventBatch(1.0, [BlockRemoved((4,))]))  # type: ignore[arg-type]
         assert index.overlaps(hashing.pure_block_hashes(tokens, 4)) == {"w": 3}
+
+
+LONG = 24  # blocks of each prompt below
+# Prompts 0 and 1 share their first 6 blocks (one remembered run each time, by first router hash, replaced by the
+# other's), prompt 2 shares nothing.
+HOT = [[p * 10_000 + t for t in range(LONG * BLOCK)] for p in range(3)]
+HOT[1][: 6 * BLOCK] = HOT[0][: 6 * BLOCK]
+HOT_ROUTER = [hashing.pure_block_hashes(p, BLOCK) for p in HOT]
+
+hot_op = st.one_of(
+    st.tuples(st.just("store"), st.integers(0, 79), st.integers(0, 2), st.integers(0, LONG - 1), st.integers(1, LONG)),
+    st.tuples(st.just("remove"), st.integers(0, 79), st.integers(0, 2), st.integers(0, LONG - 1)),
+    st.tuples(st.just("remove_worker"), st.integers(0, 79)),
+    st.tuples(st.just("clear"), st.integers(0, 79)),
+    st.tuples(st.just("query"), st.integers(0, 2), st.integers(1, LONG)),
+    st.tuples(st.just("predict"), st.integers(0, 79), st.integers(0, 2), st.integers(1, LONG), st.booleans()),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, LONG), st.integers(0, LONG)), min_size=2, max_size=70),
+       st.lists(hot_op, max_size=40), st.sampled_from([1, 3, 8]))
+def test_remembered_rows_are_patched_exactly(holds: list[tuple[int, int]], ops: list[tuple[Any, ...]],
+                                             run_min: int) -> None:
+    """The C path keeps a hot prefix's masks as rows and patches them (and the workers' depths) on every change:
+    many workers holding two prompts that share a prefix to staggered depths, then stores that fill holes or extend,
+    single-block evictions, cleared and removed workers (slots reused), new workers whose slots lie beyond the rows'
+    width, queries of every length between the changes (runs captured, extended, replaced, walked shorter), with
+    and without predictions (some expiring)."""
+
+    def engine(k: int, p: int, j: int) -> int:
+        return k * 1000 + p * 100 + j
+
+    def stored(k: int, p: int, start: int, n: int) -> BlockStored:
+        end = min(LONG, start + n)
+        parent = None if start == 0 else engine(k, p, start - 1)
+        return BlockStored([engine(k, p, j) for j in range(start, end)], parent, HOT[p][start * BLOCK : end * BLOCK],
+                           BLOCK)
+
+    c, py = PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
+    now = 10.0
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", run_min):
+        for index in (c, py):
+            for k, (d0, d1) in enumerate(holds):
+                events: list[KvEvent] = [stored(k, p, 0, d) for p, d in ((0, d0), (1, d1)) if d]
+                index.apply(f"w{k}", EventBatch(1.0, events or [AllBlocksCleared()]))
+        for o in [("query", 0, LONG), *ops]:
+            for index in (c, py):
+                if o[0] == "store":
+                    index.apply(f"w{o[1]}", EventBatch(1.0, [stored(*o[1:])]))
+                elif o[0] == "remove":
+                    index.apply(f"w{o[1]}", EventBatch(1.0, [BlockRemoved([engine(*o[1:])])]))
+                elif o[0] == "remove_worker":
+                    index.remove_worker(f"w{o[1]}")
+                elif o[0] == "clear":
+                    index.apply(f"w{o[1]}", EventBatch(1.0, [AllBlocksCleared()]))
+                elif o[0] == "predict":
+                    index.predict(f"w{o[1]}", HOT_ROUTER[o[2]][: o[3]], ttl=1.0 if o[4] else 100.0, now=now)
+            if o[0] == "query":
+                assert c.overlaps(HOT_ROUTER[o[1]][: o[2]]) == py.overlaps(HOT_ROUTER[o[1]][: o[2]])
+                continue
+            if o[0] == "predict":
+                now += 0.6  # a short prediction lives one more step
+            assert _state(c) == _state(py)
+            for hashes in HOT_ROUTER:
+                for n in (LONG, 5, LONG):
+                    assert c.overlaps(hashes[:n]) == py.overlaps(hashes[:n]), (hashes[0], n)
+                    for use in (True, {"w1", "w3", "w70"}):
+                        assert c.overlaps(hashes[:n], now=now, use_predicted=use) == \
+                            py.overlaps(hashes[:n], now=now, use_predicted=use), (hashes[0], n, use)
+        assert c._rows is not None
+        rows = c._rows
+        for run in list(rows.runs.values()):
+            c.overlaps(run.hashes)  # patches the rows noted since the last query
+        for run in rows.runs.values():  # every remembered row is the index's mask, and every one is watched
+            assert rows._pending.isdisjoint(run.keys) and run.keys == set(run.hashes)
+            for r, local in enumerate(run.hashes):
+                assert int.from_bytes(run.rows[r * run.width : (r + 1) * run.width], "little") == \
+                    c._holders.get(local, 0)
+            assert c._watched.issuperset(run.hashes)
+
+
+def _hot_pair() -> tuple[PrefixIndex, PrefixIndex]:
+    return PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
+
+
+def _hold(index: PrefixIndex, worker: str, depth: int, first_engine: int = 0) -> None:
+    hashes = list(range(first_engine, first_engine + depth))
+    index.apply(worker, EventBatch(1.0, [BlockStored(hashes, None, HOT[0][: depth * BLOCK], BLOCK)]))
+
+
+def test_a_row_left_with_one_holder_drops_its_run() -> None:
+    """Changes to a mask with fewer than two holders go unreported (store and removal watch shared masks only):
+    the run of a row that falls to one holder is forgotten, not patched, so it cannot go stale."""
+    c, py = _hot_pair()
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", 4):
+        for index in (c, py):
+            _hold(index, "a", LONG)
+            _hold(index, "b", LONG, 100)
+        assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0]) == {"a": LONG, "b": LONG}
+        assert c._rows is not None and len(c._rows.runs) == 1
+        for worker, engine in (("a", 10), ("b", 110), ("a", 11)):  # row 10: two holders, one, none
+            for index in (c, py):
+                index.apply(worker, EventBatch(1.0, [BlockRemoved([engine])]))
+            for n in (LONG, 12, 9):
+                assert c.overlaps(HOT_ROUTER[0][:n]) == py.overlaps(HOT_ROUTER[0][:n])
+        assert c.overlaps(HOT_ROUTER[0]) == {"a": 10, "b": 10}
+        for index in (c, py):  # back to two holders of row 10: b re-stores it
+            index.apply("b", EventBatch(1.0, [BlockStored([110], 109, HOT[0][10 * BLOCK : 11 * BLOCK], BLOCK)]))
+        assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0]) == {"a": 10, "b": LONG}
+
+
+def test_a_worker_beyond_the_rows_width_recaptures_the_run() -> None:
+    """Rows are as wide as the fleet at capture plus up to 64 slots; a worker with a slot beyond that holding one
+    of the run's blocks forgets the run, and the next query captures it again, wider."""
+    c, py = _hot_pair()
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", 4):
+        for k in range(3):
+            for index in (c, py):
+                _hold(index, f"w{k}", LONG - k, 1000 * k)
+        assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0])
+        assert c._rows is not None
+        width = c._rows.runs[HOT_ROUTER[0][0]].width
+        assert width == 8
+        for k in range(3, 70):  # slots 3..69: from slot 64 on the 8-byte rows cannot hold the mask
+            for index in (c, py):
+                _hold(index, f"w{k}", 1 + k % LONG, 1000 * k)
+            assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0])
+            assert c.overlaps(HOT_ROUTER[0][:3]) == py.overlaps(HOT_ROUTER[0][:3])
+        assert c._rows.runs[HOT_ROUTER[0][0]].width == 16
+
+
+def test_a_removed_workers_slot_taken_by_another_between_queries() -> None:
+    """Row changes are patched at the next query, by the names the slots have then: a worker removed (its slot freed,
+    then taken by a newcomer) between two queries must leave no trace in the answer."""
+    c, py = _hot_pair()
+    with patch("infera.kv.index.RUN_MIN_BLOCKS", 4):
+        for index in (c, py):
+            for k in range(3):
+                _hold(index, f"w{k}", LONG, 1000 * k)
+            _hold(index, "small", 3, 5000)
+        assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0])
+        for index in (c, py):
+            index.remove_worker("small")
+        assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0]) == {f"w{k}": LONG for k in range(3)}
+        for index in (c, py):
+            index.remove_worker("w1")
+            _hold(index, "new", 2, 6000)  # takes w1's slot
+        assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0]) == {"w0": LONG, "w2": LONG, "new": 2}
