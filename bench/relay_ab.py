@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,11 @@ def main() -> None:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", args.ref, "infera"], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+    # the index's C extension is built in place, untracked: give the ref's tree this tree's build when the
+    # ref's C source is the same (else the ref would run the index's pure-Python path)
+    same_c = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", args.ref, "--", "csrc"]).returncode == 0
+    for ext in (REPO / "infera" / "kv").glob("_native*.so") if same_c else ():
+        shutil.copy(ext, base / "infera" / "kv" / ext.name)
     bodies = {s: [chat_body(i, MODEL, s, 64 if s else 8) for i in range(400)] for s in (False, True)}
     engines = [mock_engine(f"engine-{i}", tok, MODEL, log_dir) for i in range(2)]
     fronts = {"before": _front("before", engines, log_dir, base, args.policy, tok),

@@ -105,16 +105,21 @@ class PromptCache:
 
     def encode(self, text: str) -> list[int]:
         """``self._encode(text)``, computed from the longest cached prefix plus the new rest."""
+        out = self.encode_within(text, None)
+        assert out is not None
+        return out
+
+    def encode_within(self, text: str, most: int | None) -> list[int] | None:
+        """:meth:`encode`, or None (having done nothing) when more than ``most`` UTF-8 bytes of ``text``
+        are not cached: the caller then encodes it elsewhere (a worker thread). ``most`` None: no bound."""
         if len(text) < self.min_chars:
             return self._encode(text)
         data = text.encode("utf-8", "surrogatepass")
         n = len(data)
-        scanned: list[tuple[int, bytes]] | None = None
         with self._lock:
-            found = self._tail_hit(data)
-            if found is None:  # no recent turn: the longest seen cut anywhere (shared system prompt)
-                scanned = self._matches(data, 0)
-                found = self._longest(data, [e for e, _ in scanned if e == n or data[e] < 0x80])
+            found, scanned = self._find(data)
+            if most is not None and n - (found[0].cuts[found[1]][0] if found is not None else 0) > most:
+                return None
             if found is not None and id(found[0]) in self._lru:
                 self._lru.move_to_end(id(found[0]))
         k = -1
@@ -151,6 +156,17 @@ class PromptCache:
             self._bytes = 0
 
     # -- internals -----------------------------------------------------------------------
+
+    def _find(self, data: bytes) -> tuple[tuple[_Entry, int] | None, list[tuple[int, bytes]] | None]:
+        """(entry, cut index) of the longest seen cut of ``data``, and the boundary matches when a full
+        scan found them (None after a tail hit). Under the lock."""
+        found = self._tail_hit(data)
+        if found is not None:
+            return found, None
+        # no recent turn: the longest seen cut anywhere (shared system prompt)
+        n = len(data)
+        scanned = self._matches(data, 0)
+        return self._longest(data, [e for e, _ in scanned if e == n or data[e] < 0x80]), scanned
 
     def _matches(self, data: bytes, start: int) -> list[tuple[int, bytes]]:
         """(end offset, token) of each boundary token in ``data[start:]``, leftmost-longest.

@@ -8,6 +8,7 @@ only for policies that read tokens. Block hashes are computed lazily, once per b
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -20,6 +21,10 @@ from infera.router.base import RoutingContext
 log = logging.getLogger(__name__)
 
 DEFAULT_OUTPUT_TOKENS = 256
+# A large chat prompt's template is rendered on the event loop up to these sizes (~1-3 ms of Jinja at
+# either bound, bench/README.md "Issue 15, fourth round"); a larger one is rendered in a worker thread.
+RENDER_ON_LOOP_BYTES = 256 * 1024
+RENDER_ON_LOOP_MESSAGES = 512
 
 
 @dataclasses.dataclass(slots=True)
@@ -60,6 +65,43 @@ class ContextBuilder:
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
         return RoutingContext(model=req.model, token_ids=None, prompt_tokens=max(1, len(req.body) // 4),
                               max_tokens=max_tokens)
+
+    async def build_off_loop(self, req: RouteRequest, off_loop: int) -> RoutingContext:
+        """:meth:`build` for a body over ``off_loop`` bytes, without long work on the event loop: see
+        :meth:`prompt_tokens_off_loop`."""
+        max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
+        try:
+            token_ids: list[int] | None = await self.prompt_tokens_off_loop(req.kind, req.payload, len(req.body),
+                                                                            off_loop)
+        except Exception as exc:
+            log.debug("could not render the prompt for routing: %s", exc)
+            token_ids = None
+        prompt_tokens = len(token_ids) if token_ids is not None else max(1, len(req.body) // 4)
+        return RoutingContext(model=req.model, token_ids=token_ids, prompt_tokens=prompt_tokens,
+                              max_tokens=max_tokens)
+
+    async def prompt_tokens_off_loop(self, kind: Literal["chat", "completion"], payload: Mapping[str, Any],
+                                     size: int, off_loop: int) -> list[int]:
+        """:meth:`prompt_tokens` of a body of ``size`` bytes, the expensive part in a worker thread.
+
+        Up to ``off_loop`` bytes all of it runs here. Above, a chat prompt of at most
+        ``RENDER_ON_LOOP_BYTES`` and ``RENDER_ON_LOOP_MESSAGES`` is rendered here, and only its
+        tokenization goes to a thread, and only when the prompt cache lacks over ``off_loop`` bytes
+        of it: the next turn of a long conversation costs ~0.1-2 ms here, less than the thread hop
+        adds (waking the thread, the GIL passed back and forth at every tokenizer call). Anything
+        else (a completion prompt, a bigger chat) goes to the thread whole.
+        """
+        renderer = self.renderer
+        if size <= off_loop or renderer is None:
+            return self.prompt_tokens(kind, payload)
+        messages = payload.get("messages") if kind == "chat" else None
+        if (not isinstance(messages, list) or len(messages) > RENDER_ON_LOOP_MESSAGES
+                or size > RENDER_ON_LOOP_BYTES):
+            return await asyncio.to_thread(self.prompt_tokens, kind, payload)
+        kwargs = payload.get("chat_template_kwargs") or {}
+        text = renderer.render_chat(list(messages), tools=payload.get("tools"), **kwargs)
+        ids = renderer.encode_chat_within(text, off_loop)
+        return ids if ids is not None else await asyncio.to_thread(renderer.encode_chat, text)
 
     def tokens(self, req: RouteRequest) -> list[int] | None:
         """The prompt's token ids, or None when the template rejects it (the engine will say why)."""

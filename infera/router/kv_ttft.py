@@ -164,6 +164,8 @@ class KvTtftPolicy:
         self._load = deps.load if deps.load is not None else LoadTracker()
         self._clock = deps.clock
         self._scales: dict[str, _Scale] = {}
+        # the stall term is computed only when it can be other than 0 (its weight, or a variant's own formula)
+        self._stall = self.stall_weight != 0.0 or type(self).stall_ms is not KvTtftPolicy.stall_ms
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
         overlaps: list[int] = []
@@ -191,30 +193,33 @@ class KvTtftPolicy:
         """The cost's terms on ``cand`` in modelled ms, before the speed scale: prefill (queued + own),
         the decode batch's share of those steps, the wait for free blocks, the decode horizon, eviction,
         stall and occupancy (their sum is the cost; the diagnostic bench/place_diag.py reads them one by one)."""
-        wid = cand.worker.instance_id
-        size = cand.worker.kv_block_size
-        credit = cached_credit(self._index, wid, ctx.hashes(size), overlap)
+        # the terms that come out 0 are not computed (the scoring runs per candidate and request: issue 15)
+        worker = cand.worker
+        wid = worker.instance_id
+        size = worker.kv_block_size
+        credit = cached_credit(self._index, wid, ctx.hashes(size), overlap) if overlap else 0
         own = max(0.0, ctx.prompt_tokens - credit * size)
         decoding = self._load.decoding(wid)
-        capacity = cand.worker.capacity.kv_blocks
-        tokens = cand.prefill_tokens + own
-        age = self._load.prefill_age(wid) * 1000.0 if self.progress and cand.prefill_tokens else 0.0
+        capacity = worker.capacity.kv_blocks
+        queued, active = cand.prefill_tokens, cand.active_blocks
+        tokens = queued + own
+        age = self._load.prefill_age(wid) * 1000.0 if self.progress and queued else 0.0
         # w has computed its queue for ``age`` ms: this request waits for the rest, then its own step; with
         # nothing queued, or queued this very moment, one step computes the queue and this request
-        prefill = max(0.0, prefill_ms(cand.prefill_tokens) - age) + prefill_ms(own) if age > 0.0 else prefill_ms(tokens)
+        prefill = max(0.0, prefill_ms(queued) - age) + prefill_ms(own) if age > 0.0 else prefill_ms(tokens)
         prefill *= self._weight
-        batch = decode_ms(tokens, decoding, cand.active_blocks, capacity)
+        batch = decode_ms(tokens, decoding, active, capacity)
         need = -(-int(own) // size) + -(-ctx.max_tokens // size)
-        after = cand.active_blocks + need
+        after = active + need
         memory = memory_wait_ms(after, capacity, ctx.max_tokens)
         horizon = self.horizon * decode_ms(1, 1, after, capacity)
         eviction = 0.0
-        if self.eviction_weight:
-            evicted = evicted_blocks(need, self._index.block_count(wid), cand.active_blocks, capacity)
+        if self.eviction_weight and capacity > 0 and need > 0:  # else evicted_blocks is 0
+            evicted = evicted_blocks(need, self._index.block_count(wid), active, capacity)
             eviction = self.eviction_weight * self._weight * recompute_ms(evicted * size)
         occupancy = self.occupancy_weight * self._weight * recompute_ms(own) if self.occupancy_weight else 0.0
-        return (prefill, batch, memory, horizon, eviction, self.stall_ms(cand.prefill_tokens, own, decoding),
-                occupancy)
+        stall = self.stall_ms(queued, own, decoding) if self._stall else 0.0
+        return prefill, batch, memory, horizon, eviction, stall, occupancy
 
     def stall_ms(self, queued: float, own: float, decoding: int) -> float:
         """The stall term: :data:`STALL_WEIGHT` of the prefill already queued on the worker (``queued``

@@ -17,7 +17,6 @@ docstring says (``answered``, ``release``, ``failed``, ``moved_to``). ``dispatch
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import random
@@ -50,9 +49,9 @@ __all__ = ["Placement", "RouteRequest", "RoutedResponse", "Router", "RouterOptio
 
 log = logging.getLogger(__name__)
 DECODE_POLICY = "least-load"  # the decode worker of a pair computes no prompt: its load is what counts
-# A prompt of more bytes is rendered and tokenized in a worker thread: a multi-megabyte prompt takes
-# seconds, which on the event loop would stall every other client. Below it (~16k tokens, a few
-# milliseconds of work) the thread hop would cost more than it saves.
+# A prompt of more bytes may be rendered or tokenized in a worker thread (ContextBuilder.prompt_tokens_off_loop):
+# a multi-megabyte prompt takes seconds, which on the event loop would stall every other client. Below it
+# (~16k tokens, at most a few milliseconds of work) the thread hop would cost more than it saves.
 OFF_LOOP_BYTES = 64 * 1024
 
 
@@ -136,7 +135,10 @@ class Router:
         ctx = None
         if (len(req.body) > OFF_LOOP_BYTES and self._context.tokenizes
                 and not (self._options.mode == "direct" and req.worker_hint)):
-            ctx = await asyncio.to_thread(self._build_context, req, current())
+            record, start = current(), clock_ns()
+            ctx = await self._context.build_off_loop(req, OFF_LOOP_BYTES)
+            if record is not None:
+                record.tokenized(start, ctx.prompt_tokens, ctx.token_ids is not None)
         return self._place(req, {}, None, allowed, fallbacks, ctx)
 
     def place_now(self, req: RouteRequest, allowed: Allowed | None = None, fallbacks: int = 0) -> Placement:
@@ -234,7 +236,6 @@ class Router:
 
     async def tokens_off_loop(self, kind: Literal["chat", "completion"], payload: Mapping[str, Any],
                               size: int) -> list[int]:
-        """:meth:`tokens`, in a worker thread when the request's body is over ``OFF_LOOP_BYTES`` (``size``)."""
-        if size > OFF_LOOP_BYTES:
-            return await asyncio.to_thread(self._context.prompt_tokens, kind, payload)
-        return self._context.prompt_tokens(kind, payload)
+        """:meth:`tokens`, its expensive part in a worker thread when the request's body is over
+        ``OFF_LOOP_BYTES`` (``size``)."""
+        return await self._context.prompt_tokens_off_loop(kind, payload, size, OFF_LOOP_BYTES)

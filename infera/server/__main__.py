@@ -51,13 +51,24 @@ class DefaultWorkerHeader:
         await self.app(scope, receive, send)
 
 
+YOUNG_GC_ALLOCATIONS = 5000  # container allocations (net of deallocations) between young collections
+
+
 async def freeze_heap() -> None:
     """Move everything built at start (tokenizer tables, templates, modules, the fleet) out of the cyclic
     GC's sight: a full collection then scans only what requests made. Measured: a full collection of a
     kv-aware frontend took ~250 ms, ~10 ms after this; objects that outlive a few collections (queued
     spans, for one) made such collections often enough to cost several % of CPU per request
-    (bench/README.md, "Tracing and logging overhead")."""
+    (bench/README.md, "Tracing and logging overhead").
+
+    Then a young collection waits for :data:`YOUNG_GC_ALLOCATIONS` allocations instead of 700: a
+    request's objects die by reference count, and a young collection (~1 ms in a loaded kv-aware
+    frontend) mostly re-scanned what survives a request (token lists, index entries, tickets).
+    Measured, kv-aware, 3000 ~1k-token requests: GC 237-281 ms -> 63-65 ms of CPU (bench/README.md,
+    "Issue 15, fourth round")."""
     gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_GC_ALLOCATIONS, older, oldest)
 
 
 def build(settings: ServerSettings) -> FastAPI:

@@ -73,33 +73,45 @@ class ZmqEventSource:
         sub.setsockopt(zmq.RCVHWM, 0)
         sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
         sub.connect(endpoint)
+        # the same socket, read without a future: the batches already queued are taken in one wake-up
+        # (an awaited receive costs ~20 µs more per message than a plain one; never with one pending)
+        queued: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
         expected: int | None = None
         try:
             if replay:
                 expected = await self._replay(worker_id, replay, 0, None)
             while True:
-                frames = await sub.recv_multipart()
-                if len(frames) != 3:
-                    log.warning("worker %s: KV-event message with %d frames ignored", worker_id, len(frames))
-                    continue
-                seq = seq_from_bytes(frames[1])
-                if expected is not None and seq < expected:
-                    continue  # already applied from a replay
-                if expected is not None and seq > expected:
-                    repaired = await self._replay(worker_id, replay, expected, seq) if replay else None
-                    if repaired is None or repaired < seq:
-                        lost = seq - (repaired if repaired is not None else expected)
-                        log.warning("worker %s: %d KV-event batches lost (seq %d..%d); its cache view is reset",
-                                    worker_id, lost, expected, seq - 1)
-                        self._on_gap(worker_id, lost)
-                self._deliver(worker_id, frames[2])
-                expected = seq + 1
+                frames: list[bytes] | None = await sub.recv_multipart()
+                while frames is not None:
+                    expected = await self._take(worker_id, frames, expected, replay)
+                    try:
+                        frames = queued.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        frames = None
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("worker %s: KV-event stream from %s failed", worker_id, endpoint)
         finally:
             sub.close(linger=0)
+
+    async def _take(self, worker_id: str, frames: list[bytes], expected: int | None, replay: str | None) -> int | None:
+        """Apply one live message (repairing a gap before it); returns the next expected seq."""
+        if len(frames) != 3:
+            log.warning("worker %s: KV-event message with %d frames ignored", worker_id, len(frames))
+            return expected
+        seq = seq_from_bytes(frames[1])
+        if expected is not None and seq < expected:
+            return expected  # already applied from a replay
+        if expected is not None and seq > expected:
+            repaired = await self._replay(worker_id, replay, expected, seq) if replay else None
+            if repaired is None or repaired < seq:
+                lost = seq - (repaired if repaired is not None else expected)
+                log.warning("worker %s: %d KV-event batches lost (seq %d..%d); its cache view is reset",
+                            worker_id, lost, expected, seq - 1)
+                self._on_gap(worker_id, lost)
+        self._deliver(worker_id, frames[2])
+        return seq + 1
 
     async def _replay(self, worker_id: str, replay: str | None, start: int, stop: int | None) -> int | None:
         """Apply batches ``start <= seq < stop`` (all when ``stop`` is None) from the replay socket.

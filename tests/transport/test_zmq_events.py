@@ -90,6 +90,35 @@ async def test_late_subscriber_catches_up_by_replay_then_repairs_a_gap(golden_di
         ctx.destroy(0)
 
 
+async def test_a_queued_burst_with_a_gap_inside_arrives_whole_and_in_order(golden_dir: Path) -> None:
+    """Batches queued on the socket are taken in one wake-up; a gap among them is still repaired
+    from the replay socket before the batch after it."""
+    frames = golden_frames(golden_dir)
+    assert len(frames) >= 10
+    ctx = zmq.asyncio.Context()
+    pub = Publisher(ctx, [])
+    got: list[EventBatch] = []
+    gaps: list[int] = []
+    source = ZmqEventSource()
+    source.bind(lambda w, b: got.append(b), lambda w, n: gaps.append(n))
+    await source.start()
+    try:
+        source.watch(pub.record())
+        await pub.subscribed()
+        await await_until(lambda: pub.replays == [0], 5, "the start-up replay (of nothing)")
+        pub.frames = frames
+        for i, frame in enumerate(frames[:10]):  # no await yields here: the subscriber finds them queued
+            if i not in (4, 5):
+                pub.pub.send_multipart(frame)
+        await await_until(lambda: len(got) == 10, 5, "the burst and the repaired gap")
+        assert got == [decode_batch(f[2]) for f in frames[:10]]
+        assert gaps == []
+    finally:
+        await source.stop()
+        pub.close()
+        ctx.destroy(0)
+
+
 async def test_unrepairable_gap_is_reported(golden_dir: Path) -> None:
     frames = golden_frames(golden_dir)
     ctx = zmq.asyncio.Context()
