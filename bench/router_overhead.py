@@ -276,7 +276,12 @@ def plot(summary: dict[str, Any], routing: dict[str, Any] | None, path: Path, ti
     key = "added_p50_ms_vs_direct2" if floor == "direct-2" else "added_p50_ms"
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), dpi=80, gridspec_kw={"width_ratios": [2.2, 1.3]})
     width = 0.8 / len(routed)
-    for k, name in enumerate(routed):
+    if floor not in summary:  # no client-straight-to-engine run: no added latency to draw
+        routed_with_floor: list[str] = []
+        ax1.text(0.5, 0.5, "no direct floor in this run", ha="center", va="center", transform=ax1.transAxes)
+    else:
+        routed_with_floor = routed
+    for k, name in enumerate(routed_with_floor):
         vals = [summary[name][_cell_name(s, c)][key] for s, c in CELLS]
         xs = [i + (k - (len(routed) - 1) / 2) * width for i in range(len(CELLS))]
         ax1.bar(xs, vals, width, label=name)
@@ -385,7 +390,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
            "skipped": skipped, "summary": summary, "routing_cpu": routing, "runs": runs}
     path = write_results("router_overhead", out)
     print(f"\nresults: {path}")
-    if not args.no_plot and {"direct", "rr", "kv"} <= set(summary):
+    if not args.no_plot and {"rr", "kv"} <= set(summary):
         png = PLOTS / args.plot_name
         plot(summary, routing, png, _plot_title(info, out["args"]))
         print(f"plot: {png}")
