@@ -4,11 +4,11 @@ Replays the live bench's own requests (bench/workloads.py, ``--quick``, rendered
 template and tokenizer, the same arrival times, think times, slots and KV blocks per engine as
 bench/routing_quality.py gives them) in the fleet simulator (``infera.sim``: the router's policies over
 the mock engine's scheduler, cache and timing, virtual time, no router or HTTP CPU), once per policy,
-and beside them two bounds no placement can beat:
+and beside them a bound no placement can beat:
 
-- ``oracle-alone``: every request alone on an idle engine that holds every block any earlier request
-  had (the infinite-cache limit): its TTFT is its uncached tokens' prefill steps and nothing else
-  (no queue, no decoding batch sharing its steps);
+``oracle-alone``: every request alone on an idle engine that holds every block any earlier request
+had (the infinite-cache limit): its TTFT is its uncached tokens' prefill steps and nothing else (no
+queue, no decoding batch sharing its steps). It ignores contention, so it is a bound, not a placement.
 
 The mock's outputs are not in the next turn's prompt live (the histories carry synthetic replies),
 so here each output is fresh token ids too. ``--max-tokens`` as the live bench (32).
