@@ -56,6 +56,23 @@ def _variants() -> None:
         POLICIES[f"kv-aware-p-o{o:g}"] = type(f"KvTtft_p_o{o:g}", (KvTtftPolicy,), {"progress": True,
                                                                                   "occupancy_weight": o})
 
+    # the fourth round (bench/README.md "Fourth round"): what may move a request off its confirmed prefix
+    off = {"stay_floor": "", "stay_margin": 0}
+    POLICIES["kv-aware-occ"] = type("KvTtft_occ", (KvTtftPolicy,), dict(off))  # = kv-aware-occupancy
+    for d in (0.25, 0.5, 1.0, 2.0):  # duplication weight: recompute of a prefix confirmed on another worker
+        POLICIES[f"kv-aware-d{d:g}"] = type(f"KvTtft_d{d:g}", (KvTtftPolicy,), {**off, "duplication_weight": d})
+        POLICIES[f"kv-aware-d{d:g}-o0"] = type(f"KvTtft_d{d:g}_o0", (KvTtftPolicy,),
+                                               {**off, "duplication_weight": d, "occupancy_weight": 0.0})
+    for fl in ("horizon", "decode"):  # the decode terms cannot pay for leaving a confirmed prefix ...
+        POLICIES[f"kv-aware-f{fl[0]}"] = type(f"KvTtft_f{fl[0]}", (KvTtftPolicy,),
+                                              {"stay_floor": fl, "stay_margin": 0})
+        for gate in (1.0, 1.5, 2.0, 3.0, 4.0):
+            # ... unless the holders decode `gate` more requests than w (m) / `gate` x the fleet's mean (s)
+            POLICIES[f"kv-aware-f{fl[0]}m{gate:g}"] = type(f"KvTtft_f{fl[0]}m{gate:g}", (KvTtftPolicy,),
+                                                           {"stay_floor": fl, "stay_margin": int(gate)})
+            POLICIES[f"kv-aware-f{fl[0]}s{gate:g}"] = type(f"KvTtft_f{fl[0]}s{gate:g}", (KvTtftPolicy,),
+                                                           {"stay_floor": fl, "stay_margin": 0, "stay_fair": gate})
+
     def stall_batch(self: KvTtftPolicy, queued: float, own: float, decoding: int) -> float:
         """Alternative stall term: this request's prefill stalls each request decoding on the worker."""
         return self.stall_weight * self._weight * decoding * prefill_ms(own)
@@ -91,6 +108,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="workloads: cut every output to this many tokens (the live bench runs 32; the prompts'"
                          " histories keep the workload's replies, as the live bench's synthetic ones)")
     ap.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival times by this")
+    ap.add_argument("--live", action="store_true",
+                    help="the live bench's own requests (bench/oracle_ttft.py: its prompts, arrivals and KV blocks per"
+                         " engine, 32-token outputs); --kv-blocks, --quick and --max-tokens are then ignored")
     args = ap.parse_args(argv)
     _variants()
     engine = EngineConfig(num_blocks=args.kv_blocks, block_size=args.block_size, timing=StepTimeModel())
@@ -100,10 +120,20 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"unknown policies {unknown} (known: {', '.join(POLICIES)})")
     summary: dict[str, list[tuple[float, float, float]]] = {p: [] for p in policies}
     names = ["trace"] if args.trace else args.workloads.split(",")
+    live: dict[str, tuple[Any, int]] = {}
+    if args.live:
+        from bench.oracle_ttft import live_workloads
+
+        live = {w.name: (w, b) for w, b, _ in live_workloads(names)}
+        names = [n for n in names if n in live]
     for name in names:
-        w = (load_mooncake(args.trace, args.scale, args.time_scale, args.limit, args.seed) if args.trace
-             else workloads.build(name, args.quick, args.seed))
-        if args.max_tokens:
+        if args.live:
+            w, blocks = live[name]
+            engine = EngineConfig(num_blocks=blocks, block_size=args.block_size, timing=StepTimeModel())
+        else:
+            w = (load_mooncake(args.trace, args.scale, args.time_scale, args.limit, args.seed) if args.trace
+                 else workloads.build(name, args.quick, args.seed))
+        if args.max_tokens and not args.live:
             for s in w.sessions:
                 for t in s.turns:
                     t.output = t.output[:args.max_tokens]

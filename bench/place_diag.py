@@ -30,7 +30,7 @@ from infera.sim.engine import EngineConfig
 from infera.sim.fleet import FleetConfig, Simulation
 from infera.sim.metrics import summarize
 
-TERMS = ("prefill", "batch", "memory", "horizon", "eviction", "stall", "occupancy")
+TERMS = ("prefill", "batch", "memory", "horizon", "eviction", "stall", "occupancy", "duplication")
 
 
 def diagnosed(base: type[KvTtftPolicy], log: list[dict[str, Any]]) -> type[KvTtftPolicy]:
@@ -50,6 +50,7 @@ def diagnosed(base: type[KvTtftPolicy], log: list[dict[str, Any]]) -> type[KvTtf
                 b = self.terms(ctx, candidates[chosen], overlaps[chosen])
                 # split prefill into the queue ahead and the own uncached part
                 diff = {t: x - y for t, x, y in zip(TERMS, a, b, strict=True)}
+                diff["stay"] = self.stay_added[holder] - self.stay_added[chosen]
                 row["diff"] = diff
                 row["queued"] = (candidates[holder].prefill_tokens, candidates[chosen].prefill_tokens)
                 row["decoding"] = (self._load.decoding(candidates[holder].worker.instance_id),
@@ -66,18 +67,35 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--kv-blocks", type=int, default=2048)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--max-tokens", type=int, default=0,
+                    help="cut every output to this many tokens (the live bench runs 32), as bench/cost_sweep.py")
+    ap.add_argument("--seed", type=int, default=0, help="workload seed")
+    ap.add_argument("--live", action="store_true",
+                    help="the live bench's own requests (bench/oracle_ttft.py: its prompts, arrivals and KV blocks"
+                         " per engine; --kv-blocks and --quick are then ignored)")
     args = ap.parse_args(argv)
     engine = EngineConfig(num_blocks=args.kv_blocks, block_size=16, timing=StepTimeModel())
-    for name in args.workloads.split(","):
+    if args.live:
+        from bench.oracle_ttft import live_workloads
+
+        runs = [(w, EngineConfig(num_blocks=b, block_size=16, timing=StepTimeModel()))
+                for w, b, _ in live_workloads(args.workloads.split(","), args.max_tokens or 32)]
+    else:
+        runs = [(workloads.build(name, args.quick, args.seed), engine) for name in args.workloads.split(",")]
+    for w, engine in runs:
+        name = w.name
         log: list[dict[str, Any]] = []
         POLICIES["diag"] = diagnosed(POLICIES[args.policy], log)  # type: ignore[arg-type]
-        w = workloads.build(name, args.quick)
+        if args.max_tokens and not args.live:
+            for s in w.sessions:
+                for t in s.turns:
+                    t.output = t.output[:args.max_tokens]
         row = summarize(Simulation(w, FleetConfig(workers=args.workers, engine=engine, policy="diag")).run())
         moved = [r for r in log if r["lost"] > 0]
         blocks = sum(r["blocks"] for r in log)
         lost = sum(r["lost"] for r in moved)
         why = Counter(max(r["diff"], key=lambda t: r["diff"][t]) for r in moved)
-        mean = {t: sum(r["diff"][t] for r in moved) / max(len(moved), 1) for t in TERMS}
+        mean = {t: sum(r["diff"][t] for r in moved) / max(len(moved), 1) for t in (*TERMS, "stay")}
         qh = sum(r["queued"][0] for r in moved) / max(len(moved), 1)
         qc = sum(r["queued"][1] for r in moved) / max(len(moved), 1)
         dh = sum(r["decoding"][0] for r in moved) / max(len(moved), 1)

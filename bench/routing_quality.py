@@ -50,7 +50,8 @@ ROUTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "sglang cache_aware": ("sglang-router", "cache_aware", ()), "vllm cache_aware": ("vllm-router", "cache_aware", ()),
     "infera kv w=4": ("infera", "kv-aware", ("--kv-overlap-weight", "4")),
     "infera kv-blocks": ("infera", "kv-aware-blocks", ()),
-    "infera kv-eviction": ("infera", "kv-aware-eviction", ())}
+    "infera kv-eviction": ("infera", "kv-aware-eviction", ()),
+    "infera kv-occupancy": ("infera", "kv-aware-occupancy", ())}
 DEFAULT_ROUTERS = ("round-robin", "infera kv-aware", "sglang cache_aware", "vllm cache_aware")
 FIT = 0.7  # share of the hot working set one engine's KV cache holds
 

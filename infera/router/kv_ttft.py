@@ -21,7 +21,8 @@ in modelled ms (``kv_overlap_weight`` keeps its meaning: the weight of prefill w
   typical within 1.5x of the median (a shared host's noise must not move load).
 
 The eviction and occupancy terms price what the request costs the *other* requests on w (issue 14, chosen in
-the fleet simulator; ``kv-aware-ttft`` is the cost without them, ``kv-aware-eviction`` without occupancy):
+the fleet simulator; ``kv-aware-ttft`` is the cost without them, ``kv-aware-eviction`` without occupancy), and
+the stay floor keeps the decode terms from moving a request off the prefix its holder computed:
 
 - eviction: when w's cache is full, the blocks of other prefixes it must evict to fit this
   request's uncached blocks (what is cached beyond w's free blocks, up to what no in-flight
@@ -36,6 +37,16 @@ the fleet simulator; ``kv-aware-ttft`` is the cost without them, ``kv-aware-evic
   120 requests, 5 points of hit ratio; tenants: the second request of a tenant whose prompt was
   still being computed). The term makes a move pay for its recompute; it is the same on every
   worker when nothing is cached, so least-work-first and the spread of unique prompts stay.
+- the stay floor (``kv-aware`` since the fourth round; ``kv-aware-occupancy`` is the cost without it): a worker
+  short of the longest *confirmed* prefix (blocks the engines reported cached, not the router's predictions)
+  gets no advantage from the decode terms (the batch's share and the horizon) over the best worker that holds
+  it, unless those holders decode :data:`STAY_MARGIN` or more requests than it does. Those terms are the
+  request's own view of a few ms of decode speed; they moved returning sessions whose holder decoded one to
+  three others onto an idle worker that recomputed their prefix (the live multi-turn gap to the peers:
+  sessions of 1,500-2,400 tokens, 1.6 points of hit ratio in the simulator of the live requests). A
+  prefix only predicted (a burst's, still being computed) is not held, so the floor leaves spreading a
+  simultaneous burst alone; the margin lets a worker that gathered many sessions shed them (24 agents on
+  16 workers).
 - progress (off: :attr:`KvTtftPolicy.progress`): credit the prefill queued on w with the time w has
   been computing it (``LoadTracker.prefill_age``); measured, it gathered staggered bursts and helped
   tenants, but cost TTFT p90 on bursts in the simulator (bench/README.md); kept for study.
@@ -44,12 +55,14 @@ the fleet simulator; ``kv-aware-ttft`` is the cost without them, ``kv-aware-evic
   them). Measured at 0.05 and 0.2 it changed nothing but a little hit ratio; kept for study.
 
 So a session stays where its blocks are until the queue there costs more than recomputing
-its prompt elsewhere; a burst on a new prefix gathers on the worker computing it (a request in
-the same step shares its blocks, as vLLM's scheduler caches a block when it allocates it) until a
-second copy is faster even counting its recompute; with nothing cached it is least-work-first.
+its prompt elsewhere, or its holder decodes several requests more than another worker; a burst
+on a new prefix gathers on the worker computing it (a request in the same step shares its blocks, as
+vLLM's scheduler caches a block when it allocates it) until a second copy is faster even counting its
+recompute; with nothing cached it is least-work-first.
 The previous cost (blocks of prefill plus blocks held by in-flight requests) is
-``kv-aware-blocks`` (:mod:`infera.router.kv_aware`); the cost without the occupancy term is
-``kv-aware-eviction``, and without eviction and occupancy ``kv-aware-ttft``.
+``kv-aware-blocks`` (:mod:`infera.router.kv_aware`); the cost without the stay floor is
+``kv-aware-occupancy``, without the occupancy term too ``kv-aware-eviction``, and without eviction
+``kv-aware-ttft``.
 """
 
 from __future__ import annotations
@@ -76,6 +89,9 @@ EVICTION_WEIGHT = 0.5  # share of an evicted block's recompute charged to the re
 OCCUPANCY_WEIGHT = 0.25  # share of this request's own prefill work charged again: the time it holds w's steps
 # from the requests that come after it (chosen in bench/cost_sweep.py over 0.1-4: 0.25 is the least weight that
 # kept the tenants' and the live-sized multi-turn sessions where their prefix is; more loses agentic TTFT)
+STAY_MARGIN = 4  # decoding requests: the stay floor lets balance move a request off its confirmed prefix only when
+# the holders decode this many more than the other worker (bench/cost_sweep.py: 2-4 and a fleet-mean gate tried;
+# 4 kept the live-shaped multi-turn sessions put and still spread 24 agents gathered on 16 workers)
 STALL_WEIGHT = 0.0  # weight of the stall term (KvTtftPolicy.stall_ms): 0.05 and 0.2 changed no TTFT p90 and
 # cost 0.001-0.003 of hit ratio on the Mooncake trace at 16 and 64 workers (bench/README.md), so it is off
 
@@ -156,6 +172,11 @@ class KvTtftPolicy:
     eviction_weight = EVICTION_WEIGHT
     stall_weight = STALL_WEIGHT
     occupancy_weight = OCCUPANCY_WEIGHT
+    stay_floor = "decode"  # these terms cannot pay for leaving a confirmed prefix: "decode" (the batch's share and
+    # the horizon), "horizon" (the horizon only; studied), "" (off: ``kv-aware-occupancy``)
+    stay_margin = STAY_MARGIN  # ... unless the holders decode at least this many more requests than w (0: never)
+    stay_fair = 0.0  # studied, off: ... unless the holders decode more than this many times the fleet's mean
+    duplication_weight = 0.0  # studied, off: share of the recompute of a prefix confirmed elsewhere that w lacks
     progress = False  # credit the prefill queued on w with the time w has been computing it
 
     def __init__(self, deps: PolicyDeps) -> None:
@@ -166,20 +187,31 @@ class KvTtftPolicy:
         self._scales: dict[str, _Scale] = {}
         # the stall term is computed only when it can be other than 0 (its weight, or a variant's own formula)
         self._stall = self.stall_weight != 0.0 or type(self).stall_ms is not KvTtftPolicy.stall_ms
+        self._confirmed_best: dict[int, int] = {}  # per block size: the longest confirmed prefix, this decision
+        self.stay_added: list[float] = []  # per candidate, what the stay floor added to its cost (diagnostics)
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
         overlaps: list[int] = []
         by_size: dict[int, dict[str, int]] = {}
+        self._confirmed_best.clear()
         for cand in candidates:
             size = cand.worker.kv_block_size
             found = by_size.get(size)
             if found is None:
-                found = self._index.overlaps(ctx.hashes(size), now=self._clock(), use_predicted=True)
+                now = self._clock()
+                found = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=True)
                 by_size[size] = found
+                if (self.duplication_weight or self.stay_floor) and found:
+                    confirmed = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=False)
+                    self._confirmed_best[size] = max(confirmed.values(), default=0)
             overlaps.append(found.get(cand.worker.instance_id, 0))
         scales = self._relative_scales(candidates)
-        costs = [scale * sum(self.terms(ctx, cand, overlap))
-                 for cand, overlap, scale in zip(candidates, overlaps, scales, strict=True)]
+        terms = [self.terms(ctx, cand, overlap) for cand, overlap in zip(candidates, overlaps, strict=True)]
+        sums = [sum(t) for t in terms]
+        self.stay_added = [0.0] * len(candidates)
+        if self.stay_floor and self._confirmed_best:
+            self._floor(candidates, overlaps, terms, sums)
+        costs = [scale * total for total, scale in zip(sums, scales, strict=True)]
         best_overlap = max(overlaps, default=0)
         if best_overlap == 0:
             reason = "no-hit"
@@ -189,10 +221,11 @@ class KvTtftPolicy:
         return Scores(costs=costs, reason=reason, overlap_blocks=overlaps)
 
     def terms(self, ctx: RoutingContext, cand: Candidate, overlap: int) -> tuple[float, float, float, float, float,
-                                                                                  float, float]:
+                                                                                  float, float, float]:
         """The cost's terms on ``cand`` in modelled ms, before the speed scale: prefill (queued + own),
         the decode batch's share of those steps, the wait for free blocks, the decode horizon, eviction,
-        stall and occupancy (their sum is the cost; the diagnostic bench/place_diag.py reads them one by one)."""
+        stall, occupancy and duplication (their sum is the cost; the diagnostic bench/place_diag.py reads them
+        one by one). Call after :meth:`score` for the same decision (duplication reads what it found)."""
         # the terms that come out 0 are not computed (the scoring runs per candidate and request: issue 15)
         worker = cand.worker
         wid = worker.instance_id
@@ -218,8 +251,40 @@ class KvTtftPolicy:
             evicted = evicted_blocks(need, self._index.block_count(wid), active, capacity)
             eviction = self.eviction_weight * self._weight * recompute_ms(evicted * size)
         occupancy = self.occupancy_weight * self._weight * recompute_ms(own) if self.occupancy_weight else 0.0
+        duplication = 0.0
+        if self.duplication_weight:
+            copied = self._confirmed_best.get(size, 0) - overlap
+            if copied > 0:
+                duplication = self.duplication_weight * self._weight * recompute_ms(copied * size)
         stall = self.stall_ms(queued, own, decoding) if self._stall else 0.0
-        return prefill, batch, memory, horizon, eviction, stall, occupancy
+        return prefill, batch, memory, horizon, eviction, stall, occupancy, duplication
+
+    def _floor(self, candidates: Sequence[Candidate], overlaps: list[int], terms: Sequence[Sequence[float]],
+               sums: list[float]) -> None:
+        """The stay floor: a worker short of the longest *confirmed* prefix (blocks the engines reported, not
+        predictions) gets no advantage from the decode terms over the best of the workers that hold it, unless
+        those holders decode :attr:`stay_margin` or more requests than it does. Adds to ``sums`` in place."""
+        parts = (3,) if self.stay_floor == "horizon" else (1, 3)
+        holders = [i for i, c in enumerate(candidates)
+                   if overlaps[i] >= self._confirmed_best.get(c.worker.kv_block_size, 0) > 0]
+        if not holders:
+            return
+        decoding = [self._load.decoding(c.worker.instance_id) for c in candidates]
+        if self.stay_fair:
+            fair = max(1.0, self.stay_fair * sum(decoding) / len(candidates))
+            if min(decoding[i] for i in holders) > fair:
+                return  # the holders carry more than their share of the fleet's decoding: balance may move it
+        floor = min(sum(terms[i][k] for k in parts) for i in holders)
+        held = min(decoding[i] for i in holders)
+        for i, c in enumerate(candidates):
+            if overlaps[i] >= self._confirmed_best.get(c.worker.kv_block_size, 0):
+                continue
+            if self.stay_margin and held - decoding[i] >= self.stay_margin:
+                continue  # the holders decode this many more requests than w: balance may move the request
+            mine = sum(terms[i][k] for k in parts)
+            if mine < floor:
+                sums[i] += floor - mine
+                self.stay_added[i] = floor - mine
 
     def stall_ms(self, queued: float, own: float, decoding: int) -> float:
         """The stall term: :data:`STALL_WEIGHT` of the prefill already queued on the worker (``queued``
@@ -270,10 +335,17 @@ class KvTtftPolicy:
         return sums
 
 
+class KvTtftOccupancyPolicy(KvTtftPolicy):
+    """``kv-aware-occupancy``: the cost without the stay floor (the default before it)."""
+
+    stay_floor = ""
+
+
 class KvTtftEvictionPolicy(KvTtftPolicy):
-    """``kv-aware-eviction``: the cost without the occupancy term (the default before it)."""
+    """``kv-aware-eviction``: the cost without the occupancy term and the stay floor (the default before them)."""
 
     occupancy_weight = 0.0
+    stay_floor = ""
 
 
 class KvTtftOnlyPolicy(KvTtftPolicy):
@@ -283,3 +355,4 @@ class KvTtftOnlyPolicy(KvTtftPolicy):
     eviction_weight = 0.0
     stall_weight = 0.0
     occupancy_weight = 0.0
+    stay_floor = ""

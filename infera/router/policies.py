@@ -5,14 +5,15 @@ from __future__ import annotations
 from infera.router.approx_prefix import ApproxPrefixPolicy
 from infera.router.base import PolicyFactory
 from infera.router.kv_aware import KvAwarePolicy
-from infera.router.kv_ttft import KvTtftEvictionPolicy, KvTtftOnlyPolicy, KvTtftPolicy
+from infera.router.kv_ttft import KvTtftEvictionPolicy, KvTtftOccupancyPolicy, KvTtftOnlyPolicy, KvTtftPolicy
 from infera.router.least_load import LeastLoadPolicy
 from infera.router.round_robin import RoundRobinPolicy
 
 POLICIES: dict[str, PolicyFactory] = {
     "kv-aware": KvTtftPolicy,  # predicted time to first token (chosen by measurement: bench/README.md)
-    "kv-aware-eviction": KvTtftEvictionPolicy,  # the same without the occupancy term (the default before)
-    "kv-aware-ttft": KvTtftOnlyPolicy,  # the same without the eviction and occupancy terms (the default before that)
+    "kv-aware-occupancy": KvTtftOccupancyPolicy,  # the same without the stay floor (the default before)
+    "kv-aware-eviction": KvTtftEvictionPolicy,  # the same without the occupancy term either (the default before that)
+    "kv-aware-ttft": KvTtftOnlyPolicy,  # without the eviction term either (the default before kv-aware-eviction)
     "kv-aware-blocks": KvAwarePolicy,  # the previous cost: blocks of prefill left + blocks held in flight
     "round-robin": RoundRobinPolicy,
     "least-load": LeastLoadPolicy,  # the decode leg of a prefill/decode pair
