@@ -23,7 +23,7 @@ import orjson
 
 from infera.protocols.anthropic import error_body as anthropic_error_body
 from infera.protocols.openai import error_body as openai_error_body
-from infera.server.nodelay import NoDelayHttpToolsProtocol
+from infera.server.coalesce import CoalescingHttpToolsProtocol
 
 ANTHROPIC_PREFIX = b"/v1/messages"
 
@@ -40,7 +40,7 @@ def timeout_answer(path: bytes, seconds: float) -> bytes:
     return head + body
 
 
-class DeadlineHttpToolsProtocol(NoDelayHttpToolsProtocol):
+class DeadlineHttpToolsProtocol(CoalescingHttpToolsProtocol):
     """Set the two deadlines (seconds) with :func:`with_deadlines`, which makes a subclass."""
 
     header_timeout: float = 10.0

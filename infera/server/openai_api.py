@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.background import BackgroundTask
 
 from infera.protocols.openai import (
     ChatCompletionRequest,
@@ -83,8 +84,7 @@ class OpenAIHandlers:
         started = time.perf_counter()
         response = await self._route(request, kind, path, started)
         if not isinstance(response, SseRelay):  # a relay reports its own end to complete()
-            usage = StreamTally.of(bytes(response.body)).usage() if response.status_code == 200 else None
-            self.complete(Outcome(path, str(response.status_code), started, usage))
+            response.background = Accounting(self.complete, path, response, started)
         return response
 
     def complete(self, outcome: Outcome) -> None:
@@ -147,6 +147,26 @@ class OpenAIHandlers:
 
     def _strip(self, payload: dict[str, Any], parsed: Any) -> bool:
         return strip_system_nonces(payload, self.patterns)
+
+
+class Accounting(BackgroundTask):
+    """A whole response's accounting, run as its ``background``: after the body has been sent, so
+    that the client's answer does not wait for the metrics (at one request in flight, the
+    added latency is the frontend's time between the request's arrival and the answer's write)."""
+
+    __slots__ = ("_complete", "_path", "_response", "_started")
+
+    def __init__(self, complete: Callable[[Outcome], None], path: str, response: Response,
+                 started: float) -> None:  # no super().__init__: nothing of BackgroundTask's is used
+        self._complete = complete
+        self._path = path
+        self._response = response
+        self._started = started
+
+    async def __call__(self) -> None:
+        response = self._response
+        usage = StreamTally.of(bytes(response.body)).usage() if response.status_code == 200 else None
+        self._complete(Outcome(self._path, str(response.status_code), self._started, usage))
 
 
 def _error_event(exc: UpstreamError) -> bytes:

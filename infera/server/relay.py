@@ -83,20 +83,34 @@ class ClientWatch:
 
 async def dispatch_or_disconnect(router: Router, watch: ClientWatch, req: RouteRequest,
                                  headers: dict[str, str]) -> RoutedResponse | RoutingError | None:
-    """Dispatch, but give up (and release the worker) if the client goes away meanwhile (None)."""
-    dispatch = asyncio.ensure_future(router.dispatch(req, headers))
+    """Dispatch, but give up (and release the worker) if the client goes away meanwhile (None).
+
+    The dispatch runs in the caller's task, which the watch cancels when the client leaves (and
+    which takes that cancellation back, so the caller goes on to answer 499): a task of its own
+    would cost a turn of the event loop to start and another to hand its result back, both on
+    the request's critical path."""
+    if watch.left:
+        return None  # gone already: a cancellation asked for now would hit this task's next await instead
+    task = asyncio.current_task()
+    assert task is not None
+    cancelling = task.cancelling()
+    gave_up = False
 
     def give_up() -> None:
-        dispatch.cancel()
+        nonlocal gave_up
+        gave_up = True
+        task.cancel()
 
     watch.then(give_up)
     try:
-        return await dispatch
+        return await router.dispatch(req, headers)
     except RoutingError as exc:
         return exc
     except asyncio.CancelledError:
-        if watch.left and dispatch.cancelled():
-            return None  # the client left; dispatch released what it held as it was cancelled
+        # ours (the client left; dispatch released what it held as it was cancelled), unless the task was
+        # also cancelled from elsewhere (shutdown), which must go on
+        if gave_up and task.uncancel() <= cancelling:
+            return None
         raise
     finally:
         watch.then(None)

@@ -4,10 +4,12 @@ paths are routed as before."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from fastapi import FastAPI
 
@@ -68,3 +70,36 @@ async def test_other_methods_and_paths_take_the_full_stack() -> None:
         assert (await c.post("/v1/chat/completions/", json=CHAT)).status_code in (200, 307)
         assert (await c.post("/v1/cache/prewarm", json={})).status_code == 401
         assert "/v1/chat/completions" in (await c.get("/openapi.json")).json()["paths"]
+
+
+async def test_a_whole_answer_is_sent_before_it_is_accounted() -> None:
+    """The answer's last byte does not wait for the metrics; they are in once the request is done."""
+    app, _, _ = make()
+    body = orjson.dumps(CHAT)
+    counted_at_send: list[bool] = []
+    requests = app.state.metrics.requests
+
+    def counted() -> bool:
+        return any(s.name.endswith("_total") and s.labels.get("status") == "200" and s.value >= 1
+                   for m in requests.collect() for s in m.samples)
+
+    done = asyncio.Event()
+    sent: list[bool] = []
+
+    async def receive() -> dict[str, Any]:
+        if not sent:
+            sent.append(True)
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()  # the client stays until the answer is complete
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            counted_at_send.append(counted())
+            done.set()
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "query_string": b"",
+             "root_path": "", "scheme": "http", "server": ("infera", 80), "http_version": "1.1"}
+    await app(scope, receive, send)
+    assert counted_at_send == [False]
+    assert counted()
