@@ -554,25 +554,30 @@ static int mask_of(PyObject *h, PyObject *shared, PyObject *holders, PyObject *g
     return 0;
 }
 
+/* result[names[slot]] = depth, the depth's int made once per call site (``*d``, released on error) */
+static int record_slot(PyObject *result, PyObject *names, Py_ssize_t slot, Py_ssize_t depth, PyObject **d) {
+    if (slot >= PyList_GET_SIZE(names)) {
+        PyErr_SetString(PyExc_IndexError, "mask bit without a slot");
+        Py_CLEAR(*d);
+        return -1;
+    }
+    if (*d == NULL && (*d = PyLong_FromSsize_t(depth)) == NULL) return -1;
+    if (PyDict_SetItem(result, PyList_GET_ITEM(names, slot), *d) < 0) {
+        Py_CLEAR(*d);
+        return -1;
+    }
+    return 0;
+}
+
 /* result[names[slot]] = depth for each bit of ``gone`` */
 static int record(PyObject *result, const digit *gone, Py_ssize_t nd, Py_ssize_t depth, PyObject *names) {
     PyObject *d = NULL;
-    Py_ssize_t n_names = PyList_GET_SIZE(names);
     for (Py_ssize_t k = 0; k < nd; k++) {
         uint32_t g = gone[k];
         while (g) {
             Py_ssize_t slot = k * PyLong_SHIFT + __builtin_ctz(g);
             g &= g - 1;
-            if (slot >= n_names) {
-                PyErr_SetString(PyExc_IndexError, "mask bit without a slot");
-                Py_XDECREF(d);
-                return -1;
-            }
-            if (d == NULL && (d = PyLong_FromSsize_t(depth)) == NULL) return -1;
-            if (PyDict_SetItem(result, PyList_GET_ITEM(names, slot), d) < 0) {
-                Py_DECREF(d);
-                return -1;
-            }
+            if (record_slot(result, names, slot, depth, &d) < 0) return -1;
         }
     }
     Py_XDECREF(d);
@@ -739,22 +744,12 @@ static inline uint64_t load_le64(const unsigned char *p) {
 static int record_words(PyObject *result, const uint64_t *gone, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t depth,
                         PyObject *names) {
     PyObject *d = NULL;
-    Py_ssize_t n_names = PyList_GET_SIZE(names);
     for (Py_ssize_t k = lo; k < hi; k++) {
         uint64_t g = gone[k];
         while (g) {
             Py_ssize_t slot = k * 64 + __builtin_ctzll(g);
             g &= g - 1;
-            if (slot >= n_names) {
-                PyErr_SetString(PyExc_IndexError, "mask bit without a slot");
-                Py_XDECREF(d);
-                return -1;
-            }
-            if (d == NULL && (d = PyLong_FromSsize_t(depth)) == NULL) return -1;
-            if (PyDict_SetItem(result, PyList_GET_ITEM(names, slot), d) < 0) {
-                Py_DECREF(d);
-                return -1;
-            }
+            if (record_slot(result, names, slot, depth, &d) < 0) return -1;
         }
     }
     Py_XDECREF(d);
