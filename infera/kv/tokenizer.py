@@ -317,11 +317,11 @@ class PromptRenderer:
         """The ids of a chat prompt ``render_chat`` made: ``chat_token_ids``' second half."""
         if self._prompts is not None:
             return self._prompts.encode(text)
-        return self._codec.encode(text, False)
+        return self._encode_plain(text)
 
     def encode_chat_within(self, text: str, most: int) -> list[int] | None:
         """``encode_chat(text)`` when at most ``most`` UTF-8 bytes of it are not in the prompt cache (what
         costs: the cached prefix's ids are reused), else None, having done nothing."""
         if self._prompts is not None:
             return self._prompts.encode_within(text, most)
-        return self._codec.encode(text, False) if len(text.encode("utf-8", "surrogatepass")) <= most else None
+        return self._encode_plain(text) if len(text.encode("utf-8", "surrogatepass")) <= most else None

@@ -54,28 +54,26 @@ class ContextBuilder:
         return self._tokenize
 
     def build(self, req: RouteRequest) -> RoutingContext:
-        max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
-        token_ids = self.tokens(req) if self._tokenize else None
-        prompt_tokens = len(token_ids) if token_ids is not None else max(1, len(req.body) // 4)
-        return RoutingContext(model=req.model, token_ids=token_ids, prompt_tokens=prompt_tokens,
-                              max_tokens=max_tokens)
+        return self._context(req, self.tokens(req) if self._tokenize else None)
 
     def estimate(self, req: RouteRequest) -> RoutingContext:
         """A context without tokens (the prompt's length guessed from the body): no rendering cost."""
-        max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
-        return RoutingContext(model=req.model, token_ids=None, prompt_tokens=max(1, len(req.body) // 4),
-                              max_tokens=max_tokens)
+        return self._context(req, None)
 
     async def build_off_loop(self, req: RouteRequest, off_loop: int) -> RoutingContext:
         """:meth:`build` for a body over ``off_loop`` bytes, without long work on the event loop: see
         :meth:`prompt_tokens_off_loop`."""
-        max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
         try:
-            token_ids: list[int] | None = await self.prompt_tokens_off_loop(req.kind, req.payload, len(req.body),
-                                                                            off_loop)
+            token_ids = await self.prompt_tokens_off_loop(req.kind, req.payload, len(req.body), off_loop)
         except Exception as exc:
             log.debug("could not render the prompt for routing: %s", exc)
-            token_ids = None
+            return self._context(req, None)
+        return self._context(req, token_ids)
+
+    @staticmethod
+    def _context(req: RouteRequest, token_ids: list[int] | None) -> RoutingContext:
+        """The request's context: its prompt's length from ``token_ids``, else guessed from the body."""
+        max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
         prompt_tokens = len(token_ids) if token_ids is not None else max(1, len(req.body) // 4)
         return RoutingContext(model=req.model, token_ids=token_ids, prompt_tokens=prompt_tokens,
                               max_tokens=max_tokens)
@@ -98,8 +96,7 @@ class ContextBuilder:
         if (not isinstance(messages, list) or len(messages) > RENDER_ON_LOOP_MESSAGES
                 or size > RENDER_ON_LOOP_BYTES):
             return await asyncio.to_thread(self.prompt_tokens, kind, payload)
-        kwargs = payload.get("chat_template_kwargs") or {}
-        text = renderer.render_chat(list(messages), tools=payload.get("tools"), **kwargs)
+        text = self._chat_text(renderer, payload)
         ids = renderer.encode_chat_within(text, off_loop)
         return ids if ids is not None else await asyncio.to_thread(renderer.encode_chat, text)
 
@@ -121,11 +118,16 @@ class ContextBuilder:
         if renderer is None:
             raise LookupError("no tokenizer (--router-tokenizer-path)")
         if kind == "chat":
-            kwargs = payload.get("chat_template_kwargs") or {}
-            return renderer.chat_token_ids(list(payload["messages"]), tools=payload.get("tools"), **kwargs)
+            return renderer.encode_chat(self._chat_text(renderer, payload))
         prompt = payload.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
             prompt = prompt[0]
         if isinstance(prompt, list):
             return [int(t) for t in prompt]
         return renderer.encode(str(prompt), add_special_tokens=True)
+
+    @staticmethod
+    def _chat_text(renderer: PromptRenderer, payload: Mapping[str, Any]) -> str:
+        """The chat prompt's text: ``messages`` (and ``tools``, ``chat_template_kwargs``) through the template."""
+        kwargs = payload.get("chat_template_kwargs") or {}
+        return renderer.render_chat(list(payload["messages"]), tools=payload.get("tools"), **kwargs)
