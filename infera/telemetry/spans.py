@@ -159,12 +159,18 @@ def root_bound(sampler: Sampler) -> int | None:
     """For a sampler whose decision on a new trace (no parent) is the SDK's trace-id ratio rule, the
     bound: a new trace is sampled when its id's low 64 bits are below it (2**64: always, 0: never).
     None for any other sampler (it is asked). Covers the standard ``OTEL_TRACES_SAMPLER`` values."""
+    # _root and _decision are the SDK's private fields: an SDK without them gets its sampler asked
     if isinstance(sampler, ParentBased) and type(sampler).should_sample is ParentBased.should_sample:
-        sampler = sampler._root  # a new trace has no parent: the root sampler decides
+        root: Sampler | None = getattr(sampler, "_root", None)  # a new trace has no parent: the root decides
+        if root is None:
+            return None
+        sampler = root
     if type(sampler) is TraceIdRatioBased:
         return sampler.bound
     if isinstance(sampler, StaticSampler) and type(sampler).should_sample is StaticSampler.should_sample:
-        return 1 << 64 if sampler._decision is Decision.RECORD_AND_SAMPLE else 0
+        decision = getattr(sampler, "_decision", None)
+        if decision is not None:
+            return 1 << 64 if decision is Decision.RECORD_AND_SAMPLE else 0
     return None
 
 

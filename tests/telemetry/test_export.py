@@ -3,6 +3,7 @@ traceparent starts a new trace."""
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Sequence
 
@@ -196,6 +197,11 @@ def test_a_new_traces_sampling_decision_is_the_samplers_without_asking_it() -> N
             return "odd"
 
     assert root_bound(Odd()) is None
+    # an SDK whose samplers keep their parts elsewhere: the sampler is asked, not guessed
+    for private in ("_root", "_decision"):
+        stripped = copy.copy(DEFAULT_ON if private == "_root" else ALWAYS_ON)
+        delattr(stripped, private)
+        assert root_bound(stripped) is None, private
     rng = random.Random(7)
     for sampler in (ALWAYS_ON, ALWAYS_OFF, DEFAULT_ON, DEFAULT_OFF, TraceIdRatioBased(0.3),
                     ParentBasedTraceIdRatio(0.1)):
