@@ -54,8 +54,8 @@ _selected = list(IMPLS)  # which of them run (--impls)
 
 def _impls() -> dict[str, tuple[Any, Any]]:
     """name -> (index factory, decode function); old = main 2d3553e (bench/index_v2.py), main = main 7f6bc8d
-    (bench/index_v3.py), main4 = main 846da7f (bench/index_v4.py: the tables as dicts), new = this tree as it runs (its C loops if built: infera.kv.native), pure = this tree
-    with ``native=False`` (when C is built)."""
+    (bench/index_v3.py), main4 = main 846da7f (bench/index_v4.py: the tables as dicts), new = this tree as it runs
+    (its C loops and tables if built: infera.kv.native), pure = this tree with ``native=False`` (when C is built)."""
     from functools import partial
 
     from bench import index_v2, index_v3, index_v4
