@@ -983,6 +983,44 @@ done:
  * PrefixIndex._remove for each engine hash from ``start``: stops before a block held in another tier
  * than the device alone, or behind a router hash other engine blocks share while the worker has tiers
  * to track (Python's _remove goes on from there). ``unknown``: hashes the worker did not hold. */
+/* The common removal on U64Map tables, without an int object: engine hash ``eh`` of a worker with no blocks in
+ * other tiers and no router hash two of its engine blocks share, held by this worker alone (its mask is the
+ * worker's own bit object, as stores leave it). 1: done (or unknown: *unknown counted); 0: not that case,
+ * nothing changed (the general path goes on); -1: error. */
+static int remove_alone(Tables *t, PyObject *eh, Py_ssize_t *unknown) {
+    U64Map *blocks = (U64Map *)t->blocks, *holders = (U64Map *)t->holders;
+    if (PyDict_GET_SIZE(t->extra)) return 0;
+    uint64_t key;
+    int r = map_key(eh, &key);
+    if (r <= 0) {
+        if (r == 0) (*unknown)++;
+        return r < 0 ? -1 : 1;
+    }
+    Py_ssize_t i = map_find(blocks, key);
+    if (i < 0) {
+        (*unknown)++;
+        return 1;
+    }
+    uint64_t local = blocks->slots[i].val;
+    Py_ssize_t j = map_find(holders, local);
+    if (j < 0 || (PyObject *)(uintptr_t)holders->slots[j].val != t->bit) return 0;
+    if (PyDict_GET_SIZE(t->lower) || PyDict_GET_SIZE(t->predicted)) {
+        PyObject *lo = PyLong_FromUnsignedLongLong(local);
+        if (lo == NULL) return -1;
+        r = discard(t->lower, lo) < 0 || drop_guess(t->predicted, t->guess_masks, t->bit, lo) < 0 ? -1 : 0;
+        Py_DECREF(lo);
+        if (r < 0) return -1;
+        j = map_find(holders, local);  /* (the dicts' upkeep cannot touch the maps, but be exact) */
+        i = map_find(blocks, key);
+        if (i < 0 || j < 0) return 0;
+    }
+    map_unlink(blocks, i);
+    PyObject *mask = (PyObject *)(uintptr_t)holders->slots[j].val;
+    map_unlink(holders, j);
+    Py_DECREF(mask);
+    return 1;
+}
+
 static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Tables t;
     if (nargs != 12) {
@@ -997,9 +1035,15 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
     PyObject *out = NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(ehs), unknown = 0;
     int forget = 0, r;
+    int alone = IS_MAP(t.blocks) && !((U64Map *)t.blocks)->objvals && IS_MAP(t.holders) && ((U64Map *)t.holders)->objvals;
     for (; i < n; i++) {
         PyObject *eh = PySequence_Fast_GET_ITEM(ehs, i), *local, *refs;
         if (PyDict_GET_SIZE(t.media) == 0) {  /* on the device only: one lookup takes it out */
+            if (alone) {
+                r = remove_alone(&t, eh, &unknown);
+                if (r < 0) goto done;
+                if (r) continue;
+            }
             local = tab_pop(t.blocks, eh);
             if (local == NULL) goto done;
             if (local == Py_None) {
