@@ -1,7 +1,8 @@
 /* infera.kv._native: the prefix index's per-block loops in C (block hashes, stores, removals, the walk).
  *
  * Each function does exactly what the pure-Python code it stands in for does (infera/kv/hashing.py,
- * infera/kv/index.py, infera/kv/bitmasks.py), on the same dicts, for the common case; where a block
+ * infera/kv/index.py, infera/kv/bitmasks.py), on the same tables (dicts, or for the index's two big tables the
+ * U64Map below, which the C path's PrefixIndex uses instead of dicts), for the common case; where a block
  * needs the rarer side tables' logic it stops and says where, and Python carries on from there.
  * tests/kv/test_native.py checks both paths against each other on random streams.
  */

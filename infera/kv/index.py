@@ -9,7 +9,10 @@ as an orphan instead.
 Representation (ingest ~1 M block events/s; query cost independent of the number of holders):
 each router hash maps to an int mask of the workers holding it (``infera.kv.bitmasks``), and
 each worker maps engine hash -> router hash (``WorkerTable``): a removal is a dict pop and a
-mask update, no per-block object, and runs of events are applied in whole-run passes in C.
+mask update, no per-block object, and runs of events are applied in whole-run passes in C. On the C
+path both big tables (each worker's engine hash -> router hash, and router hash -> mask) are
+``infera.kv._native.U64Map``s: open addressing over the 64-bit keys, key and value inline, so a lookup
+reads one slot instead of a dict's index, entry and key int; the pure path keeps dicts (same answers).
 The masks of router hashes two or more workers hold are also kept in a small table of their own
 (``_shared``), which a query probes first; and a query remembers its walk over a long run of such
 blocks at the start of a prompt (a hot system prompt), which the next query of that prefix resumes

@@ -371,3 +371,18 @@ def test_tables_in_c_match_dicts_through_growth_and_eviction(seed: int, n_worker
         py.remove_worker(w)
         assert _state(c) == _state(py)
     assert len(c._holders) == 0
+
+
+def test_removing_one_of_two_engine_blocks_with_the_same_tokens_keeps_the_block() -> None:
+    """The C removal's fast path (a block the worker alone holds) must not take a router hash another engine block of
+    the same worker still holds (two adapters over the same tokens): the worker keeps it, as in pure Python."""
+    tokens = list(range(2 * BLOCK))
+    answers = []
+    for flag in (True, False):
+        index = PrefixIndex(block_size=BLOCK, native=flag)
+        index.apply("a", EventBatch(1.0, [BlockStored([1, 2], None, tokens, BLOCK),
+                                          BlockStored([11, 12], None, tokens, BLOCK)]))
+        index.apply("a", EventBatch(1.0, [BlockRemoved([1]), BlockRemoved([2])]))
+        answers.append((_state(index), index.overlaps(hashing.pure_block_hashes(tokens, BLOCK))))
+    assert answers[0] == answers[1]
+    assert answers[0][1] == {"a": 2}
