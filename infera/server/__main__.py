@@ -22,6 +22,7 @@ from infera.server.app import build_app, install_operations
 from infera.server.deadlines import with_deadlines
 from infera.server.direct import DefaultWorkerHeader
 from infera.server.drain import DrainingServer, DrainMiddleware, DrainState
+from infera.server.lean import LeanPath, with_lean
 from infera.server.processes import listen, supervise
 from infera.telemetry.setup import build_telemetry, configure_logging
 
@@ -70,11 +71,13 @@ def build(settings: ServerSettings) -> FastAPI:
 
 
 def server_for(app: ASGIApp, settings: ServerSettings) -> DrainingServer:
-    """uvicorn with the client deadlines (server/deadlines.py), --keep-alive-timeout and, on SIGTERM, a
-    graceful drain (server/drain.py). No proxy-headers middleware: nothing here reads the client's
+    """uvicorn with the client deadlines (server/deadlines.py), --keep-alive-timeout, the inference POSTs'
+    lean path past the ASGI stack (server/lean.py) and, on SIGTERM, a graceful drain (server/drain.py).
+    No proxy-headers middleware: nothing here reads the client's
     address, and the spec has no trusted-proxy flag, so rewriting it per request would be pure cost."""
     drain = DrainState()
-    protocol = with_deadlines(settings.client_header_timeout, settings.client_body_timeout)
+    protocol = with_lean(with_deadlines(settings.client_header_timeout, settings.client_body_timeout),
+                         LeanPath.of(app, drain))
     config = uvicorn.Config(DrainMiddleware(app, drain), host=settings.host, port=settings.port, loop="uvloop",
                             http=protocol, log_level="warning", access_log=False, proxy_headers=False,
                             timeout_keep_alive=settings.keep_alive_timeout)

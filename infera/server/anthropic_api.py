@@ -161,7 +161,7 @@ class AnthropicHandlers:
         if parsed.stream:
             translator = StreamTranslator(message_id, parsed.model, parsed.stop_sequences)
             return await self._stream(request, req, headers, translator, started)
-        watch = ClientWatch(request.receive)
+        watch = ClientWatch.of(request)
         try:
             routed = await dispatch_or_disconnect(self.router, watch, req, headers)
             if routed is None:
@@ -212,7 +212,7 @@ class AnthropicHandlers:
         except RoutingError as exc:
             return anthropic_routing_error(exc)
         if routed.status != 200 or not routed.content_type.startswith("text/event-stream"):
-            watch = ClientWatch(request.receive)
+            watch = ClientWatch.of(request)
             try:
                 collected = await collect_or_disconnect(watch, routed)
             except UpstreamError as exc:

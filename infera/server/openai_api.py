@@ -119,7 +119,7 @@ class OpenAIHandlers:
         req = RouteRequest(kind=kind, path=path, body=body, payload=payload, model=parsed.model,
                            max_tokens=parsed.output_limit(), worker_hint=request.headers.get(WORKER_HEADER),
                            prefill_hint=request.headers.get(PREFILL_HEADER))
-        watch = ClientWatch(request.receive)
+        watch = ClientWatch.of(request)
         relayed = False
         try:
             routed = await dispatch_or_disconnect(self.router, watch, req, forward_headers(request))
