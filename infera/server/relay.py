@@ -27,16 +27,31 @@ FORWARD_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate")
 WORKER_HEADER = "x-worker-instance-id"
 PREFILL_HEADER = "x-prefill-instance-id"
 _FORWARD = {name.encode(): name for name in FORWARD_HEADERS}
+_WORKER = WORKER_HEADER.encode()
+_PREFILL = PREFILL_HEADER.encode()
 
 
 def forward_headers(request: Request) -> dict[str, str]:
     """The headers sent on to the worker: JSON content type plus auth and tracing ones (the
     request's first of each; one pass over the raw headers, no header object)."""
+    return read_headers(request)[0]
+
+
+def read_headers(request: Request) -> tuple[dict[str, str], str | None, str | None]:
+    """:func:`forward_headers`, and the request's first ``x-worker-instance-id`` and
+    ``x-prefill-instance-id`` (None when absent), in one pass over the raw headers."""
     headers = {"content-type": "application/json"}
+    worker = prefill = None
     for key, value in request.scope["headers"]:
-        if key in _FORWARD and (name := _FORWARD[key]) not in headers:
-            headers[name] = value.decode("latin-1")
-    return headers
+        if key in _FORWARD:
+            if (name := _FORWARD[key]) not in headers:
+                headers[name] = value.decode("latin-1")
+        elif key == _WORKER:
+            if worker is None:
+                worker = value.decode("latin-1")
+        elif key == _PREFILL and prefill is None:
+            prefill = value.decode("latin-1")
+    return headers, worker, prefill
 
 
 def worker_headers(routed: RoutedResponse) -> dict[str, str]:
