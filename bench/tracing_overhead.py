@@ -12,8 +12,10 @@ over ~1k-token chat prompts, half streamed, ``max_tokens`` 8, closed loop at con
   sampled    otlp with OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG=0.1
   all        otlp + --log-requests --log-format json
 
-Each round runs every scenario once, in a shuffled order; CPU = utime+stime of the frontend process
-from /proc over its cell / completed requests. Figures are medians over rounds and ratios to ``off``.
+Each round runs every scenario once, in a shuffled order; CPU = the frontend's run time over its cell
+(the scheduler's nanosecond clock, /proc/<pid>/task/*/schedstat summed over threads; utime+stime
+ticks at 10 ms, ~1.3 % of a 300-request cell, too coarse for a 5 % target) / completed requests.
+Figures are medians over rounds and ratios to ``off``.
 ``--together`` loads every frontend at once in each round instead (each at ``--concurrency``), so
 that the box's drifting load (other jobs) falls on all scenarios of a round alike. ``--baseline DIR``
 adds ``log@base``, ``otlp@base`` and ``all@base``: the same scenarios run from the ``infera`` package
@@ -133,29 +135,28 @@ class Collector:
         self.server.server_close()
 
 
-def thread_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds (utime+stime) of a process's main thread and of all its other threads (the span
-    exporter's among them), from /proc/<pid>/task/*/stat."""
-    import os
-
-    tick = os.sysconf("SC_CLK_TCK")
-    main = other = 0.0
+def task_ns(pid: int) -> dict[int, int]:
+    """Run time in ns of each live thread of a process, from /proc/<pid>/task/*/schedstat (the
+    scheduler's clock: no 10 ms ticks, unlike utime+stime in /proc/<pid>/stat)."""
+    out: dict[int, int] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            raw = (task / "stat").read_text()
-        except OSError:
+            out[int(task.name)] = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
             continue  # a thread that just ended
-        fields = raw[raw.rindex(")") + 2:].split()
-        cpu = (int(fields[11]) + int(fields[12])) / tick
-        if task.name == str(pid):
-            main += cpu
-        else:
-            other += cpu
-    return main, other
+    return out
+
+
+def cpu_between(pid: int, before: dict[int, int], after: dict[int, int]) -> tuple[float, float, int]:
+    """CPU seconds of the main thread and of the other threads between two :func:`task_ns` reads, and
+    how many threads ended in between (their time in the interval is lost: none should)."""
+    main = (after.get(pid, 0) - before.get(pid, 0)) / 1e9
+    other = sum(ns - before.get(tid, 0) for tid, ns in after.items() if tid != pid) / 1e9
+    return main, other, sum(1 for tid in before if tid not in after)
 
 
 def start_frontends(engines: list[Any], tok: Path, log_dir: Path, collector: Collector,
-                    base: str = "") -> dict[str, Any]:
+                    base: str = "", hash_seed: str = "0") -> dict[str, Any]:
     from bench.common import PYTHON, Proc, frontend_ready
     from harness import free_port, frontend_argv
 
@@ -169,7 +170,11 @@ def start_frontends(engines: list[Any], tok: Path, log_dir: Path, collector: Col
         if name.endswith("@base"):
             argv = [PYTHON, str(Path(__file__).resolve()), "--base-frontend", base, *argv[3:]]
         proc = Proc(name, argv, port, log_dir / f"frontend-{name}.log")
-        proc.env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, **env})
+        # one hash seed for all: str hashes (dict and set layouts) differ per process otherwise, and with
+        # them a process's CPU per request by a few percent (off-2 / off was 0.978, IQR 0.949-0.990, in a
+        # quiet run with random seeds)
+        seed = {"PYTHONHASHSEED": hash_seed} if hash_seed else {}
+        proc.env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, **seed, **env})
         fronts[name] = proc
     for proc in fronts.values():
         proc.start()
@@ -187,15 +192,18 @@ async def measure(fronts: dict[str, Any], bodies: list[bytes], rounds: int, n: i
 
     async def cell(session: Any, r: int, name: str) -> None:
         proc = fronts[name]
-        c0, (m0, o0) = proc.cpu(), thread_cpu(proc.pid)
+        c0, t0 = proc.cpu(), task_ns(proc.pid)
         res = await run_load(session, [proc.url + "/v1/chat/completions"], bodies, conc, n, 120, offset=r * 7919)
-        cpu, (m1, o1) = proc.cpu() - c0, thread_cpu(proc.pid)
+        ticks, t1 = proc.cpu() - c0, task_ns(proc.pid)
+        main, other, ended = cpu_between(proc.pid, t0, t1)
         ok = max(res.ok, 1)
+        cpu = main + other
         rows.append({"round": r, "scenario": name, "ok": res.ok, "errors": res.errors,
-                     "cpu_us_per_req": cpu / ok * 1e6, "main_us_per_req": (m1 - m0) / ok * 1e6,
-                     "other_us_per_req": (o1 - o0) / ok * 1e6, "rps": res.rps, "first_error": res.first_error})
+                     "cpu_us_per_req": cpu / ok * 1e6, "main_us_per_req": main / ok * 1e6,
+                     "other_us_per_req": other / ok * 1e6, "ticks_us_per_req": ticks / ok * 1e6,
+                     "threads_ended": ended, "rps": res.rps, "first_error": res.first_error})
         print(f"round {r} {name:8s} ok={res.ok} err={res.errors} cpu/req={cpu / ok * 1e6:7.0f} us "
-              f"(other threads {(o1 - o0) / ok * 1e6:5.0f})", flush=True)
+              f"(other threads {other / ok * 1e6:5.0f}; ticks {ticks / ok * 1e6:7.0f})", flush=True)
 
     async with make_session(conc * (len(fronts) if together else 1)) as session:
         for proc in fronts.values():  # warm-up: tokenizer caches, connection pools
@@ -212,6 +220,8 @@ async def measure(fronts: dict[str, Any], bodies: list[bytes], rounds: int, n: i
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    from statistics import fmean as mean
+
     from bench.common import median, percentile
 
     base = median([r["cpu_us_per_req"] for r in rows if r["scenario"] == "off"])
@@ -221,11 +231,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         # per round, the ratio to that round's "off": less sensitive to the box's load drifting between rounds
         paired = [r["cpu_us_per_req"] / o["cpu_us_per_req"] for r in rows if r["scenario"] == name
                   for o in rows if o["scenario"] == "off" and o["round"] == r["round"]]
+        # and to the mean of that round's two identical "off" frontends: one process's own bias (the
+        # noise floor's median off 1.000) falls half as hard on every ratio
+        offs = {r["round"]: mean([o["cpu_us_per_req"] for o in rows
+                                  if o["scenario"] in ("off", "off-2") and o["round"] == r["round"]]) for r in rows}
+        to_offs = [r["cpu_us_per_req"] / offs[r["round"]] for r in rows if r["scenario"] == name]
         out[name] = {"cpu_us_per_req": median(own), "ratio": median(own) / base, "paired_ratio": median(paired),
                      "paired_q1": percentile(paired, 25), "paired_q3": percentile(paired, 75),
+                     "offs_ratio": median(to_offs), "offs_q1": percentile(to_offs, 25),
+                     "offs_q3": percentile(to_offs, 75),
                      "main_us_per_req": median([r["main_us_per_req"] for r in rows if r["scenario"] == name]),
                      "other_us_per_req": median([r["other_us_per_req"] for r in rows if r["scenario"] == name]),
-                     "errors": float(sum(r["errors"] for r in rows if r["scenario"] == name))}
+                     "errors": float(sum(r["errors"] for r in rows if r["scenario"] == name)),
+                     "threads_ended": float(sum(r.get("threads_ended", 0) for r in rows if r["scenario"] == name))}
     return out
 
 
@@ -241,6 +259,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--together", action="store_true",
                         help="load every frontend at once in each round (paired against the same box load)")
+    parser.add_argument("--hash-seed", default="0", metavar="N",
+                        help="PYTHONHASHSEED of every frontend ('' = each its own random seed)")
     parser.add_argument("--baseline", default="", metavar="DIR",
                         help="also run log, otlp and all from the infera package under DIR (name@base)")
     args = parser.parse_args()
@@ -266,7 +286,7 @@ def main() -> int:
                 e.start()
             for e in engines:
                 e.wait_ready("/infera/worker", 60)
-            fronts = start_frontends(engines, tok, log_dir, collector, args.baseline)
+            fronts = start_frontends(engines, tok, log_dir, collector, args.baseline, args.hash_seed)
             rows = asyncio.run(measure(fronts, bodies, args.rounds, args.requests, args.concurrency, seed=11,
                                        together=args.together))
         finally:
@@ -276,11 +296,17 @@ def main() -> int:
     print(f"\nrun {started}, {args.rounds} rounds x {args.requests} requests, concurrency {args.concurrency}"
           f"{' (all frontends at once)' if args.together else ''}, "
           f"collector got {exported[0]} export requests ({exported[1] / 1e6:.1f} MB)")
-    print("| scenario | frontend CPU µs/req | main thread | other threads | × off | × off, per-round pairs (IQR) |")
-    print("|---|--:|--:|--:|--:|--:|")
+    floor = summary["off-2"]
+    print(f"noise floor (off-2 / off, per-round pairs): {floor['paired_ratio']:.3f} "
+          f"(IQR {floor['paired_q1']:.3f}-{floor['paired_q3']:.3f}); threads ended inside a cell: "
+          f"{sum(int(s['threads_ended']) for s in summary.values())}")
+    print("| scenario | frontend CPU µs/req | main thread | other threads | × off | × off, per-round pairs (IQR) "
+          "| × mean(off, off-2), per round (IQR) |")
+    print("|---|--:|--:|--:|--:|--:|--:|")
     for name, s in summary.items():
         print(f"| {name} | {s['cpu_us_per_req']:.0f} | {s['main_us_per_req']:.0f} | {s['other_us_per_req']:.0f} | "
-              f"{s['ratio']:.3f} | {s['paired_ratio']:.3f} ({s['paired_q1']:.3f}-{s['paired_q3']:.3f}) |")
+              f"{s['ratio']:.3f} | {s['paired_ratio']:.3f} ({s['paired_q1']:.3f}-{s['paired_q3']:.3f}) | "
+              f"{s['offs_ratio']:.3f} ({s['offs_q1']:.3f}-{s['offs_q3']:.3f}) |")
     path = write_results("tracing_overhead", {"machine": machine_info(), "args": vars(args), "rows": rows,
                                               "summary": summary, "collector": exported, "logs": str(log_dir)})
     print(f"results: {path}\nlogs: {log_dir}")
