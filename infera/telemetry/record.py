@@ -17,12 +17,17 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind
 
-from infera.telemetry.spans import Span, Stage, Tracing
+from infera.telemetry.spans import Shape, Span, Stage, Tracing
 
 _CURRENT: ContextVar[RequestRecord | None] = ContextVar("infera_request", default=None)
 
 clock_ns = time.time_ns  # span times are epoch nanoseconds
 _LEG_NAMES = {role: f"leg {role}" for role in ("mixed", "prefill", "decode")}
+_INTAKE = Shape(("infera.body_bytes",))
+_INTAKE_REFUSED = Shape(("infera.body_bytes", "infera.error", "http.response.status_code"))
+_TOKENIZE = Shape(("infera.prompt_tokens", "infera.tokenized"))
+_PICK = Shape(("infera.role", "infera.policy", "infera.worker", "infera.reason", "infera.overlap_blocks",
+               "infera.cost", "infera.candidates"), strings=4)
 
 
 def current() -> RequestRecord | None:
@@ -79,18 +84,15 @@ class RequestRecord:
         """The ``intake`` span: the body read, parsed and validated (or refused with ``status``)."""
         tracing = self.tracing
         if tracing is not None and self.root is not None:
-            attributes: dict[str, Any] = {"infera.body_bytes": body_bytes}
-            if error:
-                attributes.update({"infera.error": error, "http.response.status_code": status})
-            self.children.append(("intake", start_ns, clock_ns(), attributes))
+            self.children.append(("intake", start_ns, clock_ns(), _INTAKE_REFUSED, (body_bytes, error, status))
+                                 if error else ("intake", start_ns, clock_ns(), _INTAKE, (body_bytes,)))
 
     def tokenized(self, start_ns: int, prompt_tokens: int, tokenized: bool) -> None:
         """The ``tokenize`` span: the prompt rendered, tokenized and measured."""
         self.prompt_tokens = prompt_tokens
         tracing = self.tracing
         if tracing is not None and self.root is not None:
-            self.children.append(("tokenize", start_ns, clock_ns(),
-                                  {"infera.prompt_tokens": prompt_tokens, "infera.tokenized": tokenized}))
+            self.children.append(("tokenize", start_ns, clock_ns(), _TOKENIZE, (prompt_tokens, tokenized)))
 
     def picked(self, role: str, policy: str, worker: str, reason: str, overlap: int, cost: float, candidates: int,
                start_ns: int) -> None:
@@ -100,9 +102,8 @@ class RequestRecord:
             self.policy, self.reason, self.overlap_blocks = policy, reason, overlap
         tracing = self.tracing
         if tracing is not None and self.root is not None:
-            self.children.append(("pick", start_ns, clock_ns(), {
-                "infera.role": role, "infera.policy": policy, "infera.worker": worker, "infera.reason": reason,
-                "infera.overlap_blocks": overlap, "infera.cost": cost, "infera.candidates": candidates}))
+            self.children.append(("pick", start_ns, clock_ns(), _PICK,
+                                  (role, policy, worker, reason, overlap, cost, candidates)))
 
     # ---- legs -------------------------------------------------------------------------------------
 
