@@ -52,14 +52,14 @@ class RequestRecord:
     answering worker's first byte came in (0.0 until then).
     """
 
-    __slots__ = ("children", "done", "error", "failed", "first_byte", "model", "output_tokens", "overlap_blocks",
-                 "policy", "prompt_tokens", "reason", "request_id", "retries", "root", "started", "status",
-                 "trace_id", "tracing", "workers")
+    __slots__ = ("_trace_id", "children", "done", "error", "failed", "first_byte", "model", "output_tokens",
+                 "overlap_blocks", "policy", "prompt_tokens", "reason", "request_id", "retries", "root", "started",
+                 "status", "tracing", "workers")
 
-    def __init__(self, request_id: str, trace_id: str, tracing: Tracing | None = None, root: Span | None = None,
+    def __init__(self, request_id: str, trace_id: str | int, tracing: Tracing | None = None, root: Span | None = None,
                  ) -> None:
         self.request_id = request_id
-        self.trace_id = trace_id  # 32 hex digits, or "" when neither tracing nor the client gave one
+        self._trace_id = trace_id  # as given: an int is written out when read (most requests' never are)
         self.tracing = tracing if root is not None else None
         self.root = root
         self.started = time.perf_counter()
@@ -77,6 +77,14 @@ class RequestRecord:
         self.error = ""
         self.children: list[Span | Stage] = []  # the root's, in start order; handed over when the root ends
         self.done = False  # the root has ended
+
+    @property
+    def trace_id(self) -> str:
+        """32 hex digits, or "" when neither tracing nor the client gave one."""
+        trace_id = self._trace_id
+        if type(trace_id) is int:
+            trace_id = self._trace_id = f"{trace_id:032x}"
+        return trace_id  # type: ignore[return-value]
 
     # ---- spans made after the fact --------------------------------------------------------------
 

@@ -87,6 +87,14 @@ def test_formatters_append_the_ids_only_to_lines_about_a_request() -> None:
                                                   "trace_id": "0af7651916cd43dd8448eb211c80319c"}
 
 
+def test_a_traced_records_trace_id_reads_as_32_hex_digits_leading_zeros_kept() -> None:
+    """A traced request's record keeps its trace id as the int its spans carry; its lines read the hex."""
+    record = RequestRecord("r1", 0xAB)
+    assert record.trace_id == "000000000000000000000000000000ab" == record.trace_id
+    line = orjson.loads(RequestLog("json", io.BytesIO()).line(RequestRecord("r2", (1 << 128) - 1), "/v1/completions"))
+    assert line["trace_id"] == "f" * 32
+
+
 def test_the_text_request_line_is_key_value_pairs() -> None:
     record = RequestRecord("r1", "")
     record.workers, record.status, record.model = ["w1", "w2"], 200, "m"
