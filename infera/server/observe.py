@@ -19,6 +19,7 @@ from infera.telemetry.record import bind, unbind
 from infera.telemetry.tracing import Telemetry
 
 TRACED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
+_WANTED = {b"traceparent": 0, b"tracestate": 1, b"x-request-id": 2}  # the headers read, by slot
 _USAGE = re.compile(rb'"(?:completion_tokens|output_tokens)":\s*(\d+)')
 
 
@@ -26,23 +27,25 @@ class Observe:
     def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
         self.app = app
         self.telemetry = telemetry
+        self._names: dict[tuple[str, str], str] = {}  # (method, path) -> the root span's name
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if scope["type"] != "http" or path not in TRACED:
             await self.app(scope, receive, send)
             return
-        traceparent = tracestate = request_id = None
+        found: list[str | None] = [None, None, None]  # traceparent, tracestate, x-request-id: the first of each
+        wanted = _WANTED.get
         for key, value in scope["headers"]:
-            if key == b"traceparent":
-                traceparent = value.decode("latin-1")
-            elif key == b"x-request-id":
-                request_id = value.decode("latin-1")
-            elif key == b"tracestate":
-                tracestate = value.decode("latin-1")
+            slot = wanted(key)
+            if slot is not None and found[slot] is None:
+                found[slot] = value.decode("latin-1")
         method = scope.get("method", "POST")
-        record = self.telemetry.begin(f"{method} {path}", traceparent, request_id,
-                                      {"http.request.method": method, "url.path": path}, tracestate)
+        name = self._names.get((method, path))
+        if name is None:
+            name = self._names[(method, path)] = f"{method} {path}"  # TRACED paths: a handful of names
+        record = self.telemetry.begin(name, found[0], found[2], {"http.request.method": method, "url.path": path},
+                                      found[1])
         token = bind(record)
         events = 0
 
@@ -50,13 +53,12 @@ class Observe:
             # a plain function handing back send's awaitable: no coroutine of its own per message (a
             # stream's messages went through one each, ~2 µs apiece in a loop, more in a loaded frontend)
             nonlocal events
-            if message["type"] == "http.response.body":
-                body = message.get("body")
-                if body:
-                    if b"_tokens" in body and (found := _USAGE.findall(body)):
-                        record.output_tokens = int(found[-1])
-                    elif record.output_tokens < 0:
-                        events += body.count(b"data: ")
+            body = message.get("body")
+            if body:  # only an http.response.body has one
+                if b"_tokens" in body and (usage := _USAGE.findall(body)):
+                    record.output_tokens = int(usage[-1])
+                elif record.output_tokens < 0:
+                    events += body.count(b"data: ")
             elif message["type"] == "http.response.start":
                 record.status = message["status"]  # x-request-id: RequestIdMiddleware, outside this one
             return send(message)
