@@ -156,7 +156,7 @@ def cpu_between(pid: int, before: dict[int, int], after: dict[int, int]) -> tupl
 
 
 def start_frontends(engines: list[Any], tok: Path, log_dir: Path, collector: Collector,
-                    base: str = "", hash_seed: str = "0") -> dict[str, Any]:
+                    base: str = "", hash_seed: str = "0", generation: int = 0) -> dict[str, Any]:
     from bench.common import PYTHON, Proc, frontend_ready
     from harness import free_port, frontend_argv
 
@@ -169,7 +169,7 @@ def start_frontends(engines: list[Any], tok: Path, log_dir: Path, collector: Col
             argv = [PYTHON, str(Path(__file__).resolve()), "--frontend", *argv[3:]]
         if name.endswith("@base"):
             argv = [PYTHON, str(Path(__file__).resolve()), "--base-frontend", base, *argv[3:]]
-        proc = Proc(name, argv, port, log_dir / f"frontend-{name}.log")
+        proc = Proc(name, argv, port, log_dir / f"frontend-{name}-{generation}.log")
         # one hash seed for all: str hashes (dict and set layouts) differ per process otherwise, and with
         # them a process's CPU per request by a few percent (off-2 / off was 0.978, IQR 0.949-0.990, in a
         # quiet run with random seeds)
@@ -183,7 +183,7 @@ def start_frontends(engines: list[Any], tok: Path, log_dir: Path, collector: Col
     return fronts
 
 
-async def measure(fronts: dict[str, Any], bodies: list[bytes], rounds: int, n: int, conc: int,
+async def measure(fronts: dict[str, Any], bodies: list[bytes], rounds: range, n: int, conc: int,
                   seed: int, together: bool = False) -> list[dict[str, Any]]:
     from bench.common import make_session, run_load
 
@@ -208,7 +208,7 @@ async def measure(fronts: dict[str, Any], bodies: list[bytes], rounds: int, n: i
     async with make_session(conc * (len(fronts) if together else 1)) as session:
         for proc in fronts.values():  # warm-up: tokenizer caches, connection pools
             await run_load(session, [proc.url + "/v1/chat/completions"], bodies, conc, 64, 30)
-        for r in range(rounds):
+        for r in rounds:
             order = list(fronts)
             rng.shuffle(order)
             if together:  # every scenario loaded at once: the box's load drifts for all of them alike
@@ -259,6 +259,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--together", action="store_true",
                         help="load every frontend at once in each round (paired against the same box load)")
+    parser.add_argument("--generations", type=int, default=1, metavar="G",
+                        help="split the rounds over G sets of frontend processes, each started afresh: a process's "
+                             "own bias (memory layout) then varies across rounds like the rest of the noise")
     parser.add_argument("--hash-seed", default="0", metavar="N",
                         help="PYTHONHASHSEED of every frontend ('' = each its own random seed)")
     parser.add_argument("--baseline", default="", metavar="DIR",
@@ -286,14 +289,21 @@ def main() -> int:
                 e.start()
             for e in engines:
                 e.wait_ready("/infera/worker", 60)
-            fronts = start_frontends(engines, tok, log_dir, collector, args.baseline, args.hash_seed)
-            rows = asyncio.run(measure(fronts, bodies, args.rounds, args.requests, args.concurrency, seed=11,
-                                       together=args.together))
+            rows: list[dict[str, Any]] = []
+            generations = max(1, min(args.generations, args.rounds))
+            for g in range(generations):
+                fronts = start_frontends(engines, tok, log_dir, collector, args.baseline, args.hash_seed, g)
+                rounds = range(args.rounds * g // generations, args.rounds * (g + 1) // generations)
+                rows += asyncio.run(measure(fronts, bodies, rounds, args.requests, args.concurrency, seed=11 + g,
+                                            together=args.together))
+                if g + 1 < generations:
+                    stop_all(list(fronts.values()))
         finally:
             stop_all([*fronts.values(), *engines])
         exported = (collector.requests, collector.bytes)
     summary = summarize(rows)
-    print(f"\nrun {started}, {args.rounds} rounds x {args.requests} requests, concurrency {args.concurrency}"
+    print(f"\nrun {started}, {args.rounds} rounds x {args.requests} requests, concurrency {args.concurrency}, "
+          f"{args.generations} generation(s) of frontend processes"
           f"{' (all frontends at once)' if args.together else ''}, "
           f"collector got {exported[0]} export requests ({exported[1] / 1e6:.1f} MB)")
     floor = summary["off-2"]
