@@ -104,6 +104,7 @@ class Encoder:
         self._span_keys: dict[str, _KeyEncodings] = {}
         self._strings: dict[tuple[str, Any], bytes] = {}  # (key, str or tuple of str)
         self._heads: dict[str, tuple[SpanKind, bytes]] = {}  # by name (an enum's hash is Python code)
+        self._events: dict[str, tuple[bytes, bytes]] = {}  # by name: an event's bytes before and after its time
         # by stage shape: its keys' encodings, and its leading strings' encodings by value
         self._shapes: dict[Shape, tuple[int, list[_KeyEncodings], dict[tuple[Any, ...], bytes]]] = {}
         self._resources: dict[int, tuple[Resource, bytes]] = {}
@@ -202,8 +203,13 @@ class Encoder:
             entry = keys.get(key)
             if entry is None:
                 entry = keys[key] = self._key(key)
-            if kind is int and 0 <= value < 0x80 and entry[1]:
-                parts.append(entry[1] + bytes((value,)))
+            if kind is int and 0 <= value < 0x4000 and entry[1]:
+                parts.append(entry[1] + bytes((value,)) if value < 0x80 else
+                             entry[2] + bytes((value & 0x7F | 0x80, value >> 7)))
+            elif kind is float and entry[3]:
+                parts.append(entry[3] + _double(value))
+            elif kind is bool and entry[4]:
+                parts.append(entry[4] + (b"\x01" if value else b"\x00"))
             else:
                 parts.append(self._other(entry, value))
         return b"".join(parts)
@@ -249,8 +255,13 @@ class Encoder:
             value = values[i]
             i += 1
             kind = type(value)
-            if kind is int and 0 <= value < 0x80 and entry[1]:
-                parts.append(entry[1] + bytes((value,)))
+            if kind is int and 0 <= value < 0x4000 and entry[1]:
+                parts.append(entry[1] + bytes((value,)) if value < 0x80 else
+                             entry[2] + bytes((value & 0x7F | 0x80, value >> 7)))
+            elif kind is float and entry[3]:
+                parts.append(entry[3] + _double(value))
+            elif kind is bool and entry[4]:
+                parts.append(entry[4] + (b"\x01" if value else b"\x00"))
             else:
                 parts.append(self._other(entry, value))
         return b"".join(parts)
@@ -283,10 +294,12 @@ class Encoder:
             else:
                 body = self._record(trace, state, child)
             n = len(body)
-            out.append((b"\x12" + bytes((n,)) if n < 0x80 else b"\x12" + _varint(n)) + body)
+            out.append((bytes((0x12, n)) if n < 0x80 else bytes((0x12, n & 0x7F | 0x80, n >> 7)) if n < 0x4000
+                        else b"\x12" + _varint(n)) + body)
         body = self._record(trace, state, root)
         n = len(body)
-        out.append((b"\x12" + bytes((n,)) if n < 0x80 else b"\x12" + _varint(n)) + body)
+        out.append((bytes((0x12, n)) if n < 0x80 else bytes((0x12, n & 0x7F | 0x80, n >> 7)) if n < 0x4000
+                    else b"\x12" + _varint(n)) + body)
         return b"".join(out)
 
     def _record(self, trace: bytes, state: bytes, span: Span) -> bytes:
@@ -299,7 +312,11 @@ class Encoder:
         if span.attributes:
             parts.append(self._span_attributes(span.attributes))
         for name, at in span.events:
-            parts.append(_len(11, b"\x09" + _fixed64(at) + _len(2, name.encode())))
+            event = self._events.get(name)
+            if event is None:  # the Event message's tag and length, the time's tag; then its name field
+                tail = _len(2, name.encode())
+                event = self._events[name] = (_len(11, b"\x09" + bytes(8) + tail)[:-len(tail) - 8], tail)
+            parts += (event[0], _fixed64(at), event[1])
         description = span.description
         parts.append(_UNSET_STATUS if description is None else _len(
             15, (_len(2, description.encode()) if description else b"") + b"\x18\x02"))
