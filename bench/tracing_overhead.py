@@ -24,6 +24,7 @@ change side by side in one run.
 
     nice -n 10 .venv/bin/python bench/tracing_overhead.py --quick   # ~2 min
     nice -n 10 .venv/bin/python bench/tracing_overhead.py           # ~6 min
+    PYTHONPATH=$PWD nice -n 10 .venv/bin/python bench/tracing_overhead.py --in-process --rounds 30 --requests 300
     .venv/bin/python bench/tracing_overhead.py --frontend ...       # (internal: a frontend with a no-op exporter)
     .venv/bin/python bench/tracing_overhead.py --base-frontend DIR ...  # (internal: a frontend from DIR)
 """
@@ -219,6 +220,120 @@ async def measure(fronts: dict[str, Any], bodies: list[bytes], rounds: range, n:
     return rows
 
 
+IN_PROCESS = ("off", "off-2", "log", "dropped", "recorded", "traced", "all")
+
+
+def in_process_app(kind: str) -> tuple[Any, list[Any]]:
+    """The app over a fake transport (2 workers, round-robin; tests/fakes.py) with ``kind``'s telemetry:
+    ``dropped`` tracing on with every trace sampled out (the middleware and the record only),
+    ``recorded`` spans recorded and handed to a processor that drops them (no encoding), ``traced`` the
+    OTLP processor with a client that sends nothing, ``all`` that + the queued JSON request line. Returns
+    the app and what runs its deferred work now (encoding, the request lines)."""
+    import io
+
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, DEFAULT_ON
+
+    from infera.router.router import Router, RouterOptions
+    from infera.server.app import build_app
+    from infera.telemetry.logs import RequestLog
+    from infera.telemetry.otlp import OtlpProcessor
+    from infera.telemetry.spans import Tracing
+    from infera.telemetry.tracing import Telemetry
+    from tests.fakes import FakeFleet, FakeTransport, worker
+
+    class Drop(OtlpProcessor):
+        def on_request(self, *args: Any) -> None:
+            pass
+
+    def otlp(cls: type[OtlpProcessor] = OtlpProcessor) -> OtlpProcessor:
+        return cls(lambda body: True)
+
+    log = RequestLog("json", io.BytesIO(), queued=True) if kind in ("log", "all") else None
+    processor = otlp(Drop if kind == "recorded" else OtlpProcessor) if kind not in ("off", "off-2", "log") else None
+    tracing = Tracing(processor, ALWAYS_OFF if kind == "dropped" else DEFAULT_ON) if processor is not None else None
+    telemetry = Telemetry(tracing, log)
+    later = [x._later.run for x in (log, processor) if x is not None]
+    router = Router(FakeFleet(worker("a"), worker("b")), FakeTransport(text="hello there you"), None, None,
+                    RouterOptions(policy="round-robin"), rng=random.Random(1))
+    return build_app(router, max_body_bytes=1 << 16, strip_patterns=[], telemetry=telemetry), later
+
+
+async def asgi_request(app: Any, body: bytes) -> None:
+    """One POST /v1/chat/completions through the app as raw ASGI calls (no HTTP client)."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("bench", 80),
+             "headers": [(b"host", b"bench"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    done = asyncio.Event()
+    sent = False
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif not message.get("more_body", False):
+            done.set()
+
+    await app(scope, receive, send)
+    done.set()
+    if status != 200:
+        raise RuntimeError(f"in-process request answered {status}")
+
+
+async def in_process(rounds: int, n: int) -> dict[str, list[float]]:
+    """CPU µs per request (this thread's, ``time.thread_time``) of each kind, per round, kinds shuffled in
+    each round; the start-up heap frozen out of the GC as the server does."""
+    import gc
+
+    import orjson
+
+    bodies = [orjson.dumps({"model": "m", "messages": [{"role": "user", "content": f"hello {i}"}],
+                            "max_tokens": 8, "stream": i % 2 == 0}) for i in range(64)]
+    built = {kind: in_process_app(kind) for kind in IN_PROCESS}
+    apps = {kind: app for kind, (app, _) in built.items()}
+    for app in apps.values():
+        for i in range(200):
+            await asgi_request(app, bodies[i % 64])
+    gc.collect()
+    gc.freeze()
+    out: dict[str, list[float]] = {kind: [] for kind in apps}
+    rng = random.Random(5)
+    for _ in range(rounds):
+        order = list(apps)
+        rng.shuffle(order)
+        for kind in order:
+            app = apps[kind]
+            t0 = time.thread_time_ns()
+            for i in range(n):
+                await asgi_request(app, bodies[i % 64])
+            for run in built[kind][1]:  # what the cell left queued (encoding, request lines) is its cost too
+                run()
+            out[kind].append((time.thread_time_ns() - t0) / n / 1000)
+    return out
+
+
+def print_in_process(results: dict[str, list[float]], rounds: int, n: int) -> None:
+    from bench.common import median, percentile
+
+    print(f"in process, {rounds} rounds x {n} requests (raw ASGI over a fake transport, round-robin)")
+    print("| kind | CPU µs/req (median) | minus off, per-round pairs (IQR) |")
+    print("|---|--:|--:|")
+    for kind, values in results.items():
+        pairs = [v - o for v, o in zip(values, results["off"], strict=True)]
+        print(f"| {kind} | {median(values):.1f} | {median(pairs):+.1f} ({percentile(pairs, 25):+.1f}.."
+              f"{percentile(pairs, 75):+.1f}) |")
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     from statistics import fmean as mean
 
@@ -259,6 +374,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--together", action="store_true",
                         help="load every frontend at once in each round (paired against the same box load)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="no processes: the app in this process over a fake transport, CPU per request of "
+                             "each telemetry kind (off, off-2, log, dropped, recorded, traced, all)")
     parser.add_argument("--generations", type=int, default=1, metavar="G",
                         help="split the rounds over G sets of frontend processes, each started afresh: a process's "
                              "own bias (memory layout) then varies across rounds like the rest of the noise")
@@ -272,6 +390,9 @@ def main() -> int:
             SCENARIOS[f"{name}@base"] = SCENARIOS[name]
     if args.quick:
         args.rounds, args.requests = 2, 200
+    if args.in_process:
+        print_in_process(asyncio.run(in_process(args.rounds, args.requests)), args.rounds, args.requests)
+        return 0
 
     import tempfile
 
