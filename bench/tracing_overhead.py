@@ -25,7 +25,7 @@ change side by side in one run.
     nice -n 10 .venv/bin/python bench/tracing_overhead.py --quick   # ~2 min
     nice -n 10 .venv/bin/python bench/tracing_overhead.py           # ~6 min
     PYTHONPATH=$PWD nice -n 10 .venv/bin/python bench/tracing_overhead.py --in-process --rounds 30 --requests 300
-    .venv/bin/python bench/tracing_overhead.py --frontend ...       # (internal: a frontend with a no-op exporter)
+    .venv/bin/python bench/tracing_overhead.py --frontend[-noop] ... # (internal: a frontend [with a no-op exporter])
     .venv/bin/python bench/tracing_overhead.py --base-frontend DIR ...  # (internal: a frontend from DIR)
 """
 
@@ -72,9 +72,12 @@ def base_frontend(base: str, argv: Sequence[str]) -> int:
     return main(argv)
 
 
-def noop_frontend(argv: Sequence[str]) -> int:
-    """``python -m infera.server`` whose ``otlp`` exporter takes every batch and sends nothing (spans are
-    recorded and encoded as with OTLP; no HTTP)."""
+def wrapped_frontend(argv: Sequence[str], noop: bool) -> int:
+    """``python -m infera.server``, started the same way for every scenario (how a process starts, what
+    it imports and in which order, moves its CPU per request by a point or two for the rest of its life:
+    ``traced`` alone started through this script read ~1-1.5 points under ``otlp``); with ``noop``, its
+    ``otlp`` exporter takes every batch and sends nothing (spans are recorded and encoded as with OTLP;
+    no HTTP)."""
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -95,7 +98,8 @@ def noop_frontend(argv: Sequence[str]) -> int:
             return SpanExportResult.SUCCESS
 
     real = setup.exporter_for
-    setup.exporter_for = lambda name, out=None: Noop() if name == "otlp" else real(name, out)  # type: ignore[assignment]
+    if noop:
+        setup.exporter_for = lambda name, out=None: Noop() if name == "otlp" else real(name, out)  # type: ignore[assignment]
     return main(argv)
 
 
@@ -166,10 +170,10 @@ def start_frontends(engines: list[Any], tok: Path, log_dir: Path, collector: Col
         port = free_port()
         argv = frontend_argv(port, [e.url for e in engines], tokenizer=tok, policy="kv-aware", python=PYTHON,
                              args=("--log-level", "warning", *flags))
-        if noop:
-            argv = [PYTHON, str(Path(__file__).resolve()), "--frontend", *argv[3:]]
+        server_args = argv[3:]  # after "python -m infera.server"
+        argv = [PYTHON, str(Path(__file__).resolve()), "--frontend-noop" if noop else "--frontend", *server_args]
         if name.endswith("@base"):
-            argv = [PYTHON, str(Path(__file__).resolve()), "--base-frontend", base, *argv[3:]]
+            argv = [PYTHON, str(Path(__file__).resolve()), "--base-frontend", base, *server_args]
         proc = Proc(name, argv, port, log_dir / f"frontend-{name}-{generation}.log")
         # one hash seed for all: str hashes (dict and set layouts) differ per process otherwise, and with
         # them a process's CPU per request by a few percent (off-2 / off was 0.978, IQR 0.949-0.990, in a
@@ -363,8 +367,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--frontend":
-        return noop_frontend(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] in ("--frontend", "--frontend-noop"):
+        return wrapped_frontend(sys.argv[2:], noop=sys.argv[1] == "--frontend-noop")
     if len(sys.argv) > 2 and sys.argv[1] == "--base-frontend":
         return base_frontend(sys.argv[2], sys.argv[3:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
