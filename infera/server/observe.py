@@ -21,6 +21,8 @@ from infera.telemetry.record import bind, unbind
 from infera.telemetry.tracing import Telemetry
 
 TRACED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
+_WANTED = {b"traceparent": 0, b"tracestate": 1, b"x-request-id": 2}  # the headers read, by slot
+_NAMES: dict[tuple[str, str], str] = {}  # (method, path) -> the root span's name; TRACED paths: a handful
 _USAGE = re.compile(rb'"(?:completion_tokens|output_tokens)":\s*(\d+)')
 
 
@@ -32,25 +34,27 @@ class Observation:
 
     def __init__(self, telemetry: Telemetry, scope: Scope) -> None:
         path = scope["path"]
-        traceparent = tracestate = request_id = None
+        found: list[str | None] = [None, None, None]  # traceparent, tracestate, x-request-id: the first of each
+        wanted = _WANTED.get
         for key, value in scope["headers"]:
-            if key == b"traceparent":
-                traceparent = value.decode("latin-1")
-            elif key == b"x-request-id":
-                request_id = value.decode("latin-1")
-            elif key == b"tracestate":
-                tracestate = value.decode("latin-1")
+            slot = wanted(key)
+            if slot is not None and found[slot] is None:
+                found[slot] = value.decode("latin-1")
         method = scope.get("method", "POST")
+        name = _NAMES.get((method, path))
+        if name is None:
+            name = _NAMES[(method, path)] = f"{method} {path}"
         self.telemetry = telemetry
         self.path = path
-        self.record = record = telemetry.begin(f"{method} {path}", traceparent, request_id,
-                                               {"http.request.method": method, "url.path": path}, tracestate)
+        self.record = record = telemetry.begin(name, found[0], found[2],
+                                               {"http.request.method": method, "url.path": path}, found[1])
         self._token: Any = bind(record)
         self.events = 0
 
     def see(self, message: Message) -> None:
-        if message["type"] == "http.response.body":
-            self.body(message.get("body"))
+        body = message.get("body")
+        if body:  # only an http.response.body has one
+            self.body(body)
         elif message["type"] == "http.response.start":
             self.record.status = message["status"]  # x-request-id: RequestIdMiddleware, outside this one
 
