@@ -73,6 +73,16 @@ def _variants() -> None:
             POLICIES[f"kv-aware-f{fl[0]}s{gate:g}"] = type(f"KvTtft_f{fl[0]}s{gate:g}", (KvTtftPolicy,),
                                                            {"stay_floor": fl, "stay_margin": 0, "stay_fair": gate})
 
+    # the fifth round: the occupancy weight rises with the share of the fleet that has prefill queued
+    # (kv-aware-ob0.5 = kv-aware-busy)
+    for b in (0.5, 0.75, 1.0, 1.5, 2.0):
+        POLICIES[f"kv-aware-ob{b:g}"] = type(f"KvTtft_ob{b:g}", (KvTtftPolicy,), {"busy_occupancy": b})
+        POLICIES[f"kv-aware-ob{b:g}-p"] = type(f"KvTtft_ob{b:g}_p", (KvTtftPolicy,),
+                                               {"busy_occupancy": b, "progress": True})
+        for e in (0.75, 1.0):
+            POLICIES[f"kv-aware-ob{b:g}-e{e:g}"] = type(f"KvTtft_ob{b:g}_e{e:g}", (KvTtftPolicy,),
+                                                        {"busy_occupancy": b, "eviction_weight": e})
+
     def stall_batch(self: KvTtftPolicy, queued: float, own: float, decoding: int) -> float:
         """Alternative stall term: this request's prefill stalls each request decoding on the worker."""
         return self.stall_weight * self._weight * decoding * prefill_ms(own)

@@ -2,7 +2,8 @@
 
 The index is measured side by side with the one of main 2d3553e ("old": ``bench/index_v2.py``, its
 decoder and block hashing frozen with it) and the one of main 7f6bc8d ("main": ``bench/index_v3.py``, the
-third round's C loops), in the same run.
+third round's C loops) and of main 846da7f ("main4": ``bench/index_v4.py``, the tables as Python dicts before
+the fifth round moved them into C), in the same run.
 
   ingest   block events/s (one per stored or removed block) through ``PrefixIndex.apply``, and through
            ``decode_batch`` + ``apply`` from msgpack frames (``encode_batch``), for 16 workers whose
@@ -24,7 +25,7 @@ third round's C loops), in the same run.
   tokenize chat template render + tokenize + block hashes per prompt size (1k/8k/32k tokens).
 
     .venv/bin/python bench/index_bench.py [--quick] [--only ingest,query,memory,tokenize] [--workers 16,128,1024]
-                                          [--impls old,main,new,pure]
+                                          [--impls old,main,main4,new,pure]
 """
 
 from __future__ import annotations
@@ -47,17 +48,17 @@ WORKERS = (16, 128, 1024)
 PROMPT_TOKENS = (1024, 8192, 32768)
 
 
-IMPLS = ("old", "main", "new", "pure")
+IMPLS = ("old", "main", "main4", "new", "pure")
 _selected = list(IMPLS)  # which of them run (--impls)
 
 
 def _impls() -> dict[str, tuple[Any, Any]]:
     """name -> (index factory, decode function); old = main 2d3553e (bench/index_v2.py), main = main 7f6bc8d
-    (bench/index_v3.py), new = this tree as it runs (its C loops if built: infera.kv.native), pure = this tree
-    with ``native=False`` (when C is built)."""
+    (bench/index_v3.py), main4 = main 846da7f (bench/index_v4.py: the tables as dicts), new = this tree as it runs
+    (its C loops and tables if built: infera.kv.native), pure = this tree with ``native=False`` (when C is built)."""
     from functools import partial
 
-    from bench import index_v2, index_v3
+    from bench import index_v2, index_v3, index_v4
     from infera.kv.index import PrefixIndex
     from infera.kv.native import load
     from infera.protocols.kv_events import decode_batch
@@ -67,6 +68,7 @@ def _impls() -> dict[str, tuple[Any, Any]]:
     if load() is not None:
         # main 7f6bc8d's decoder is bench/index_v2's (token ids as int lists); this tree's gives packed bytes
         impls["main"] = (index_v3.PrefixIndex, index_v2.decode_batch)
+        impls["main4"] = (index_v4.PrefixIndex, decode_batch)  # main 846da7f: this tree's decoder, dict tables
         impls["pure"] = (partial(PrefixIndex, native=False), decode_batch)
     return {name: impls[name] for name in _selected if name in impls}
 
@@ -308,7 +310,7 @@ def print_report(res: dict[str, Any]) -> None:
         print(f"KV-event ingest ({ing['workers']} workers, caches full, {ing['batches']} batches, "
               f"{ing['stored_blocks_per_batch']:.0f} block events/batch), CPU time, M block events/s:")
         rates = ing["events_per_s"]
-        names = [k for k in ("old", "main", "pure", "new") if k in rates]
+        names = [k for k in ("old", "main", "main4", "pure", "new") if k in rates]
         print(f"{'path':<14}" + "".join(f"{k:>8}" for k in names) + "".join(f"{'new/' + k:>10}" for k in names[:-1]))
         for mode in ("apply", "decode+apply", "decode"):
             print(f"{mode:<14}" + "".join(f"{rates[k][mode] / 1e6:>8.2f}" for k in names)
@@ -332,30 +334,32 @@ def print_report(res: dict[str, Any]) -> None:
             old_cpu = f"{o['cpu_p50_us']:>12.1f}{o['cpu_p99_us']:>12.1f}" if o else f"{'':>24}"
             print(f"{r['spread']:<12}{r['workers']:>8}{r['prompt_tokens']:>11}{olds}{r['p50_us']:>10.1f}"
                   f"{r['p99_us']:>10.1f}{old_cpu}{r['cpu_p50_us']:>12.1f}{r['cpu_p99_us']:>12.1f}{r['holders']:>8}")
-    if "query" in res and any(r["impl"] == "main" for r in res["query"]):
-        main = {(r["spread"], r["workers"], r["prompt_tokens"]): r for r in res["query"] if r["impl"] == "main"}
-        print("\noverlap query, main (7f6bc8d) and new, CPU µs (churn apply: the +churn event's apply, CPU µs):")
-        print(f"{'spread':<12}{'workers':>8}{'prompt tok':>11}{'main p50':>10}{'main p99':>10}{'new p50':>10}"
-              f"{'new p99':>10}{'new/main p99':>13}{'main apply':>11}{'new apply':>10}")
+    for base, label in (("main", "main (7f6bc8d)"), ("main4", "main4 (846da7f)")):
+        if "query" not in res or not any(r["impl"] == base for r in res["query"]):
+            continue
+        main = {(r["spread"], r["workers"], r["prompt_tokens"]): r for r in res["query"] if r["impl"] == base}
+        print(f"\noverlap query, {label} and new, CPU µs (churn apply: the +churn event's apply, CPU µs):")
+        print(f"{'spread':<12}{'workers':>8}{'prompt tok':>11}{base + ' p50':>11}{base + ' p99':>11}{'new p50':>10}"
+              f"{'new p99':>10}{'new/' + base + ' p99':>14}{base + ' apply':>12}{'new apply':>10}")
         for r in (r for r in res["query"] if r["impl"] == "new"):
             m = main.get((r["spread"], r["workers"], r["prompt_tokens"]))
             if m is None:
                 continue
-            apply = (f"{m['churn_apply_cpu_p50_us']:>11.1f}{r['churn_apply_cpu_p50_us']:>10.1f}"
+            apply = (f"{m['churn_apply_cpu_p50_us']:>12.1f}{r['churn_apply_cpu_p50_us']:>10.1f}"
                      if "churn_apply_cpu_p50_us" in r else "")
-            print(f"{r['spread']:<12}{r['workers']:>8}{r['prompt_tokens']:>11}{m['cpu_p50_us']:>10.1f}"
-                  f"{m['cpu_p99_us']:>10.1f}{r['cpu_p50_us']:>10.1f}{r['cpu_p99_us']:>10.1f}"
-                  f"{r['cpu_p99_us'] / m['cpu_p99_us']:>12.2f}x{apply}")
+            print(f"{r['spread']:<12}{r['workers']:>8}{r['prompt_tokens']:>11}{m['cpu_p50_us']:>11.1f}"
+                  f"{m['cpu_p99_us']:>11.1f}{r['cpu_p50_us']:>10.1f}{r['cpu_p99_us']:>10.1f}"
+                  f"{r['cpu_p99_us'] / m['cpu_p99_us']:>13.2f}x{apply}")
     if "mixed" in res:
         print("\ningest with a query between batches: apply CPU ns per block event, query CPU µs (median of rounds):")
-        print(f"{'impl':<6}{'workers':>8}{'apply ns/ev':>12}{'query p50':>10}{'query p99':>10}")
+        print(f"{'impl':<7}{'workers':>8}{'apply ns/ev':>12}{'query p50':>10}{'query p99':>10}")
         for r in res["mixed"]:
-            print(f"{r['impl']:<6}{r['workers']:>8}{r['apply_ns_per_event']:>12.0f}{r['query_p50']:>10.1f}"
+            print(f"{r['impl']:<7}{r['workers']:>8}{r['apply_ns_per_event']:>12.0f}{r['query_p50']:>10.1f}"
                   f"{r['query_p99']:>10.1f}")
     if "memory" in res:
         print("\nmemory per indexed block (tracemalloc, retained):")
         for r in res["memory"]:
-            print(f"  {r['impl']:<4}{r['blocks']:>9} blocks {r['bytes'] / 2**20:>8.1f} MiB "
+            print(f"  {r['impl']:<6}{r['blocks']:>9} blocks {r['bytes'] / 2**20:>8.1f} MiB "
                   f"{r['bytes_per_block']:>6.0f} B/block")
     if "tokenize" in res:
         print(f"\nrender + tokenize + hash, CPU µs per prompt (cold tokenizer cache):\n{'prompt tok':>11}{'render':>9}"

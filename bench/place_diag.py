@@ -29,22 +29,30 @@ from infera.sim import workloads
 from infera.sim.engine import EngineConfig
 from infera.sim.fleet import FleetConfig, Simulation
 from infera.sim.metrics import summarize
+from infera.sim.trace import load_mooncake
 
 TERMS = ("prefill", "batch", "memory", "horizon", "eviction", "stall", "occupancy", "duplication")
 
 
 def diagnosed(base: type[KvTtftPolicy], log: list[dict[str, Any]]) -> type[KvTtftPolicy]:
+    seen: set[int] = set()  # every prompt block any earlier decision routed: an infinite cache's view
+
     class Diagnosed(base):  # type: ignore[valid-type,misc]
         def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
             scores: Scores = super().score(ctx, candidates)
             overlaps = scores.overlap_blocks or [0] * len(candidates)
+            hashes = ctx.hashes(candidates[0].worker.kv_block_size)
+            ever = next((i for i, h in enumerate(hashes) if h not in seen), len(hashes))
+            seen.update(hashes)
             low = min(scores.costs)
             chosen = min((i for i, c in enumerate(scores.costs) if c - low <= 1e-9),
                          key=lambda i: (candidates[i].in_flight, i))
             holder = max(range(len(candidates)), key=lambda i: (overlaps[i], -scores.costs[i]))
             size = candidates[0].worker.kv_block_size
             row: dict[str, Any] = {"reason": scores.reason, "blocks": ctx.prompt_tokens // size,
-                                   "lost": overlaps[holder] - overlaps[chosen]}
+                                   "lost": overlaps[holder] - overlaps[chosen], "ever": ever,
+                                   "best": overlaps[holder], "got": overlaps[chosen],
+                                   "holders": sum(1 for o in overlaps if o > 0)}
             if row["lost"] > 0:
                 a = self.terms(ctx, candidates[holder], overlaps[holder])
                 b = self.terms(ctx, candidates[chosen], overlaps[chosen])
@@ -70,12 +78,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=0,
                     help="cut every output to this many tokens (the live bench runs 32), as bench/cost_sweep.py")
     ap.add_argument("--seed", type=int, default=0, help="workload seed")
+    ap.add_argument("--trace", default="", help="a Mooncake trace instead of the workloads (as bench/cost_sweep.py)")
+    ap.add_argument("--scale", type=int, default=8, help="trace: divide lengths and the 512-token block by this")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--limit", type=int, default=0, help="trace: first N requests only")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival times by this")
     ap.add_argument("--live", action="store_true",
                     help="the live bench's own requests (bench/oracle_ttft.py: its prompts, arrivals and KV blocks"
                          " per engine; --kv-blocks and --quick are then ignored)")
     args = ap.parse_args(argv)
-    engine = EngineConfig(num_blocks=args.kv_blocks, block_size=16, timing=StepTimeModel())
-    if args.live:
+    engine = EngineConfig(num_blocks=args.kv_blocks, block_size=args.block_size, timing=StepTimeModel())
+    if args.trace:
+        runs = [(load_mooncake(args.trace, args.scale, args.time_scale, args.limit, args.seed), engine)]
+    elif args.live:
         from bench.oracle_ttft import live_workloads
 
         runs = [(w, EngineConfig(num_blocks=b, block_size=16, timing=StepTimeModel()))
@@ -106,6 +121,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  deciding term (holder minus chosen, largest): {dict(why)}")
         print("  mean difference ms: " + ", ".join(f"{t} {v:+.1f}" for t, v in mean.items()))
         print(f"  mean queued prefill tokens holder/chosen {qh:.0f}/{qc:.0f}, decoding {dh:.1f}/{dc:.1f}")
+        ever = sum(r["ever"] for r in log)
+        best = sum(r["best"] for r in log)
+        got = sum(r["got"] for r in log)
+        print(f"  prompt blocks {blocks}: seen before (infinite cache) {ever} ({ever / max(blocks, 1):.1%}), on some"
+              f" worker at decision time {best} ({best / max(blocks, 1):.1%}), on the chosen one {got}"
+              f" ({got / max(blocks, 1):.1%}); lost to eviction/never cached {ever - best}, to moves {best - got}")
+        hold = Counter(min(r["holders"], 9) for r in log if r["ever"] > 0)
+        print(f"  workers holding some prefix of a request seen before (9 = 9+): {dict(sorted(hold.items()))}")
 
 
 if __name__ == "__main__":

@@ -78,6 +78,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=600, help="measured requests per cell")
     ap.add_argument("--policy", default="round-robin", help="both frontends' --router-policy (kv-aware: with the "
                     "prompt stage, the index and the mocks' KV events)")
+    ap.add_argument("--ref-ext", default=None, help="a directory holding the ref's built C extension "
+                    "(e.g. /work/main/infera/kv), for a ref whose csrc/ differs from this tree's")
     args = ap.parse_args()
     tok = default_tokenizer_dir()
     log_dir = Path(tempfile.mkdtemp(prefix="infera-bench-relay-ab-"))
@@ -89,7 +91,9 @@ def main() -> None:
     # the index's C extension is built in place, untracked: give the ref's tree this tree's build when the
     # ref's C source is the same (else the ref would run the index's pure-Python path)
     same_c = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", args.ref, "--", "csrc"]).returncode == 0
-    for ext in (REPO / "infera" / "kv").glob("_native*.so") if same_c else ():
+    # --ref-ext: the ref's own build
+    ext_dir = Path(args.ref_ext) if args.ref_ext else (REPO / "infera" / "kv" if same_c else None)
+    for ext in ext_dir.glob("_native*.so") if ext_dir is not None else ():
         shutil.copy(ext, base / "infera" / "kv" / ext.name)
     bodies = {s: [chat_body(i, MODEL, s, 64 if s else 8) for i in range(400)] for s in (False, True)}
     engines = [mock_engine(f"engine-{i}", tok, MODEL, log_dir) for i in range(2)]

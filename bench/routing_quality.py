@@ -51,7 +51,8 @@ ROUTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "infera kv w=4": ("infera", "kv-aware", ("--kv-overlap-weight", "4")),
     "infera kv-blocks": ("infera", "kv-aware-blocks", ()),
     "infera kv-eviction": ("infera", "kv-aware-eviction", ()),
-    "infera kv-occupancy": ("infera", "kv-aware-occupancy", ())}
+    "infera kv-occupancy": ("infera", "kv-aware-occupancy", ()),
+    "infera kv-busy": ("infera", "kv-aware-busy", ())}
 DEFAULT_ROUTERS = ("round-robin", "infera kv-aware", "sglang cache_aware", "vllm cache_aware")
 FIT = 0.7  # share of the hot working set one engine's KV cache holds
 

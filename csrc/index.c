@@ -1,7 +1,8 @@
 /* infera.kv._native: the prefix index's per-block loops in C (block hashes, stores, removals, the walk).
  *
  * Each function does exactly what the pure-Python code it stands in for does (infera/kv/hashing.py,
- * infera/kv/index.py, infera/kv/bitmasks.py), on the same dicts, for the common case; where a block
+ * infera/kv/index.py, infera/kv/bitmasks.py), on the same tables (dicts, or for the index's two big tables the
+ * U64Map below, which the C path's PrefixIndex uses instead of dicts), for the common case; where a block
  * needs the rarer side tables' logic it stops and says where, and Python carries on from there.
  * tests/kv/test_native.py checks both paths against each other on random streams.
  */
@@ -32,6 +33,603 @@ static PyObject *dict_pop(PyObject *d, PyObject *k) {
 #else
 #define dict_pop(d, k) _PyDict_Pop((d), (k), Py_None)
 #endif
+
+/* ---- U64Map: an insertion-ordered hash table keyed by 64-bit ints ------------------------------------ */
+
+/* The index's big tables (a worker's engine hash -> router hash, the index's router hash -> mask of
+ * holders) as open addressing over u64 keys: a lookup reads one slot (key and value inline) instead of a
+ * dict's index, entry and key int. Linear probing with backward-shift deletion (no tombstones); the slots are also a doubly linked
+ * list in insertion order, so that iteration gives the order a dict would (cache_view, the tests' state
+ * comparisons). Values are ints stored as u64 (``U64Map(False)``: the engine-hash table, no int object
+ * per block) or any object (``U64Map(True)``: the masks). Keys are ints in [0, 2**64); looking up any
+ * other key finds nothing, storing one raises (OverflowError or TypeError), as the router's hashes and
+ * the decoder's engine hashes never are. The Python side is the part of the dict API the index uses. */
+
+#define SLOT_EMPTY (-3)
+#define SLOT_NONE (-1)
+
+typedef struct {
+    uint64_t key;
+    uint64_t val;  /* the int, or a PyObject * (a strong reference) */
+    int32_t prev;  /* SLOT_EMPTY, else the previous slot in insertion order or SLOT_NONE */
+    int32_t next;
+} MapSlot;
+
+typedef struct {
+    PyObject_HEAD
+    MapSlot *slots;
+    Py_ssize_t cap;   /* a power of two, or 0 */
+    Py_ssize_t used;  /* live entries */
+    int32_t head, tail;
+    int shift;        /* 64 - log2(cap) */
+    int objvals;
+    uint64_t version; /* bumped on every insertion or removal (iterators check it) */
+} U64Map;
+
+static PyTypeObject U64MapType;
+
+#define IS_MAP(o) Py_IS_TYPE((o), &U64MapType)
+
+/* The u64 of ``k``: 1, or 0 when it is not an int in [0, 2**64) (no exception set). -1 on other errors. */
+static inline int map_key(PyObject *k, uint64_t *out) {
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyLong_CheckExact(k)) {
+        Py_ssize_t size = Py_SIZE(k);
+        const digit *d = ((PyLongObject *)k)->ob_digit;
+        if (size == 0) { *out = 0; return 1; }
+        if (size == 1) { *out = d[0]; return 1; }
+        if (size == 2) { *out = (uint64_t)d[0] | ((uint64_t)d[1] << PyLong_SHIFT); return 1; }
+        if (size == 3 && PyLong_SHIFT == 30 && d[2] < 16) {
+            *out = (uint64_t)d[0] | ((uint64_t)d[1] << 30) | ((uint64_t)d[2] << 60);
+            return 1;
+        }
+        if (size < 0 || size > 3) return 0;
+    }
+#endif
+    if (!PyLong_Check(k)) return 0;
+    unsigned long long v = PyLong_AsUnsignedLongLong(k);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* map_key, raising for a key that cannot be stored */
+static int map_key_strict(PyObject *k, uint64_t *out) {
+    int r = map_key(k, out);
+    if (r == 0) {
+        if (PyLong_Check(k)) PyErr_SetString(PyExc_OverflowError, "U64Map keys are ints in [0, 2**64)");
+        else PyErr_Format(PyExc_TypeError, "U64Map keys are ints, not %.100s", Py_TYPE(k)->tp_name);
+        return -1;
+    }
+    return r < 0 ? -1 : 0;
+}
+
+static inline Py_ssize_t map_home(const U64Map *m, uint64_t key) {
+    return (Py_ssize_t)((key * 0x9E3779B97F4A7C15ull) >> m->shift);
+}
+
+static inline Py_ssize_t map_find(const U64Map *m, uint64_t key) {
+    if (m->cap == 0) return -1;
+    Py_ssize_t mask = m->cap - 1, i = map_home(m, key);
+    for (;;) {
+        const MapSlot *s = &m->slots[i];
+        if (s->prev == SLOT_EMPTY) return -1;
+        if (s->key == key) return i;
+        i = (i + 1) & mask;
+    }
+}
+
+/* a new reference to slot i's value as an object */
+static inline PyObject *map_value(const U64Map *m, Py_ssize_t i) {
+    if (m->objvals) {
+        PyObject *v = (PyObject *)(uintptr_t)m->slots[i].val;
+        Py_INCREF(v);
+        return v;
+    }
+    return PyLong_FromUnsignedLongLong(m->slots[i].val);
+}
+
+static int map_resize(U64Map *m, Py_ssize_t want) {
+    Py_ssize_t cap = 8;
+    while (cap * 7 < want * 10) cap <<= 1;  /* load at most 0.7 */
+    if (cap > ((Py_ssize_t)1 << 30)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    MapSlot *slots = PyMem_Malloc((size_t)cap * sizeof(MapSlot));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < cap; i++) slots[i].prev = SLOT_EMPTY;
+    int shift = 64;
+    for (Py_ssize_t c = cap; c > 1; c >>= 1) shift--;
+    int32_t head = SLOT_NONE, tail = SLOT_NONE;
+    for (int32_t j = m->head; j != SLOT_NONE; j = m->slots[j].next) {
+        uint64_t key = m->slots[j].key;
+        Py_ssize_t i = (Py_ssize_t)((key * 0x9E3779B97F4A7C15ull) >> shift);
+        while (slots[i].prev != SLOT_EMPTY) i = (i + 1) & (cap - 1);
+        slots[i].key = key;
+        slots[i].val = m->slots[j].val;
+        slots[i].prev = tail;
+        slots[i].next = SLOT_NONE;
+        if (tail == SLOT_NONE) head = (int32_t)i;
+        else slots[tail].next = (int32_t)i;
+        tail = (int32_t)i;
+    }
+    PyMem_Free(m->slots);
+    m->slots = slots;
+    m->cap = cap;
+    m->shift = shift;
+    m->head = head;
+    m->tail = tail;
+    return 0;
+}
+
+/* The slot of ``key``, inserted (value unset: *added = 1) if absent; -1 on error. */
+static Py_ssize_t map_slot(U64Map *m, uint64_t key, int *added) {
+    Py_ssize_t i = map_find(m, key);
+    if (i >= 0) {
+        *added = 0;
+        return i;
+    }
+    if ((m->used + 1) * 10 > m->cap * 7 && map_resize(m, 2 * (m->used + 1)) < 0) return -1;
+    Py_ssize_t mask = m->cap - 1;
+    i = map_home(m, key);
+    while (m->slots[i].prev != SLOT_EMPTY) i = (i + 1) & mask;
+    MapSlot *s = &m->slots[i];
+    s->key = key;
+    s->val = 0;
+    s->prev = m->tail;
+    s->next = SLOT_NONE;
+    if (m->tail == SLOT_NONE) m->head = (int32_t)i;
+    else m->slots[m->tail].next = (int32_t)i;
+    m->tail = (int32_t)i;
+    m->used++;
+    m->version++;
+    *added = 1;
+    return i;
+}
+
+/* Unlink slot i (its value is the caller's) and close the gap (backward-shift deletion: no tombstones),
+ * relinking the entries that move */
+static void map_unlink(U64Map *m, Py_ssize_t i) {
+    MapSlot *s = &m->slots[i];
+    if (s->prev == SLOT_NONE) m->head = s->next;
+    else m->slots[s->prev].next = s->next;
+    if (s->next == SLOT_NONE) m->tail = s->prev;
+    else m->slots[s->next].prev = s->prev;
+    s->prev = SLOT_EMPTY;
+    m->used--;
+    m->version++;
+    Py_ssize_t mask = m->cap - 1, j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        MapSlot *t = &m->slots[j];
+        if (t->prev == SLOT_EMPTY) return;
+        Py_ssize_t home = map_home(m, t->key);
+        if (((j - home) & mask) < ((j - i) & mask)) continue;  /* its probe does not pass the gap */
+        m->slots[i] = *t;
+        if (t->prev == SLOT_NONE) m->head = (int32_t)i;
+        else m->slots[t->prev].next = (int32_t)i;
+        if (t->next == SLOT_NONE) m->tail = (int32_t)i;
+        else m->slots[t->next].prev = (int32_t)i;
+        t->prev = SLOT_EMPTY;
+        i = j;
+    }
+}
+
+/* Store ``v`` at slot i (a new slot or an existing one); -1 if ``v`` cannot be stored */
+static int map_put(U64Map *m, Py_ssize_t i, PyObject *v, int added) {
+    if (m->objvals) {
+        Py_INCREF(v);
+        PyObject *old = added ? NULL : (PyObject *)(uintptr_t)m->slots[i].val;
+        m->slots[i].val = (uint64_t)(uintptr_t)v;
+        Py_XDECREF(old);
+        return 0;
+    }
+    uint64_t u;
+    int r = map_key(v, &u);
+    if (r <= 0) {
+        if (r == 0) PyErr_SetString(PyExc_OverflowError, "U64Map(False) values are ints in [0, 2**64)");
+        if (added) map_unlink(m, i);
+        return -1;
+    }
+    m->slots[i].val = u;
+    return 0;
+}
+
+static int map_set(PyObject *self, PyObject *k, PyObject *v) {
+    U64Map *m = (U64Map *)self;
+    uint64_t key;
+    int added;
+    if (map_key_strict(k, &key) < 0) return -1;
+    Py_ssize_t i = map_slot(m, key, &added);
+    if (i < 0) return -1;
+    return map_put(m, i, v, added);
+}
+
+/* remove ``k``: its value (a new reference), or NULL with no error if absent */
+static PyObject *map_take(PyObject *self, PyObject *k) {
+    U64Map *m = (U64Map *)self;
+    uint64_t key;
+    int r = map_key(k, &key);
+    if (r <= 0) return NULL;
+    Py_ssize_t i = map_find(m, key);
+    if (i < 0) return NULL;
+    PyObject *v;
+    if (m->objvals) {
+        v = (PyObject *)(uintptr_t)m->slots[i].val;  /* the map's reference becomes the caller's */
+    } else {
+        v = PyLong_FromUnsignedLongLong(m->slots[i].val);
+        if (v == NULL) return NULL;
+    }
+    map_unlink(m, i);
+    return v;
+}
+
+static void map_clear_all(U64Map *m) {
+    MapSlot *slots = m->slots;
+    int32_t j = m->head;
+    int objvals = m->objvals;
+    m->slots = NULL;
+    m->cap = m->used = 0;
+    m->head = m->tail = SLOT_NONE;
+    m->version++;
+    if (objvals) {
+        for (; j != SLOT_NONE; j = slots[j].next) Py_DECREF((PyObject *)(uintptr_t)slots[j].val);
+    }
+    PyMem_Free(slots);
+}
+
+/* ---- the generic table access the C loops use (a dict or a U64Map) ---- */
+
+/* d[k] as a borrowed reference (U64Map(True) or dict), NULL without error if absent */
+static inline PyObject *tab_get(PyObject *d, PyObject *k) {
+    if (IS_MAP(d)) {
+        U64Map *m = (U64Map *)d;
+        uint64_t key;
+        int r = map_key(k, &key);
+        if (r <= 0) return NULL;
+        Py_ssize_t i = map_find(m, key);
+        return i < 0 ? NULL : (PyObject *)(uintptr_t)m->slots[i].val;
+    }
+    return PyDict_GetItemWithError(d, k);
+}
+
+/* d.get(k) as a new reference (any table), NULL without error if absent */
+static inline PyObject *tab_get_new(PyObject *d, PyObject *k) {
+    if (IS_MAP(d)) {
+        U64Map *m = (U64Map *)d;
+        uint64_t key;
+        int r = map_key(k, &key);
+        if (r <= 0) return NULL;
+        Py_ssize_t i = map_find(m, key);
+        return i < 0 ? NULL : map_value(m, i);
+    }
+    PyObject *v = PyDict_GetItemWithError(d, k);
+    Py_XINCREF(v);
+    return v;
+}
+
+static inline Py_ssize_t tab_size(PyObject *d) {
+    return IS_MAP(d) ? ((U64Map *)d)->used : PyDict_GET_SIZE(d);
+}
+
+static inline int tab_set(PyObject *d, PyObject *k, PyObject *v) {
+    return IS_MAP(d) ? map_set(d, k, v) : PyDict_SetItem(d, k, v);
+}
+
+/* del d[k]; KeyError if absent */
+static inline int tab_del(PyObject *d, PyObject *k) {
+    if (IS_MAP(d)) {
+        PyObject *v = map_take(d, k);
+        if (v == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, k);
+            return -1;
+        }
+        Py_DECREF(v);
+        return 0;
+    }
+    return PyDict_DelItem(d, k);
+}
+
+/* d.pop(k, None) as a new reference */
+static inline PyObject *tab_pop(PyObject *d, PyObject *k) {
+    if (IS_MAP(d)) {
+        PyObject *v = map_take(d, k);
+        if (v == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
+        return v;
+    }
+    return dict_pop(d, k);
+}
+
+/* d.setdefault(k, v) as a borrowed reference for U64Map(True) and dicts; *added: it was absent.
+ * For U64Map(False) the result is only good as non-NULL (success). */
+static inline PyObject *tab_setdefault(PyObject *d, PyObject *k, PyObject *v, int *added) {
+    if (IS_MAP(d)) {
+        U64Map *m = (U64Map *)d;
+        uint64_t key;
+        if (map_key_strict(k, &key) < 0) return NULL;
+        Py_ssize_t i = map_slot(m, key, added);
+        if (i < 0) return NULL;
+        if (*added) {
+            if (map_put(m, i, v, 1) < 0) return NULL;
+            return v;
+        }
+        return m->objvals ? (PyObject *)(uintptr_t)m->slots[i].val : Py_None;
+    }
+    Py_ssize_t size = PyDict_GET_SIZE(d);
+    PyObject *r = PyDict_SetDefault(d, k, v);
+    *added = PyDict_GET_SIZE(d) != size;
+    return r;
+}
+
+/* ---- U64Map's Python side ---- */
+
+static PyObject *map_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    int objvals = 1;
+    static char *kw[] = {"objects", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|p:U64Map", kw, &objvals)) return NULL;
+    U64Map *m = (U64Map *)type->tp_alloc(type, 0);
+    if (m == NULL) return NULL;
+    m->slots = NULL;
+    m->cap = m->used = 0;
+    m->head = m->tail = SLOT_NONE;
+    m->objvals = objvals;
+    m->version = 0;
+    return (PyObject *)m;
+}
+
+static int map_traverse(U64Map *m, visitproc visit, void *arg) {
+    if (m->objvals) {
+        for (int32_t j = m->head; j != SLOT_NONE; j = m->slots[j].next) Py_VISIT((PyObject *)(uintptr_t)m->slots[j].val);
+    }
+    return 0;
+}
+
+static int map_tp_clear(U64Map *m) {
+    map_clear_all(m);
+    return 0;
+}
+
+static void map_dealloc(U64Map *m) {
+    PyObject_GC_UnTrack(m);
+    map_clear_all(m);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static Py_ssize_t map_len(PyObject *self) { return ((U64Map *)self)->used; }
+
+static PyObject *map_subscript(PyObject *self, PyObject *k) {
+    PyObject *v = tab_get_new(self, k);
+    if (v == NULL && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, k);
+    return v;
+}
+
+static int map_ass_subscript(PyObject *self, PyObject *k, PyObject *v) {
+    return v == NULL ? tab_del(self, k) : map_set(self, k, v);
+}
+
+static int map_contains(PyObject *self, PyObject *k) {
+    uint64_t key;
+    int r = map_key(k, &key);
+    if (r <= 0) return r;
+    return map_find((U64Map *)self, key) >= 0;
+}
+
+static PyObject *map_get(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "get takes 1 or 2 arguments");
+        return NULL;
+    }
+    PyObject *v = tab_get_new(self, args[0]);
+    if (v == NULL && !PyErr_Occurred()) {
+        v = nargs == 2 ? args[1] : Py_None;
+        Py_INCREF(v);
+    }
+    return v;
+}
+
+static PyObject *map_pop(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "pop takes 1 or 2 arguments");
+        return NULL;
+    }
+    PyObject *v = map_take(self, args[0]);
+    if (v == NULL && !PyErr_Occurred()) {
+        if (nargs == 1) {
+            PyErr_SetObject(PyExc_KeyError, args[0]);
+            return NULL;
+        }
+        v = args[1];
+        Py_INCREF(v);
+    }
+    return v;
+}
+
+/* 0: keys, 1: values, 2: items, as a list in insertion order */
+static PyObject *map_list(U64Map *m, int what) {
+    PyObject *out = PyList_New(m->used);
+    if (out == NULL) return NULL;
+    Py_ssize_t n = 0;
+    for (int32_t j = m->head; j != SLOT_NONE; j = m->slots[j].next, n++) {
+        PyObject *x;
+        if (what == 0) {
+            x = PyLong_FromUnsignedLongLong(m->slots[j].key);
+        } else if (what == 1) {
+            x = map_value(m, j);
+        } else {
+            PyObject *k = PyLong_FromUnsignedLongLong(m->slots[j].key), *v = k == NULL ? NULL : map_value(m, j);
+            x = v == NULL ? NULL : PyTuple_Pack(2, k, v);
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+        }
+        if (x == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, n, x);
+    }
+    return out;
+}
+
+static PyObject *map_keys(PyObject *self, PyObject *unused) { return map_list((U64Map *)self, 0); }
+static PyObject *map_values(PyObject *self, PyObject *unused) { return map_list((U64Map *)self, 1); }
+static PyObject *map_items(PyObject *self, PyObject *unused) { return map_list((U64Map *)self, 2); }
+
+static PyObject *map_clear_py(PyObject *self, PyObject *unused) {
+    map_clear_all((U64Map *)self);
+    Py_RETURN_NONE;
+}
+
+/* update(pairs): each (key, value) of an iterable of pairs, or of a mapping's items() */
+static PyObject *map_update(PyObject *self, PyObject *arg) {
+    PyObject *src = arg, *owned = NULL;
+    if (PyDict_Check(arg) || IS_MAP(arg)) {
+        src = owned = PyObject_CallMethod(arg, "items", NULL);
+        if (src == NULL) return NULL;
+    }
+    PyObject *it = PyObject_GetIter(src);
+    Py_XDECREF(owned);
+    if (it == NULL) return NULL;
+    PyObject *pair;
+    while ((pair = PyIter_Next(it)) != NULL) {
+        PyObject *k, *v;
+        int r = -1;
+        if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2) {
+            k = PyTuple_GET_ITEM(pair, 0);
+            v = PyTuple_GET_ITEM(pair, 1);
+            r = map_set(self, k, v);
+        } else {
+            PyErr_SetString(PyExc_TypeError, "U64Map.update takes (key, value) pairs");
+        }
+        Py_DECREF(pair);
+        if (r < 0) {
+            Py_DECREF(it);
+            return NULL;
+        }
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *map_iter(PyObject *self) {
+    PyObject *keys = map_list((U64Map *)self, 0);
+    if (keys == NULL) return NULL;
+    PyObject *it = PyObject_GetIter(keys);
+    Py_DECREF(keys);
+    return it;
+}
+
+/* head(n): the first n keys in insertion order (cache_view), without listing them all */
+static PyObject *map_head(PyObject *self, PyObject *arg) {
+    U64Map *m = (U64Map *)self;
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0) n = 0;
+    if (n > m->used) n = m->used;
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    int32_t j = m->head;
+    for (Py_ssize_t i = 0; i < n; i++, j = m->slots[j].next) {
+        PyObject *k = PyLong_FromUnsignedLongLong(m->slots[j].key);
+        if (k == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, k);
+    }
+    return out;
+}
+
+/* bytes of C memory the table holds (for the memory figures) */
+static PyObject *map_sizeof(PyObject *self, PyObject *unused) {
+    U64Map *m = (U64Map *)self;
+    return PyLong_FromSsize_t((Py_ssize_t)sizeof(U64Map) + m->cap * (Py_ssize_t)sizeof(MapSlot));
+}
+
+static PyObject *map_as_dict(PyObject *self, PyObject *unused) {
+    U64Map *m = (U64Map *)self;
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    for (int32_t j = m->head; j != SLOT_NONE; j = m->slots[j].next) {
+        PyObject *k = PyLong_FromUnsignedLongLong(m->slots[j].key), *v = k == NULL ? NULL : map_value(m, j);
+        int r = v == NULL ? -1 : PyDict_SetItem(d, k, v);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (r < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+    }
+    return d;
+}
+
+/* == and != against a dict or another U64Map: as dicts */
+static PyObject *map_richcompare(PyObject *self, PyObject *other, int op) {
+    if ((op != Py_EQ && op != Py_NE) || !(PyDict_Check(other) || IS_MAP(other))) Py_RETURN_NOTIMPLEMENTED;
+    PyObject *a = map_as_dict(self, NULL);
+    if (a == NULL) return NULL;
+    PyObject *b = IS_MAP(other) ? map_as_dict(other, NULL) : (Py_INCREF(other), other);
+    if (b == NULL) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    PyObject *r = PyObject_RichCompare(a, b, op);
+    Py_DECREF(a);
+    Py_DECREF(b);
+    return r;
+}
+
+static PyObject *map_repr(PyObject *self) {
+    PyObject *d = map_as_dict(self, NULL);
+    if (d == NULL) return NULL;
+    PyObject *r = PyUnicode_FromFormat("U64Map(%R)", d);
+    Py_DECREF(d);
+    return r;
+}
+
+static PyMethodDef map_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))map_get, METH_FASTCALL, NULL},
+    {"pop", (PyCFunction)(void (*)(void))map_pop, METH_FASTCALL, NULL},
+    {"keys", map_keys, METH_NOARGS, NULL},
+    {"values", map_values, METH_NOARGS, NULL},
+    {"items", map_items, METH_NOARGS, NULL},
+    {"clear", map_clear_py, METH_NOARGS, NULL},
+    {"update", map_update, METH_O, NULL},
+    {"head", map_head, METH_O, NULL},
+    {"table_bytes", map_sizeof, METH_NOARGS, NULL},
+    {"as_dict", map_as_dict, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMappingMethods map_as_mapping = {map_len, map_subscript, map_ass_subscript};
+static PySequenceMethods map_as_sequence = {.sq_contains = map_contains};
+
+static PyTypeObject U64MapType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "infera.kv._native.U64Map",
+    .tp_doc = "An insertion-ordered hash table keyed by ints in [0, 2**64) (see csrc/index.c).",
+    .tp_basicsize = sizeof(U64Map),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = map_new,
+    .tp_dealloc = (destructor)map_dealloc,
+    .tp_traverse = (traverseproc)map_traverse,
+    .tp_clear = (inquiry)map_tp_clear,
+    .tp_as_mapping = &map_as_mapping,
+    .tp_as_sequence = &map_as_sequence,
+    .tp_iter = map_iter,
+    .tp_methods = map_methods,
+    .tp_richcompare = map_richcompare,
+    .tp_repr = map_repr,
+    .tp_hash = PyObject_HashNotImplemented,
+};
 
 static PyObject *ONE, *ZERO;
 
@@ -284,7 +882,7 @@ typedef struct {
 static int tables(PyObject *const *args, Tables *t) {
     PyObject **f = (PyObject **)t;
     for (int i = 0; i < 9; i++) {
-        if (!(i == 7 ? PyAnySet_Check(args[i]) : PyDict_Check(args[i]))) {
+        if (!(i == 7 ? PyAnySet_Check(args[i]) : PyDict_Check(args[i]) || ((i == 0 || i == 5) && IS_MAP(args[i])))) {
             PyErr_SetString(PyExc_TypeError, "expected the index's dicts and watched set");
             return -1;
         }
@@ -332,20 +930,18 @@ static PyObject *store_blocks(PyObject *self, PyObject *const *args, Py_ssize_t 
     int forget = 0;
     for (; i < n; i++) {
         PyObject *eh = PySequence_Fast_GET_ITEM(ehs, i), *local = PySequence_Fast_GET_ITEM(locals, i);
-        Py_ssize_t size = PyDict_GET_SIZE(t.blocks);
-        if (PyDict_SetDefault(t.blocks, eh, local) == NULL) goto done;
-        int r;
-        if (PyDict_GET_SIZE(t.blocks) == size) {  /* held already: nothing to do if only on the device */
+        int r, added;
+        if (tab_setdefault(t.blocks, eh, local, &added) == NULL) goto done;
+        if (!added) {  /* held already: nothing to do if only on the device */
             if (PyDict_GET_SIZE(t.media) == 0) continue;
             r = PyDict_Contains(t.media, eh);
             if (r < 0) goto done;
             if (r) break;  /* tiers to merge: Python's _add_tier */
             continue;
         }
-        size = PyDict_GET_SIZE(t.holders);
-        PyObject *mask = PyDict_SetDefault(t.holders, local, t.bit);  /* held by this worker alone if new */
+        PyObject *mask = tab_setdefault(t.holders, local, t.bit, &added);  /* held by this worker alone if new */
         if (mask == NULL) goto done;
-        if (PyDict_GET_SIZE(t.holders) != size) mask = NULL;
+        if (added) mask = NULL;
         r = mask == NULL ? 0 : has_bit(mask, t.bit, t.slot);
         if (r < 0) goto done;
         if (r) {  /* another engine block of this worker has the same tokens: one more reference */
@@ -361,7 +957,7 @@ static PyObject *store_blocks(PyObject *self, PyObject *const *args, Py_ssize_t 
         } else if (mask != NULL) {  /* held by others: shared now */
             PyObject *m = PyNumber_Or(mask, t.bit);
             if (m == NULL) goto done;
-            r = PyDict_SetItem(t.holders, local, m);
+            r = tab_set(t.holders, local, m);
             if (r == 0) r = PyDict_SetItem(t.shared, local, m);
             Py_DECREF(m);
             if (r < 0) goto done;
@@ -388,6 +984,44 @@ done:
  * PrefixIndex._remove for each engine hash from ``start``: stops before a block held in another tier
  * than the device alone, or behind a router hash other engine blocks share while the worker has tiers
  * to track (Python's _remove goes on from there). ``unknown``: hashes the worker did not hold. */
+/* The common removal on U64Map tables, without an int object: engine hash ``eh`` of a worker with no blocks in
+ * other tiers and no router hash two of its engine blocks share, held by this worker alone (its mask is the
+ * worker's own bit object, as stores leave it). 1: done (or unknown: *unknown counted); 0: not that case,
+ * nothing changed (the general path goes on); -1: error. */
+static int remove_alone(Tables *t, PyObject *eh, Py_ssize_t *unknown) {
+    U64Map *blocks = (U64Map *)t->blocks, *holders = (U64Map *)t->holders;
+    if (PyDict_GET_SIZE(t->extra)) return 0;
+    uint64_t key;
+    int r = map_key(eh, &key);
+    if (r <= 0) {
+        if (r == 0) (*unknown)++;
+        return r < 0 ? -1 : 1;
+    }
+    Py_ssize_t i = map_find(blocks, key);
+    if (i < 0) {
+        (*unknown)++;
+        return 1;
+    }
+    uint64_t local = blocks->slots[i].val;
+    Py_ssize_t j = map_find(holders, local);
+    if (j < 0 || (PyObject *)(uintptr_t)holders->slots[j].val != t->bit) return 0;
+    if (PyDict_GET_SIZE(t->lower) || PyDict_GET_SIZE(t->predicted)) {
+        PyObject *lo = PyLong_FromUnsignedLongLong(local);
+        if (lo == NULL) return -1;
+        r = discard(t->lower, lo) < 0 || drop_guess(t->predicted, t->guess_masks, t->bit, lo) < 0 ? -1 : 0;
+        Py_DECREF(lo);
+        if (r < 0) return -1;
+        j = map_find(holders, local);  /* (the dicts' upkeep cannot touch the maps, but be exact) */
+        i = map_find(blocks, key);
+        if (i < 0 || j < 0) return 0;
+    }
+    map_unlink(blocks, i);
+    PyObject *mask = (PyObject *)(uintptr_t)holders->slots[j].val;
+    map_unlink(holders, j);
+    Py_DECREF(mask);
+    return 1;
+}
+
 static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Tables t;
     if (nargs != 12) {
@@ -402,10 +1036,16 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
     PyObject *out = NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(ehs), unknown = 0;
     int forget = 0, r;
+    int alone = IS_MAP(t.blocks) && !((U64Map *)t.blocks)->objvals && IS_MAP(t.holders) && ((U64Map *)t.holders)->objvals;
     for (; i < n; i++) {
         PyObject *eh = PySequence_Fast_GET_ITEM(ehs, i), *local, *refs;
         if (PyDict_GET_SIZE(t.media) == 0) {  /* on the device only: one lookup takes it out */
-            local = dict_pop(t.blocks, eh);
+            if (alone) {
+                r = remove_alone(&t, eh, &unknown);
+                if (r < 0) goto done;
+                if (r) continue;
+            }
+            local = tab_pop(t.blocks, eh);
             if (local == NULL) goto done;
             if (local == Py_None) {
                 Py_DECREF(local);
@@ -415,20 +1055,25 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
             refs = PyDict_GET_SIZE(t.extra) ? PyDict_GetItemWithError(t.extra, local) : NULL;
             if (refs == NULL && PyErr_Occurred()) goto fail;
         } else {
-            local = PyDict_GetItemWithError(t.blocks, eh);
+            local = tab_get_new(t.blocks, eh);
             if (local == NULL) {
                 if (PyErr_Occurred()) goto done;
                 unknown++;
                 continue;
             }
             r = PyDict_Contains(t.media, eh);
-            if (r < 0) goto done;
-            if (r) break;
+            if (r < 0) goto fail;
+            if (r) {
+                Py_DECREF(local);
+                break;
+            }
             refs = PyDict_GET_SIZE(t.extra) ? PyDict_GetItemWithError(t.extra, local) : NULL;
-            if (refs == NULL && PyErr_Occurred()) goto done;
-            if (refs != NULL) break;  /* _relower scans the worker's blocks' tiers */
-            Py_INCREF(local);  /* blocks held the reference */
-            if (PyDict_DelItem(t.blocks, eh) < 0) goto fail;
+            if (refs == NULL && PyErr_Occurred()) goto fail;
+            if (refs != NULL) {  /* _relower scans the worker's blocks' tiers */
+                Py_DECREF(local);
+                break;
+            }
+            if (tab_del(t.blocks, eh) < 0) goto fail;
         }
         if (refs != NULL) {  /* still held through another engine block */
             long k = PyLong_AsLong(refs);
@@ -445,7 +1090,7 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
             Py_DECREF(local);
             continue;
         }
-        PyObject *old = PyDict_GetItemWithError(t.holders, local);
+        PyObject *old = tab_get(t.holders, local);
         if (old == NULL) {
             if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, local);
             goto fail;
@@ -454,7 +1099,7 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
         if (m == NULL) goto fail;
         int any = PyObject_IsTrue(m);
         if (any) {
-            r = PyDict_SetItem(t.holders, local, m);
+            r = tab_set(t.holders, local, m);
             if (r == 0) {  /* one holder left: no longer shared */
                 PyObject *below = PyNumber_Subtract(m, ONE);
                 PyObject *both = below == NULL ? NULL : PyNumber_And(m, below);
@@ -469,7 +1114,7 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
                 if (r > 0) r = 0;
             }
         } else {
-            r = PyDict_DelItem(t.holders, local);
+            r = tab_del(t.holders, local);
         }
         Py_DECREF(m);
         if (r < 0) goto fail;
@@ -534,7 +1179,7 @@ static int mask_of(PyObject *h, PyObject *shared, PyObject *holders, PyObject *g
     *from_shared = m != NULL;
     if (m == NULL) {
         if (PyErr_Occurred()) return -1;
-        m = PyDict_GetItemWithError(holders, h);
+        m = tab_get(holders, h);
         if (m == NULL && PyErr_Occurred()) return -1;
     }
     if (digits_of(m, w, out, nd) < 0) return -1;
@@ -614,7 +1259,7 @@ static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *guessed = args[6] == Py_None ? NULL : args[6];
     Py_ssize_t capture = PyLong_AsSsize_t(args[5]);
     if (capture == -1 && PyErr_Occurred()) return NULL;
-    if (!PyDict_Check(shared) || !PyDict_Check(holders) || !PyList_Check(names) ||
+    if (!PyDict_Check(shared) || !(PyDict_Check(holders) || IS_MAP(holders)) || !PyList_Check(names) ||
         (guessed != NULL && !PyDict_Check(guessed))) {
         PyErr_SetString(PyExc_TypeError, "walk: expected dicts and a list of names");
         return NULL;
@@ -973,7 +1618,7 @@ static PyObject *fill_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t start = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]), width = PyLong_AsSsize_t(args[5]);
     if (PyErr_Occurred()) return NULL;
     PyObject *shared = args[3], *holders = args[4];
-    if (!PyDict_Check(shared) || !PyDict_Check(holders)) {
+    if (!PyDict_Check(shared) || !(PyDict_Check(holders) || IS_MAP(holders))) {
         PyErr_SetString(PyExc_TypeError, "fill_rows: expected dicts");
         return NULL;
     }
@@ -995,7 +1640,7 @@ static PyObject *fill_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyObject *m = PyDict_GetItemWithError(shared, h);
         if (m == NULL) {
             if (PyErr_Occurred()) goto fail;
-            m = PyDict_GetItemWithError(holders, h);
+            m = tab_get(holders, h);
             if (m == NULL) {
                 if (PyErr_Occurred()) goto fail;
                 continue;
@@ -1067,5 +1712,14 @@ PyMODINIT_FUNC PyInit__native(void) {
     ONE = PyLong_FromLong(1);
     ZERO = PyLong_FromLong(0);
     if (ONE == NULL || ZERO == NULL) return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&U64MapType) < 0) return NULL;
+    PyObject *mod = PyModule_Create(&module);
+    if (mod == NULL) return NULL;
+    Py_INCREF(&U64MapType);
+    if (PyModule_AddObject(mod, "U64Map", (PyObject *)&U64MapType) < 0) {
+        Py_DECREF(&U64MapType);
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
 }

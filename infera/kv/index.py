@@ -9,7 +9,10 @@ as an orphan instead.
 Representation (ingest ~1 M block events/s; query cost independent of the number of holders):
 each router hash maps to an int mask of the workers holding it (``infera.kv.bitmasks``), and
 each worker maps engine hash -> router hash (``WorkerTable``): a removal is a dict pop and a
-mask update, no per-block object, and runs of events are applied in whole-run passes in C.
+mask update, no per-block object, and runs of events are applied in whole-run passes in C. On the C
+path both big tables (each worker's engine hash -> router hash, and router hash -> mask) are
+``infera.kv._native.U64Map``s: open addressing over the 64-bit keys, key and value inline, so a lookup
+reads one slot instead of a dict's index, entry and key int; the pure path keeps dicts (same answers).
 The masks of router hashes two or more workers hold are also kept in a small table of their own
 (``_shared``), which a query probes first; and a query remembers its walk over a long run of such
 blocks at the start of a prompt (a hot system prompt), which the next query of that prefix resumes
@@ -37,7 +40,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from itertools import chain, compress, groupby, islice, repeat
 from operator import and_, attrgetter, ne, not_, or_, sub, xor
-from typing import Any
+from typing import Any, cast
 
 from infera.kv.bitmasks import Run, Slots, walk
 from infera.kv.hashing import pure_block_hashes
@@ -89,7 +92,9 @@ class PrefixIndex:
         self.counters = IndexCounters()
         self._workers: dict[str, WorkerTable] = {}
         self._slots = Slots()
-        self._holders: dict[int, int] = {}  # router hash -> mask of workers holding it (confirmed)
+        # router hash -> mask of workers holding it (confirmed); on the C path a U64Map (csrc/index.c: the key
+        # inline, no int object per key), as are the workers' engine-hash tables (WorkerTable.blocks)
+        self._holders: dict[int, int] = {} if self._native is None else self._native.U64Map(True)
         # The same masks for the router hashes two or more workers hold, in a table of their own: a
         # query's lookups of a hot prefix then probe a small table instead of the whole index.
         self._shared: dict[int, int] = {}
@@ -109,6 +114,8 @@ class PrefixIndex:
         if worker is None:
             slot = self._slots.take(worker_id)
             worker = self._workers[worker_id] = WorkerTable(slot, 1 << slot)
+            if self._native is not None:
+                worker.blocks = self._native.U64Map(False)
         return worker
 
     # -- events --------------------------------------------------------------------------
@@ -560,7 +567,8 @@ class PrefixIndex:
             for medium in media:
                 key = medium or "unknown"
                 by_medium[key] = by_medium.get(key, 0) + 1
-        engine_hashes = list(islice(worker.blocks, max_hashes))
+        blocks = worker.blocks
+        engine_hashes = list(islice(blocks, max_hashes)) if type(blocks) is dict else cast(Any, blocks).head(max_hashes)
         return {
             "worker_id": worker_id,
             "blocks": len(worker.blocks),

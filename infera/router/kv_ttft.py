@@ -47,6 +47,14 @@ the stay floor keeps the decode terms from moving a request off the prefix its h
   prefix only predicted (a burst's, still being computed) is not held, so the floor leaves spreading a
   simultaneous burst alone; the margin lets a worker that gathered many sessions shed them (24 agents on
   16 workers).
+- busy occupancy (off in ``kv-aware``; on in ``kv-aware-busy``): the occupancy weight rises from
+  :data:`OCCUPANCY_WEIGHT` to :data:`BUSY_OCCUPANCY_WEIGHT` with the share of the candidates that have prefill
+  queued. The time a recompute holds a worker's steps costs the requests after it only when they wait for it, i.e.
+  when the fleet is computing prompts; then a move off a cached prefix must save more. In the simulator
+  (bench/README.md, "Fifth round"): on the Mooncake trace at real lengths over 64 busy workers the queue on a prefix
+  holder moved 1 in 9 requests, giving up 4 % of the prompt blocks; with the weight rising, hit 87.7 -> 89.3 % of
+  the capacity limit and TTFT p90 489 -> 482 ms, and the live requests' tenants reached the peers' hits; live under
+  CPU contention it gathered tenants more (TTFT p90 +16 % in two runs, hits equal), so it is not the default yet.
 - progress (off: :attr:`KvTtftPolicy.progress`): credit the prefill queued on w with the time w has
   been computing it (``LoadTracker.prefill_age``); measured, it gathered staggered bursts and helped
   tenants, but cost TTFT p90 on bursts in the simulator (bench/README.md); kept for study.
@@ -90,6 +98,8 @@ EVICTION_WEIGHT = 0.5  # share of an evicted block's recompute charged to the re
 OCCUPANCY_WEIGHT = 0.25  # share of this request's own prefill work charged again: the time it holds w's steps
 # from the requests that come after it (chosen in bench/cost_sweep.py over 0.1-4: 0.25 is the least weight that
 # kept the tenants' and the live-sized multi-turn sessions where their prefix is; more loses agentic TTFT)
+BUSY_OCCUPANCY_WEIGHT = 0.5  # the occupancy weight when every candidate has prefill queued (linear in that share
+# from OCCUPANCY_WEIGHT; bench/cost_sweep.py `kv-aware-ob*`: 0.5-2 tried, 1 and more piled the live burst)
 STAY_MARGIN = 4  # decoding requests: the stay floor lets balance move a request off its confirmed prefix only when
 # the holders decode this many more than the other worker (bench/cost_sweep.py: 2-4 and a fleet-mean gate tried;
 # 4 kept the live-shaped multi-turn sessions put and still spread 24 agents gathered on 16 workers)
@@ -183,6 +193,8 @@ class KvTtftPolicy:
     stay_fair = 0.0  # studied, off: ... unless the holders decode more than this many times the fleet's mean
     duplication_weight = 0.0  # studied, off: share of the recompute of a prefix confirmed elsewhere that w lacks
     progress = False  # credit the prefill queued on w with the time w has been computing it
+    busy_occupancy = 0.0  # the occupancy weight when every candidate has prefill queued (0: the fixed weight;
+    # ``kv-aware-busy``: BUSY_OCCUPANCY_WEIGHT)
 
     def __init__(self, deps: PolicyDeps) -> None:
         self._index = deps.index
@@ -192,6 +204,7 @@ class KvTtftPolicy:
         self._scales: dict[str, _Scale] = {}
         # the stall term is computed only when it can be other than 0 (its weight, or a variant's own formula)
         self._stall = self.stall_weight != 0.0 or type(self).stall_ms is not KvTtftPolicy.stall_ms
+        self._occupancy = self.occupancy_weight  # this decision's occupancy weight (busy_occupancy moves it)
         self._confirmed_best: dict[int, int] = {}  # per block size: the longest confirmed prefix, this decision
         self.stay_added: list[float] = []  # per candidate, what the stay floor added to its cost (diagnostics)
 
@@ -210,6 +223,10 @@ class KvTtftPolicy:
                     confirmed = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=False)
                     self._confirmed_best[size] = max(confirmed.values(), default=0)
             overlaps.append(found.get(cand.worker.instance_id, 0))
+        self._occupancy = self.occupancy_weight
+        if self.busy_occupancy and candidates:
+            busy = sum(1 for c in candidates if c.prefill_tokens > 0) / len(candidates)
+            self._occupancy += (self.busy_occupancy - self.occupancy_weight) * busy
         scales = self._relative_scales(candidates)
         terms = [self.terms(ctx, cand, overlap) for cand, overlap in zip(candidates, overlaps, strict=True)]
         sums = [sum(t) for t in terms]
@@ -255,7 +272,7 @@ class KvTtftPolicy:
         if self.eviction_weight and capacity > 0 and need > 0:  # else evicted_blocks is 0
             evicted = evicted_blocks(need, self._index.block_count(wid), active, capacity)
             eviction = self.eviction_weight * self._weight * recompute_ms(evicted * size)
-        occupancy = self.occupancy_weight * self._weight * recompute_ms(own) if self.occupancy_weight else 0.0
+        occupancy = self._occupancy * self._weight * recompute_ms(own) if self._occupancy else 0.0
         duplication = 0.0
         if self.duplication_weight:
             copied = self._confirmed_best.get(size, 0) - overlap
@@ -348,6 +365,13 @@ class KvTtftPolicy:
             sums.modelled = sum(sums.parts)
             sums.floor = min((x.seconds for x in samples), default=0.0) * 1000.0
         return sums
+
+
+class KvTtftBusyPolicy(KvTtftPolicy):
+    """``kv-aware-busy``: the occupancy weight rises with the share of the fleet computing prompts (the fifth
+    round's candidate: chosen by the simulator, not yet confirmed live; bench/README.md, "Fifth round")."""
+
+    busy_occupancy = BUSY_OCCUPANCY_WEIGHT
 
 
 class KvTtftOccupancyPolicy(KvTtftPolicy):

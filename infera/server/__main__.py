@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import uvicorn
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 from uvicorn.config import STARTUP_FAILURE
 
 from infera.config import load
@@ -20,7 +20,9 @@ from infera.router.assembly import FLEETS, KV_EVENT_SOURCES, REQUEST_TRANSPORTS,
 from infera.router.policies import selectable
 from infera.server.app import build_app, install_operations
 from infera.server.deadlines import with_deadlines
+from infera.server.direct import DefaultWorkerHeader
 from infera.server.drain import DrainingServer, DrainMiddleware, DrainState
+from infera.server.lean import LeanPath, with_lean
 from infera.server.processes import listen, supervise
 from infera.telemetry.setup import build_telemetry, configure_logging
 
@@ -31,24 +33,6 @@ def registry_choices() -> dict[str, tuple[str, ...]]:
     """The server's flag choices, from the registries themselves (a test checks the config's lists agree)."""
     return {"router_policy": selectable(), "discovery_backend": tuple(FLEETS),
             "request_transport": tuple(REQUEST_TRANSPORTS), "kv_event_transport": (*KV_EVENT_SOURCES, "none")}
-
-
-class DefaultWorkerHeader:
-    """Direct mode: a request naming no worker in x-worker-instance-id goes to ``worker``.
-
-    The frontend sidecar of a worker pod runs with its own pod's worker here: a stock GAIE endpoint
-    picker names the pod (by address), not the worker, so a request it sends to the pod must be
-    served by that pod's worker.
-    """
-
-    def __init__(self, app: ASGIApp, worker: str) -> None:
-        self.app = app
-        self.header = (b"x-worker-instance-id", worker.encode())
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not any(k == self.header[0] for k, _ in scope["headers"]):
-            scope = {**scope, "headers": [*scope["headers"], self.header]}
-        await self.app(scope, receive, send)
 
 
 YOUNG_GC_ALLOCATIONS = 5000  # container allocations (net of deallocations) between young collections
@@ -87,11 +71,13 @@ def build(settings: ServerSettings) -> FastAPI:
 
 
 def server_for(app: ASGIApp, settings: ServerSettings) -> DrainingServer:
-    """uvicorn with the client deadlines (server/deadlines.py), --keep-alive-timeout and, on SIGTERM, a
-    graceful drain (server/drain.py). No proxy-headers middleware: nothing here reads the client's
+    """uvicorn with the client deadlines (server/deadlines.py), --keep-alive-timeout, the inference POSTs'
+    lean path past the ASGI stack (server/lean.py) and, on SIGTERM, a graceful drain (server/drain.py).
+    No proxy-headers middleware: nothing here reads the client's
     address, and the spec has no trusted-proxy flag, so rewriting it per request would be pure cost."""
     drain = DrainState()
-    protocol = with_deadlines(settings.client_header_timeout, settings.client_body_timeout)
+    protocol = with_lean(with_deadlines(settings.client_header_timeout, settings.client_body_timeout),
+                         LeanPath.of(app, drain))
     config = uvicorn.Config(DrainMiddleware(app, drain), host=settings.host, port=settings.port, loop="uvloop",
                             http=protocol, log_level="warning", access_log=False, proxy_headers=False,
                             timeout_keep_alive=settings.keep_alive_timeout)

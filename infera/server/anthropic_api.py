@@ -37,13 +37,11 @@ from infera.server.hot_routes import Endpoint
 from infera.server.intake import Intake, IntakeError, take
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
-    PREFILL_HEADER,
-    WORKER_HEADER,
     ClientWatch,
     cancel,
     collect_or_disconnect,
     dispatch_or_disconnect,
-    forward_headers,
+    read_headers,
     worker_headers,
 )
 from infera.server.responses import JsonResponse, SseResponse, until_disconnect
@@ -153,15 +151,14 @@ class AnthropicHandlers:
         if isinstance(parsed, Response):
             return parsed
         body = to_openai(parsed)
+        headers, worker_hint, prefill_hint = read_headers(request)
         req = RouteRequest(kind="chat", path=ENGINE_PATH, body=orjson.dumps(body), payload=body, model=parsed.model,
-                           max_tokens=parsed.max_tokens, worker_hint=request.headers.get(WORKER_HEADER),
-                           prefill_hint=request.headers.get(PREFILL_HEADER))
+                           max_tokens=parsed.max_tokens, worker_hint=worker_hint, prefill_hint=prefill_hint)
         message_id = "msg_" + uuid.uuid4().hex[:24]
-        headers = forward_headers(request)
         if parsed.stream:
             translator = StreamTranslator(message_id, parsed.model, parsed.stop_sequences)
             return await self._stream(request, req, headers, translator, started)
-        watch = ClientWatch(request.receive)
+        watch = ClientWatch.of(request)
         try:
             routed = await dispatch_or_disconnect(self.router, watch, req, headers)
             if routed is None:
@@ -212,7 +209,7 @@ class AnthropicHandlers:
         except RoutingError as exc:
             return anthropic_routing_error(exc)
         if routed.status != 200 or not routed.content_type.startswith("text/event-stream"):
-            watch = ClientWatch(request.receive)
+            watch = ClientWatch.of(request)
             try:
                 collected = await collect_or_disconnect(watch, routed)
             except UpstreamError as exc:

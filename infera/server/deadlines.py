@@ -49,6 +49,9 @@ class DeadlineHttpToolsProtocol(CoalescingHttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
 
+    _in_headers = False  # a request has begun and its headers are not complete
+    _in_body = False  # a request's headers are complete and its body is not
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_headers()
@@ -57,18 +60,29 @@ class DeadlineHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self._cancel()
         super().connection_lost(exc)
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        if self._header_timer is None:  # a later request on a kept-alive connection: counts from its first byte
-            self._arm_headers()
-
-    def on_headers_complete(self) -> None:
-        self._cancel_headers()
-        super().on_headers_complete()
-        if self.body_timeout > 0 and not self.transport.is_closing():
+    def data_received(self, data: bytes) -> None:
+        # The timers are armed only for a request that did not arrive whole in one read (the usual
+        # request arrives whole: no timer to arm and cancel); the deadlines then count from the end of
+        # this read, in the same loop iteration as the request's first byte or its headers' end.
+        super().data_received(data)
+        if self._in_headers:
+            if self._header_timer is None and not self.transport.is_closing():
+                self._arm_headers()
+        elif self._in_body and self._body_timer is None and self.body_timeout > 0 and not self.transport.is_closing():
             self._body_timer = self.loop.call_later(self.body_timeout, self._body_late)
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_headers = True
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._in_body = True
+        self._cancel_headers()
+        super().on_headers_complete()
+
     def on_message_complete(self) -> None:
+        self._in_body = False
         self._cancel_body()
         super().on_message_complete()
 

@@ -61,6 +61,10 @@ class InferaApp(FastAPI):
             raise RuntimeError("hot routes must be added before the app serves")
         self._hot.update(endpoints)
 
+    def hot_endpoints(self) -> dict[str, Endpoint]:
+        """The hot routes' handlers by path (the protocol's lean path calls them: :mod:`infera.server.lean`)."""
+        return dict(self._hot)
+
     def _build_hot_stack(self) -> ASGIApp:
         app: ASGIApp = Endpoints(self._hot)
         for cls, args, kwargs in reversed(self.user_middleware):

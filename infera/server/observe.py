@@ -5,13 +5,15 @@ spans and the decision to it; its id is the ``x-request-id`` that RequestIdMiddl
 one, put in the headers), reads the status and the output token count off the response as it
 passes (the usage the worker reported, else the number of streamed events), and at the end closes
 the root span and writes the request line. Paths other than the inference endpoints pass straight
-through.
+through. :class:`Observation` is one request's part of it, also used by the lean hot path
+(:mod:`infera.server.lean`), which calls no middleware.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Awaitable
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -19,7 +21,62 @@ from infera.telemetry.record import bind, unbind
 from infera.telemetry.tracing import Telemetry
 
 TRACED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
+_WANTED = {b"traceparent": 0, b"tracestate": 1, b"x-request-id": 2}  # the headers read, by slot
+_NAMES: dict[tuple[str, str], str] = {}  # (method, path) -> the root span's name; TRACED paths: a handful
 _USAGE = re.compile(rb'"(?:completion_tokens|output_tokens)":\s*(\d+)')
+
+
+class Observation:
+    """One traced request: its record made current at creation; :meth:`see` each response message;
+    :meth:`failed` on an exception; :meth:`close` at the end (the root span and the request line)."""
+
+    __slots__ = ("_token", "events", "path", "record", "telemetry")
+
+    def __init__(self, telemetry: Telemetry, scope: Scope) -> None:
+        path = scope["path"]
+        found: list[str | None] = [None, None, None]  # traceparent, tracestate, x-request-id: the first of each
+        wanted = _WANTED.get
+        for key, value in scope["headers"]:
+            slot = wanted(key)
+            if slot is not None and found[slot] is None:
+                found[slot] = value.decode("latin-1")
+        method = scope.get("method", "POST")
+        name = _NAMES.get((method, path))
+        if name is None:
+            name = _NAMES[(method, path)] = f"{method} {path}"
+        self.telemetry = telemetry
+        self.path = path
+        self.record = record = telemetry.begin(name, found[0], found[2],
+                                               {"http.request.method": method, "url.path": path}, found[1])
+        self._token: Any = bind(record)
+        self.events = 0
+
+    def see(self, message: Message) -> None:
+        body = message.get("body")
+        if body:  # only an http.response.body has one
+            self.body(body)
+        elif message["type"] == "http.response.start":
+            self.record.status = message["status"]  # x-request-id: RequestIdMiddleware, outside this one
+
+    def body(self, body: bytes | None) -> None:
+        if body:
+            record = self.record
+            if b"_tokens" in body and (found := _USAGE.findall(body)):
+                record.output_tokens = int(found[-1])
+            elif record.output_tokens < 0:
+                self.events += body.count(b"data: ")
+
+    def failed(self, exc: BaseException) -> None:
+        record = self.record
+        record.error = f"{type(exc).__name__}: {exc}"
+        record.status = record.status or 500
+
+    def close(self) -> None:
+        unbind(self._token)
+        record = self.record
+        if record.output_tokens < 0 and self.events:
+            record.output_tokens = max(0, self.events - 1)  # the events less the closing [DONE] or message_stop
+        self.telemetry.end(record, self.path)
 
 
 class Observe:
@@ -28,47 +85,22 @@ class Observe:
         self.telemetry = telemetry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or path not in TRACED:
+        if scope["type"] != "http" or scope.get("path", "") not in TRACED:
             await self.app(scope, receive, send)
             return
-        traceparent = tracestate = request_id = None
-        for key, value in scope["headers"]:
-            if key == b"traceparent":
-                traceparent = value.decode("latin-1")
-            elif key == b"x-request-id":
-                request_id = value.decode("latin-1")
-            elif key == b"tracestate":
-                tracestate = value.decode("latin-1")
-        method = scope.get("method", "POST")
-        record = self.telemetry.begin(f"{method} {path}", traceparent, request_id,
-                                      {"http.request.method": method, "url.path": path}, tracestate)
-        token = bind(record)
-        events = 0
+        observation = Observation(self.telemetry, scope)
+        see = observation.see
 
         def observe(message: Message) -> Awaitable[None]:
             # a plain function handing back send's awaitable: no coroutine of its own per message (a
             # stream's messages went through one each, ~2 µs apiece in a loop, more in a loaded frontend)
-            nonlocal events
-            if message["type"] == "http.response.body":
-                body = message.get("body")
-                if body:
-                    if b"_tokens" in body and (found := _USAGE.findall(body)):
-                        record.output_tokens = int(found[-1])
-                    elif record.output_tokens < 0:
-                        events += body.count(b"data: ")
-            elif message["type"] == "http.response.start":
-                record.status = message["status"]  # x-request-id: RequestIdMiddleware, outside this one
+            see(message)
             return send(message)
 
         try:
             await self.app(scope, receive, observe)
         except BaseException as exc:
-            record.error = f"{type(exc).__name__}: {exc}"
-            record.status = record.status or 500
+            observation.failed(exc)
             raise
         finally:
-            unbind(token)
-            if record.output_tokens < 0 and events:
-                record.output_tokens = max(0, events - 1)  # the events less the closing [DONE] or message_stop
-            self.telemetry.end(record, path)
+            observation.close()

@@ -27,14 +27,12 @@ from infera.server.hot_routes import Endpoint
 from infera.server.intake import IntakeError, take
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
-    PREFILL_HEADER,
-    WORKER_HEADER,
     ClientWatch,
     Outcome,
     SseRelay,
     collect_or_disconnect,
     dispatch_or_disconnect,
-    forward_headers,
+    read_headers,
     worker_headers,
 )
 from infera.server.responses import JsonResponse
@@ -116,13 +114,13 @@ class OpenAIHandlers:
             if not view.has_workers():
                 return openai_error(503, "no workers are available")
             return openai_error(404, f"The model '{parsed.model}' does not exist", "not_found_error", "model")
+        forwarded, worker_hint, prefill_hint = read_headers(request)
         req = RouteRequest(kind=kind, path=path, body=body, payload=payload, model=parsed.model,
-                           max_tokens=parsed.output_limit(), worker_hint=request.headers.get(WORKER_HEADER),
-                           prefill_hint=request.headers.get(PREFILL_HEADER))
-        watch = ClientWatch(request.receive)
+                           max_tokens=parsed.output_limit(), worker_hint=worker_hint, prefill_hint=prefill_hint)
+        watch = ClientWatch.of(request)
         relayed = False
         try:
-            routed = await dispatch_or_disconnect(self.router, watch, req, forward_headers(request))
+            routed = await dispatch_or_disconnect(self.router, watch, req, forwarded)
             if routed is None:
                 return Response(status_code=499)
             if isinstance(routed, RoutingError):

@@ -27,16 +27,31 @@ FORWARD_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate")
 WORKER_HEADER = "x-worker-instance-id"
 PREFILL_HEADER = "x-prefill-instance-id"
 _FORWARD = {name.encode(): name for name in FORWARD_HEADERS}
+_WORKER = WORKER_HEADER.encode()
+_PREFILL = PREFILL_HEADER.encode()
 
 
 def forward_headers(request: Request) -> dict[str, str]:
     """The headers sent on to the worker: JSON content type plus auth and tracing ones (the
     request's first of each; one pass over the raw headers, no header object)."""
+    return read_headers(request)[0]
+
+
+def read_headers(request: Request) -> tuple[dict[str, str], str | None, str | None]:
+    """:func:`forward_headers`, and the request's first ``x-worker-instance-id`` and
+    ``x-prefill-instance-id`` (None when absent), in one pass over the raw headers."""
     headers = {"content-type": "application/json"}
+    worker = prefill = None
     for key, value in request.scope["headers"]:
-        if key in _FORWARD and (name := _FORWARD[key]) not in headers:
-            headers[name] = value.decode("latin-1")
-    return headers
+        if key in _FORWARD:
+            if (name := _FORWARD[key]) not in headers:
+                headers[name] = value.decode("latin-1")
+        elif key == _WORKER:
+            if worker is None:
+                worker = value.decode("latin-1")
+        elif key == _PREFILL and prefill is None:
+            prefill = value.decode("latin-1")
+    return headers, worker, prefill
 
 
 def worker_headers(routed: RoutedResponse) -> dict[str, str]:
@@ -47,24 +62,60 @@ def worker_headers(routed: RoutedResponse) -> dict[str, str]:
     return out
 
 
+class Disconnects:
+    """A client's going away, told by the server's protocol instead of read from ``receive()``: the lean
+    hot path (:mod:`infera.server.lean`) puts one in the request's scope under :data:`DISCONNECTS`, and
+    a :class:`ClientWatch` then needs no task of its own."""
+
+    __slots__ = ("action", "gone")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.action: Callable[[], None] | None = None
+
+    def fire(self) -> None:
+        self.gone = True
+        action, self.action = self.action, None
+        if action is not None:
+            action()
+
+
+DISCONNECTS = "infera.disconnects"
+
+
 class ClientWatch:
-    """One task per request that waits for the client to go away, then calls what :meth:`then` set.
+    """One watch per request that waits for the client to go away, then calls what :meth:`then` set.
 
     The same watch serves the dispatch (cancel it) and then the response (close the upstream),
-    so a request never runs more than one watcher.
+    so a request never runs more than one watcher. It is a task reading ``receive()`` until the
+    disconnect, or, given the protocol's :class:`Disconnects`, a callback on it.
     """
 
-    __slots__ = ("_task", "_then", "left")
+    __slots__ = ("_disconnects", "_task", "_then", "left")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, disconnects: Disconnects | None = None) -> None:
         self.left = False
         self._then: Callable[[], None] | None = None
-        self._task = asyncio.ensure_future(until_disconnect(receive))
-        self._task.add_done_callback(self._fire)
+        self._disconnects = disconnects
+        self._task: asyncio.Future[None] | None = None
+        if disconnects is None:
+            self._task = asyncio.ensure_future(until_disconnect(receive))
+            self._task.add_done_callback(self._fire)
+        elif disconnects.gone:
+            self.left = True
+        else:
+            disconnects.action = self._left
+
+    @classmethod
+    def of(cls, request: Request) -> ClientWatch:
+        """The watch for ``request``: on the protocol's :class:`Disconnects` where the scope has one."""
+        return cls(request.receive, request.scope.get(DISCONNECTS))
 
     def _fire(self, task: asyncio.Future[None]) -> None:
-        if task.cancelled():
-            return
+        if not task.cancelled():
+            self._left()
+
+    def _left(self) -> None:
         self.left = True
         then, self._then = self._then, None
         if then is not None:
@@ -78,7 +129,10 @@ class ClientWatch:
             action()
 
     def stop(self) -> None:
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        elif self._disconnects is not None and self._disconnects.action == self._left:
+            self._disconnects.action = None
 
 
 async def dispatch_or_disconnect(router: Router, watch: ClientWatch, req: RouteRequest,

@@ -30,6 +30,39 @@ def new_id() -> str:
     return "req_" + os.urandom(12).hex()  # 24 random hex digits, without building a UUID
 
 
+def take_id(headers: list[tuple[bytes, bytes]]) -> tuple[bytes, list[tuple[bytes, bytes]] | None]:
+    """The request's id and, when one had to be made, the headers to use instead (the given list is
+    not changed)."""
+    given = next((v for k, v in headers if k == HEADER), None)
+    if given is not None and valid(given):
+        return given, None
+    rid = new_id().encode()
+    kept = [(k, v) for k, v in headers if k != HEADER] if given is not None else headers
+    return rid, [*kept, (HEADER, rid)]
+
+
+def id_sender(send: Send, rid: bytes, path: str) -> Send:
+    """``send`` with the id in the response's headers (and, under /v1/messages, in an error's body)."""
+    inject = path.startswith(ANTHROPIC_PREFIX)
+    held: list[Message] = []
+
+    async def send_with_id(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (HEADER, rid)]}
+            if inject and message["status"] >= 400 and _json(message):
+                held.append(message)  # an Anthropic error: its body gets the id (it is small)
+                return
+        elif held and message["type"] == "http.response.body":
+            held.append(message)
+            if message.get("more_body", False):
+                return
+            await _send_error(send, held, rid.decode())
+            return
+        await send(message)
+
+    return send_with_id
+
+
 class RequestIdMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -38,47 +71,33 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers: list[tuple[bytes, bytes]] = scope["headers"]
-        given = next((v for k, v in headers if k == HEADER), None)
-        if given is not None and valid(given):
-            rid = given
-        else:
-            rid = new_id().encode()
-            kept = [(k, v) for k, v in headers if k != HEADER] if given is not None else headers
-            scope = {**scope, "headers": [*kept, (HEADER, rid)]}
-        inject = scope["path"].startswith(ANTHROPIC_PREFIX)
-        held: list[Message] = []
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), (HEADER, rid)]}
-                if inject and message["status"] >= 400 and _json(message):
-                    held.append(message)  # an Anthropic error: its body gets the id (it is small)
-                    return
-            elif held and message["type"] == "http.response.body":
-                held.append(message)
-                if message.get("more_body", False):
-                    return
-                await _send_error(send, held, rid.decode())
-                return
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
+        rid, headers = take_id(scope["headers"])
+        if headers is not None:
+            scope = {**scope, "headers": headers}
+        await self.app(scope, receive, id_sender(send, rid, scope["path"]))
 
 
 def _json(start: Message) -> bool:
     return any(k == b"content-type" and v.startswith(b"application/json") for k, v in start.get("headers", ()))
 
 
-async def _send_error(send: Send, held: list[Message], rid: str) -> None:
-    """Send a held Anthropic error response with ``request_id`` in its body (as is if it is not one)."""
-    start, body = held[0], b"".join(m.get("body", b"") for m in held[1:])
+def error_with_id(body: bytes, rid: str) -> bytes | None:
+    """An Anthropic error body with ``request_id`` added; None when ``body`` is not one."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        data = None
+        return None
     if isinstance(data, dict) and data.get("type") == "error":
-        body = orjson.dumps({**data, "request_id": rid})
+        return orjson.dumps({**data, "request_id": rid})
+    return None
+
+
+async def _send_error(send: Send, held: list[Message], rid: str) -> None:
+    """Send a held Anthropic error response with ``request_id`` in its body (as is if it is not one)."""
+    start, body = held[0], b"".join(m.get("body", b"") for m in held[1:])
+    with_id = error_with_id(body, rid)
+    if with_id is not None:
+        body = with_id
         start = {**start, "headers": [(k, str(len(body)).encode() if k == b"content-length" else v)
                                       for k, v in start["headers"]]}
     await send(start)

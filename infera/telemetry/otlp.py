@@ -27,7 +27,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, TraceState
 
 from infera.telemetry.later import Later
-from infera.telemetry.spans import Span, Stage
+from infera.telemetry.spans import Shape, Span, Stage
 
 log = logging.getLogger(__name__)
 
@@ -92,15 +92,21 @@ _ID_PAIR = struct.Struct(">BBQBBQ").pack  # span id and parent span id fields
 _TIMES = struct.Struct("<BQBQ").pack  # start and end time fields (fixed64)
 
 
+_KeyEncodings = tuple[bytes, bytes, bytes, bytes, bytes]  # see Encoder._key
+
+
 class Encoder:
     """Encodes spans to ``ExportTraceServiceRequest`` bytes; keeps the encodings of keys, resources, scopes,
     span names and string attributes."""
 
     def __init__(self) -> None:
         self._keys: dict[str, bytes] = {}
-        self._span_keys: dict[str, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
+        self._span_keys: dict[str, _KeyEncodings] = {}
         self._strings: dict[tuple[str, Any], bytes] = {}  # (key, str or tuple of str)
         self._heads: dict[str, tuple[SpanKind, bytes]] = {}  # by name (an enum's hash is Python code)
+        self._events: dict[str, tuple[bytes, bytes]] = {}  # by name: an event's bytes before and after its time
+        # by stage shape: its keys' encodings, and its leading strings' encodings by value
+        self._shapes: dict[Shape, tuple[int, list[_KeyEncodings], dict[tuple[Any, ...], bytes]]] = {}
         self._resources: dict[int, tuple[Resource, bytes]] = {}
         self._scopes: dict[int, tuple[InstrumentationScope | None, bytes]] = {}
 
@@ -161,7 +167,7 @@ class Encoder:
         parts.append(b"\x85\x01" + _fixed32(flags))
         return b"".join(parts)
 
-    def _key(self, key: str) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    def _key(self, key: str) -> _KeyEncodings:
         """A span attribute key's encodings: the key field, and the ``KeyValue`` prefixes of an int of one
         and of two varint bytes, a float and a bool value (the value's bytes follow)."""
         k = _len(1, key.encode())
@@ -205,7 +211,59 @@ class Encoder:
             elif kind is bool and entry[4]:
                 parts.append(entry[4] + (b"\x01" if value else b"\x00"))
             else:
-                parts.append(_len(9, entry[0] + _len(2, _value(value))))
+                parts.append(self._other(entry, value))
+        return b"".join(parts)
+
+    @staticmethod
+    def _other(entry: _KeyEncodings, value: Any) -> bytes:
+        """A span attribute that is not kept (an int, float, bool, ...), with its key's encodings ``entry``."""
+        kind = type(value)
+        if kind is int and 0 <= value < 0x4000 and entry[1]:
+            return (entry[1] + bytes((value,)) if value < 0x80 else
+                    entry[2] + bytes((value & 0x7F | 0x80, value >> 7)))
+        if kind is float and entry[3]:
+            return entry[3] + _double(value)
+        if kind is bool and entry[4]:
+            return entry[4] + (b"\x01" if value else b"\x00")
+        return _len(9, entry[0] + _len(2, _value(value)))
+
+    def _stage_attributes(self, shape: Shape, values: tuple[Any, ...]) -> bytes:
+        """A stage's attributes (field 9), as :meth:`_span_attributes` writes ``shape.attributes(values)``:
+        the leading strings' encoding kept as one piece by their values, the rest written onto the keys'
+        kept prefixes."""
+        plan = self._shapes.get(shape)
+        if plan is None:
+            keys = self._span_keys
+            entries = [keys.get(k) or keys.setdefault(k, self._key(k)) for k in shape.keys]
+            plan = self._shapes[shape] = (shape.strings, entries[shape.strings:], {})
+        n, tail, kept = plan
+        if n:
+            head = values[:n]
+            encoded = kept.get(head)
+            if encoded is None:
+                encoded = self._span_attributes(dict(zip(shape.keys[:n], head, strict=True)))
+                if len(kept) >= _STRINGS_KEPT:
+                    kept.clear()
+                kept[head] = encoded
+            if not tail:
+                return encoded
+            parts = [encoded]
+        else:
+            parts = []
+        i = n
+        for entry in tail:
+            value = values[i]
+            i += 1
+            kind = type(value)
+            if kind is int and 0 <= value < 0x4000 and entry[1]:
+                parts.append(entry[1] + bytes((value,)) if value < 0x80 else
+                             entry[2] + bytes((value & 0x7F | 0x80, value >> 7)))
+            elif kind is float and entry[3]:
+                parts.append(entry[3] + _double(value))
+            elif kind is bool and entry[4]:
+                parts.append(entry[4] + (b"\x01" if value else b"\x00"))
+            else:
+                parts.append(self._other(entry, value))
         return b"".join(parts)
 
     def _head(self, name: str, kind: SpanKind) -> bytes:
@@ -220,7 +278,7 @@ class Encoder:
         ``children`` of ``root`` (spans, and stages whose ids ``bits`` makes now), then ``root``; the
         same bytes :meth:`span` writes for their SDK form (:meth:`Tracing.readable`, :func:`stage_span`),
         without making it."""
-        head_of, attributes = self._head, self._span_attributes
+        head_of, attributes = self._head, self._stage_attributes
         trace = b"\x0a\x10" + root.trace_id.to_bytes(16, "big")
         state = _len(3, root.trace_state.to_header().encode()) if root.trace_state else b""
         stage_ids = _ID_PAIR
@@ -228,17 +286,20 @@ class Encoder:
         out = []
         for child in children:
             if isinstance(child, tuple):  # a stage: an INTERNAL child of the root, no events, status unset
-                name, start, end, attrs = child
+                name, start, end, shape, values = child
                 body = b"".join((trace, stage_ids(0x12, 8, bits(64) or 1, 0x22, 8, parent), state,
                                  head_of(name, _INTERNAL),
-                                 _TIMES(0x39, start, 0x41, end), attributes(attrs) if attrs else b"", _STAGE_TAIL))
+                                 _TIMES(0x39, start, 0x41, end), attributes(shape, values) if values else b"",
+                                 _STAGE_TAIL))
             else:
                 body = self._record(trace, state, child)
             n = len(body)
-            out.append((b"\x12" + bytes((n,)) if n < 0x80 else b"\x12" + _varint(n)) + body)
+            out.append((bytes((0x12, n)) if n < 0x80 else bytes((0x12, n & 0x7F | 0x80, n >> 7)) if n < 0x4000
+                        else b"\x12" + _varint(n)) + body)
         body = self._record(trace, state, root)
         n = len(body)
-        out.append((b"\x12" + bytes((n,)) if n < 0x80 else b"\x12" + _varint(n)) + body)
+        out.append((bytes((0x12, n)) if n < 0x80 else bytes((0x12, n & 0x7F | 0x80, n >> 7)) if n < 0x4000
+                    else b"\x12" + _varint(n)) + body)
         return b"".join(out)
 
     def _record(self, trace: bytes, state: bytes, span: Span) -> bytes:
@@ -251,7 +312,11 @@ class Encoder:
         if span.attributes:
             parts.append(self._span_attributes(span.attributes))
         for name, at in span.events:
-            parts.append(_len(11, b"\x09" + _fixed64(at) + _len(2, name.encode())))
+            event = self._events.get(name)
+            if event is None:  # the Event message's tag and length, the time's tag; then its name field
+                tail = _len(2, name.encode())
+                event = self._events[name] = (_len(11, b"\x09" + bytes(8) + tail)[:-len(tail) - 8], tail)
+            parts += (event[0], _fixed64(at), event[1])
         description = span.description
         parts.append(_UNSET_STATUS if description is None else _len(
             15, (_len(2, description.encode()) if description else b"") + b"\x18\x02"))

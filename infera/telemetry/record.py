@@ -17,12 +17,17 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind
 
-from infera.telemetry.spans import Span, Stage, Tracing
+from infera.telemetry.spans import Shape, Span, Stage, Tracing
 
 _CURRENT: ContextVar[RequestRecord | None] = ContextVar("infera_request", default=None)
 
 clock_ns = time.time_ns  # span times are epoch nanoseconds
 _LEG_NAMES = {role: f"leg {role}" for role in ("mixed", "prefill", "decode")}
+_INTAKE = Shape(("infera.body_bytes",))
+_INTAKE_REFUSED = Shape(("infera.body_bytes", "infera.error", "http.response.status_code"))
+_TOKENIZE = Shape(("infera.prompt_tokens", "infera.tokenized"))
+_PICK = Shape(("infera.role", "infera.policy", "infera.worker", "infera.reason", "infera.overlap_blocks",
+               "infera.cost", "infera.candidates"), strings=4)
 
 
 def current() -> RequestRecord | None:
@@ -47,14 +52,14 @@ class RequestRecord:
     answering worker's first byte came in (0.0 until then).
     """
 
-    __slots__ = ("children", "done", "error", "failed", "first_byte", "model", "output_tokens", "overlap_blocks",
-                 "policy", "prompt_tokens", "reason", "request_id", "retries", "root", "started", "status",
-                 "trace_id", "tracing", "workers")
+    __slots__ = ("_trace_id", "children", "done", "error", "failed", "first_byte", "model", "output_tokens",
+                 "overlap_blocks", "policy", "prompt_tokens", "reason", "request_id", "retries", "root", "started",
+                 "status", "tracing", "workers")
 
-    def __init__(self, request_id: str, trace_id: str, tracing: Tracing | None = None, root: Span | None = None,
+    def __init__(self, request_id: str, trace_id: str | int, tracing: Tracing | None = None, root: Span | None = None,
                  ) -> None:
         self.request_id = request_id
-        self.trace_id = trace_id  # 32 hex digits, or "" when neither tracing nor the client gave one
+        self._trace_id = trace_id  # as given: an int is written out when read (most requests' never are)
         self.tracing = tracing if root is not None else None
         self.root = root
         self.started = time.perf_counter()
@@ -73,24 +78,29 @@ class RequestRecord:
         self.children: list[Span | Stage] = []  # the root's, in start order; handed over when the root ends
         self.done = False  # the root has ended
 
+    @property
+    def trace_id(self) -> str:
+        """32 hex digits, or "" when neither tracing nor the client gave one."""
+        trace_id = self._trace_id
+        if type(trace_id) is int:
+            trace_id = self._trace_id = f"{trace_id:032x}"
+        return trace_id  # type: ignore[return-value]
+
     # ---- spans made after the fact --------------------------------------------------------------
 
     def intake(self, start_ns: int, body_bytes: int, error: str = "", status: int = 0) -> None:
         """The ``intake`` span: the body read, parsed and validated (or refused with ``status``)."""
         tracing = self.tracing
         if tracing is not None and self.root is not None:
-            attributes: dict[str, Any] = {"infera.body_bytes": body_bytes}
-            if error:
-                attributes.update({"infera.error": error, "http.response.status_code": status})
-            self.children.append(("intake", start_ns, clock_ns(), attributes))
+            self.children.append(("intake", start_ns, clock_ns(), _INTAKE_REFUSED, (body_bytes, error, status))
+                                 if error else ("intake", start_ns, clock_ns(), _INTAKE, (body_bytes,)))
 
     def tokenized(self, start_ns: int, prompt_tokens: int, tokenized: bool) -> None:
         """The ``tokenize`` span: the prompt rendered, tokenized and measured."""
         self.prompt_tokens = prompt_tokens
         tracing = self.tracing
         if tracing is not None and self.root is not None:
-            self.children.append(("tokenize", start_ns, clock_ns(),
-                                  {"infera.prompt_tokens": prompt_tokens, "infera.tokenized": tokenized}))
+            self.children.append(("tokenize", start_ns, clock_ns(), _TOKENIZE, (prompt_tokens, tokenized)))
 
     def picked(self, role: str, policy: str, worker: str, reason: str, overlap: int, cost: float, candidates: int,
                start_ns: int) -> None:
@@ -100,9 +110,8 @@ class RequestRecord:
             self.policy, self.reason, self.overlap_blocks = policy, reason, overlap
         tracing = self.tracing
         if tracing is not None and self.root is not None:
-            self.children.append(("pick", start_ns, clock_ns(), {
-                "infera.role": role, "infera.policy": policy, "infera.worker": worker, "infera.reason": reason,
-                "infera.overlap_blocks": overlap, "infera.cost": cost, "infera.candidates": candidates}))
+            self.children.append(("pick", start_ns, clock_ns(), _PICK,
+                                  (role, policy, worker, reason, overlap, cost, candidates)))
 
     # ---- legs -------------------------------------------------------------------------------------
 

@@ -131,15 +131,35 @@ class Span:
             self.end = end if end is not None else time.time_ns()
 
 
-Stage = tuple[str, int, int, dict[str, Any]]
-"""A closed ``INTERNAL`` child of a request's root: (name, start, end (epoch ns), attributes)."""
+class Shape:
+    """The attribute keys of one kind of stage, in order: a stage carries only their values (no dict per
+    stage), and the OTLP encoder keeps the encoding of a stage's leading ``strings`` values together (a
+    pick's role, policy, worker and reason repeat from request to request). Its first ``strings``
+    values are always str. Shapes are module constants: one object per kind."""
+
+    __slots__ = ("keys", "strings")
+
+    def __init__(self, keys: tuple[str, ...], strings: int = 0) -> None:
+        if not 0 <= strings <= len(keys):
+            raise ValueError(f"strings={strings} for {len(keys)} keys")
+        self.keys = keys
+        self.strings = strings
+
+    def attributes(self, values: tuple[Any, ...]) -> dict[str, Any]:
+        """The attributes ``values`` stand for (the SDK form)."""
+        return dict(zip(self.keys, values, strict=True))
+
+
+Stage = tuple[str, int, int, Shape, tuple[Any, ...]]
+"""A closed ``INTERNAL`` child of a request's root: (name, start, end (epoch ns), attribute keys, their
+values)."""
 
 
 def stage_span(root: Span, stage: Stage, bits: Any = random.getrandbits) -> Span:
     """The :class:`Span` of a stage of ``root``'s request (its id made now), ended and not yet emitted."""
-    name, start, end, attributes = stage
+    name, start, end, shape, values = stage
     span = Span(name, root.trace_id, bits(64) or 1, root.trace_state, root.span_id, SpanKind.INTERNAL, start,
-                attributes)
+                shape.attributes(values))
     span.end = end
     span.emitted = True
     return span

@@ -46,7 +46,7 @@ class Telemetry:
         trace_id, root = tracing.root(name, traceparent, tracestate, kind, attributes)
         if root is not None:
             root.attributes["infera.request_id"] = rid
-        return RequestRecord(rid, f"{trace_id:032x}", tracing, root)
+        return RequestRecord(rid, trace_id, tracing, root)  # the id's hex digits only if read (logs)
 
     def end(self, record: RequestRecord, path: str) -> None:
         record.finish()

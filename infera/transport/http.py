@@ -194,9 +194,12 @@ class _Body:
         try:
             if self._first:
                 self._first = False
+                # usually the body came with or right after the head and is buffered: no timer needed
+                chunk = self._content.read_nowait()
                 try:
-                    async with asyncio.timeout_at(self._deadline):
-                        chunk = await self._content.readany()
+                    if not chunk:
+                        async with asyncio.timeout_at(self._deadline):
+                            chunk = await self._content.readany()
                 except TimeoutError as exc:
                     self.close()
                     raise UpstreamError(f"worker {self._worker_id} sent no first byte in time (first-byte timeout "

@@ -321,3 +321,68 @@ def test_a_removed_workers_slot_taken_by_another_between_queries() -> None:
             index.remove_worker("w1")
             _hold(index, "new", 2, 6000)  # takes w1's slot
         assert c.overlaps(HOT_ROUTER[0]) == py.overlaps(HOT_ROUTER[0]) == {"w0": LONG, "w2": LONG, "new": 2}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32), st.integers(2, 9), st.integers(20, 120))
+def test_tables_in_c_match_dicts_through_growth_and_eviction(seed: int, n_workers: int, steps: int) -> None:
+    """The C path's tables (``U64Map``: engine hash -> router hash per worker, router hash -> holders) against the
+    pure path's dicts on streams long enough to grow them through several resizes and to shift probe runs on
+    eviction: workers store long prompts of a small shared pool (new blocks only, or the whole prompt again under
+    fresh engine hashes), evict random blocks, clear, and the index answers every prompt between steps."""
+    import random
+
+    rng = random.Random(seed)
+    size = 4
+    pool = [[rng.randrange(2**32) for _ in range(size * rng.randint(1, 160))] for _ in range(6)]
+    pool[1][: size * 40] = pool[0][: size * 40]  # a shared prefix
+    router = [hashing.pure_block_hashes(p, size) for p in pool]
+    c, py = PrefixIndex(block_size=size, native=True), PrefixIndex(block_size=size, native=False)
+    held: dict[str, list[int]] = {}
+    for _ in range(steps):
+        w = f"w{rng.randrange(n_workers)}"
+        roll = rng.random()
+        events: list[KvEvent]
+        if roll < 0.55:
+            p = rng.randrange(len(pool))
+            n = len(router[p])
+            hashes = [rng.randrange(2**64) for _ in range(n)]
+            events = [BlockStored(hashes, None, pool[p], size, medium="GPU")]
+            held.setdefault(w, []).extend(hashes)
+        elif roll < 0.93:
+            mine = held.get(w, [])
+            gone = [mine.pop(rng.randrange(len(mine))) for _ in range(min(len(mine), rng.randint(1, 90)))]
+            gone.append(rng.randrange(2**64))  # one the worker never held
+            events = [BlockRemoved([h], medium="GPU") for h in gone]
+        else:
+            held.pop(w, None)
+            events = [AllBlocksCleared()]
+        for index in (c, py):
+            index.apply(w, EventBatch(1.0, events), now=5.0)
+        assert _state(c) == _state(py)
+        for hashes in router:
+            for n in (len(hashes), len(hashes) // 2 + 1):
+                assert c.overlaps(hashes[:n]) == py.overlaps(hashes[:n])
+    assert type(c._holders) is native.U64Map and all(type(t.blocks) is native.U64Map for t in c._workers.values())
+    assert type(py._holders) is dict
+    for w in list(c._workers):
+        assert c.cache_view(w) == py.cache_view(w)
+        c.remove_worker(w)
+        py.remove_worker(w)
+        assert _state(c) == _state(py)
+    assert len(c._holders) == 0
+
+
+def test_removing_one_of_two_engine_blocks_with_the_same_tokens_keeps_the_block() -> None:
+    """The C removal's fast path (a block the worker alone holds) must not take a router hash another engine block of
+    the same worker still holds (two adapters over the same tokens): the worker keeps it, as in pure Python."""
+    tokens = list(range(2 * BLOCK))
+    answers = []
+    for flag in (True, False):
+        index = PrefixIndex(block_size=BLOCK, native=flag)
+        index.apply("a", EventBatch(1.0, [BlockStored([1, 2], None, tokens, BLOCK),
+                                          BlockStored([11, 12], None, tokens, BLOCK)]))
+        index.apply("a", EventBatch(1.0, [BlockRemoved([1]), BlockRemoved([2])]))
+        answers.append((_state(index), index.overlaps(hashing.pure_block_hashes(tokens, BLOCK))))
+    assert answers[0] == answers[1]
+    assert answers[0][1] == {"a": 2}

@@ -19,6 +19,7 @@ from infera.router.base import Candidate, Policy, PolicyDeps, RoutingContext
 from infera.router.kv_aware import KvAwarePolicy
 from infera.router.kv_ttft import (
     STAY_MARGIN,
+    KvTtftBusyPolicy,
     KvTtftEvictionPolicy,
     KvTtftOccupancyPolicy,
     KvTtftOnlyPolicy,
@@ -305,6 +306,48 @@ def test_a_session_still_moves_when_the_queue_on_its_worker_costs_more_than_the_
     for k in range(4):  # four long prompts queued for prefill on w0
         fleet.load.begin("w0", 4000, block_hashes(tokens(10 + k, 4000), BS), 3)
     assert fleet.pick(session + tokens(3, 60)) != "w0"
+
+
+# ---- kv-aware-busy: a recompute costs more while the fleet is computing prompts ---------------------------------
+
+
+def session_behind_a_queue(policy: type[KvTtftPolicy], others_busy: bool) -> str:
+    """A session cached 150 blocks deep on w0 behind 3,500 tokens of queued prefill there; the other workers
+    each have a short prompt queued (``others_busy``) or nothing. Where does its next turn go?"""
+    fleet = Fleet(policy)
+    session = tokens(1, 2560)
+    fleet.cache("w0", session[:2400])
+    fleet.load.begin("w0", 3500, block_hashes(tokens(10, 3500), BS), 3)
+    if others_busy:
+        for k, wid in enumerate(("w1", "w2", "w3")):
+            fleet.load.begin(wid, 200, block_hashes(tokens(20 + k, 200), BS), 3)
+    return fleet.pick(session)
+
+
+def test_a_session_waits_for_its_holder_while_the_whole_fleet_computes_prompts() -> None:
+    """The Mooncake loss at 64 busy workers (bench/README.md, "Fifth round"): the queue on the holder moved the
+    request to a worker that recomputes its prefix, holding that worker's steps from the prompts queued behind
+    it; with every worker computing prompts the move must save more, so it stays (the fixed weight moves)."""
+    assert session_behind_a_queue(KvTtftBusyPolicy, others_busy=True) == "w0"
+    assert session_behind_a_queue(KvTtftPolicy, others_busy=True) != "w0"
+
+
+def test_with_the_rest_of_the_fleet_idle_the_same_queue_still_moves_it() -> None:
+    """Idle workers: nobody waits behind the recompute, the weight stays near the fixed one and the same
+    queue moves the session as before."""
+    for policy in (KvTtftBusyPolicy, KvTtftPolicy):
+        assert session_behind_a_queue(policy, others_busy=False) != "w0", policy.__name__
+
+
+def test_the_busy_weight_still_leaves_a_simultaneous_burst_one_prefix_copy_per_worker() -> None:
+    """A simultaneous burst makes every worker busy with its own copy of the prefix: the busy weight gathers
+    a few more on the first worker (8 rather than 6) and still gives every worker one copy."""
+    fleet = Fleet(KvTtftBusyPolicy)
+    prefix = tokens(2, 2496)
+    placed = [fleet.route(prefix + tokens(100 + i, 80))[0] for i in range(40)]
+    assert placed[:8] == [placed[0]] * 8 and placed[8] != placed[0], placed
+    counts = Counter(placed)
+    assert len(counts) == 4 and max(counts.values()) <= 12, counts
 
 
 def test_the_speed_scales_kept_between_decisions_equal_scales_from_scratch() -> None:

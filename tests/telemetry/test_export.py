@@ -174,6 +174,36 @@ def test_kept_attribute_encodings_write_what_the_plain_encoder_writes() -> None:
             assert encoder._span_attributes(attributes) == encoder._attributes(9, attributes), (round_, value)
 
 
+def test_a_stages_attributes_from_its_shape_write_what_the_plain_encoder_writes() -> None:
+    """Stages carry values in their shape's key order; the encoder keeps their leading strings' encoding
+    as one piece: the bytes are still those of the attributes the values stand for, first time or kept."""
+    import pytest
+
+    from infera.telemetry.otlp import Encoder
+    from infera.telemetry.spans import Shape
+
+    encoder = Encoder()
+    pick = Shape(("infera.role", "infera.policy", "infera.worker", "infera.reason", "infera.overlap_blocks",
+                  "infera.cost", "infera.candidates"), strings=4)
+    refused = Shape(("infera.body_bytes", "infera.error", "http.response.status_code"))
+    cases = [
+        (pick, ("mixed", "kv-aware", "w1", "cache-hit", 6, 28.2, 2)),
+        (pick, ("mixed", "kv-aware", "w2", "cache-hit", 0, 0.0, 2)),  # another worker: another kept piece
+        (pick, ("decode", "kv-aware", "w1", "load", 200, -1.5, 16384)),  # two-byte and long ints
+        (refused, (0, "request body exceeds 10 bytes", 413)),  # a string after the leading ones
+        (Shape(("infera.prompt_tokens", "infera.tokenized")), (1000, True)),
+        (Shape(("infera.body_bytes",)), (611,)),
+        (Shape(("a", "b"), strings=2), ("x", "é" * 100)),  # strings only
+        (Shape(("k" * 150, "n"), strings=1), ("v", 1)),  # a key too long for the short prefixes
+    ]
+    for round_ in range(2):  # the second time from the kept encodings
+        for shape, values in cases:
+            expected = encoder._attributes(9, shape.attributes(values))
+            assert encoder._stage_attributes(shape, values) == expected, (round_, values)
+    with pytest.raises(ValueError, match="strings=2 for 1 keys"):
+        Shape(("a",), strings=2)
+
+
 def test_a_new_traces_sampling_decision_is_the_samplers_without_asking_it() -> None:
     from opentelemetry.sdk.trace.sampling import (
         ALWAYS_OFF,
@@ -224,6 +254,7 @@ async def test_the_otlp_processor_encodes_on_the_event_loop_and_posts_a_batch_wh
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from infera.telemetry.otlp import OtlpProcessor
+    from infera.telemetry.spans import Shape
 
     posted: list[bytes] = []
     processor = OtlpProcessor(lambda body: posted.append(body) or True, delay=0.05, tick=0.01)
@@ -234,7 +265,7 @@ async def test_the_otlp_processor_encodes_on_the_event_loop_and_posts_a_batch_wh
         leg = tracing.start("leg mixed", root)
         leg.close()
         root.close()
-        tracing.emit(root, [leg, ("pick", root.start, root.end, {"infera.worker": "w1"})])
+        tracing.emit(root, [leg, ("pick", root.start, root.end, Shape(("infera.worker",), strings=1), ("w1",))])
     for _ in range(500):  # bounded wait for the batch to be due and posted
         if posted:
             break

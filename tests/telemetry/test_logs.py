@@ -33,6 +33,22 @@ async def test_the_json_request_line_carries_the_decision_and_the_trace_id_of_th
     assert first["prompt_tokens"] > 0 and first["level"] == "info" and first["ts"].endswith("Z")
 
 
+async def test_a_request_sent_with_two_ids_and_two_parents_is_logged_and_traced_under_the_first() -> None:
+    """The id the response carries (RequestIdMiddleware keeps the first) and the parent forwarded to the
+    worker (the first) are the request line's and the root span's."""
+    t = Traced(worker("w1"))
+    first_parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    headers = [("x-request-id", "first-id"), ("traceparent", first_parent), ("x-request-id", "second-id"),
+               ("traceparent", "00-11111111111111111111111111111111-2222222222222222-01")]
+    async with t.client() as client:
+        resp = await client.post("/v1/chat/completions", json=CHAT, headers=headers)
+    (line,) = t.lines()
+    assert resp.headers["x-request-id"] == line["request_id"] == "first-id"
+    assert line["trace_id"] == "0af7651916cd43dd8448eb211c80319c" == first_parent[3:35]
+    root = one(t.spans(), "POST /v1/chat/completions")
+    assert root.parent is not None and root.parent.span_id == 0xB7AD6B7169203331
+
+
 async def test_the_request_line_without_tracing_keeps_a_callers_trace_id() -> None:
     t = Traced(worker("w1"), tracing=False)
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -85,6 +101,14 @@ def test_formatters_append_the_ids_only_to_lines_about_a_request() -> None:
     assert orjson.loads(json_in) | {"ts": ""} == {"ts": "", "level": "warning", "logger": "tests.telemetry.formatters",
                                                   "msg": "inside 1", "request_id": "r1",
                                                   "trace_id": "0af7651916cd43dd8448eb211c80319c"}
+
+
+def test_a_traced_records_trace_id_reads_as_32_hex_digits_leading_zeros_kept() -> None:
+    """A traced request's record keeps its trace id as the int its spans carry; its lines read the hex."""
+    record = RequestRecord("r1", 0xAB)
+    assert record.trace_id == "000000000000000000000000000000ab" == record.trace_id
+    line = orjson.loads(RequestLog("json", io.BytesIO()).line(RequestRecord("r2", (1 << 128) - 1), "/v1/completions"))
+    assert line["trace_id"] == "f" * 32
 
 
 def test_the_text_request_line_is_key_value_pairs() -> None:

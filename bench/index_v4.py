@@ -1,0 +1,548 @@
+"""Frozen copy of the PrefixIndex as it was at main 846da7f (issue 15 after its fourth round: the per-block loops
+and the rows in C, the tables Python dicts), kept so that bench/index_bench.py measures the fifth round (the
+tables in C: infera.kv._native.U64Map) side by side with it in one run ("main4"). It runs on this tree's bitmasks,
+rows, tables and C extension, whose functions it calls still take dicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
+from itertools import chain, compress, groupby, islice, repeat
+from operator import and_, attrgetter, ne, not_, or_, sub, xor
+from typing import Any
+
+from infera.kv.bitmasks import Run, Slots, walk
+from infera.kv.hashing import pure_block_hashes
+from infera.kv.index_rows import RowRuns
+from infera.kv.index_tables import Predictions, WorkerTable
+from infera.kv.native import load
+from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, TokenIds
+
+CACHE_VIEW_MAX_HASHES = 256
+RUN_MIN_BLOCKS = 64  # a query remembers the walk over a prompt's leading shared blocks from this many on
+RUNS_MAX = 256  # remembered runs (by first router hash); the oldest goes first
+WATCHED_MAX = 1 << 16  # router hashes the remembered runs may cover before all are forgotten
+TOP_MEDIA = frozenset({"GPU", None})  # the device tier (None: an engine that does not say)
+_PLAIN = "GPU"  # a block held in this medium only has no entry in WorkerTable.media
+_HASHES = attrgetter("block_hashes")
+
+
+@dataclasses.dataclass(slots=True)
+class IndexCounters:
+    """Totals since start; monotonic, for metrics."""
+
+    block_stored: int = 0  # BlockStored events applied
+    block_removed: int = 0  # BlockRemoved events applied
+    all_blocks_cleared: int = 0  # AllBlocksCleared events applied
+    orphan_blocks: int = 0  # stored blocks skipped: parent unknown or too few token ids
+    unknown_removed: int = 0  # removed engine hashes the index did not hold
+    block_size_mismatch: int = 0  # stored blocks skipped: block size differs from the index's
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class PrefixIndex:
+    """Router hash -> bitmask of workers, plus per-worker tables for O(1) removes."""
+
+    def __init__(self, block_size: int | None = None, *, native: bool | None = None) -> None:
+        """``block_size``: if set, stored blocks of another size are skipped and counted
+        (the router hashes prompts with one block size; a mismatch would silently give 0 hits).
+        ``native``: run the per-block loops in C (``infera.kv._native``; ImportError if it is not built),
+        False: in Python; None (default): C if built and ``INFERA_PURE_PYTHON`` is not set. Same results.
+        """
+        self.block_size = block_size
+        if native:
+            from infera.kv import _native
+
+            self._native: Any = _native
+        else:
+            self._native = load() if native is None else None
+        self.counters = IndexCounters()
+        self._workers: dict[str, WorkerTable] = {}
+        self._slots = Slots()
+        self._holders: dict[int, int] = {}  # router hash -> mask of workers holding it (confirmed)
+        # The same masks for the router hashes two or more workers hold, in a table of their own: a
+        # query's lookups of a hot prefix then probe a small table instead of the whole index.
+        self._shared: dict[int, int] = {}
+        # Walks over prompts' leading shared blocks, by first router hash, and the router hashes they
+        # cover: any change to one of those masks forgets every run (see overlaps).
+        self._runs: dict[int, Run] = {}
+        self._watched: set[int] = set()
+        # The C path's runs: their masks as rows, patched when one changes (Python's runs are forgotten).
+        self._rows = None if self._native is None else RowRuns(self._native, self._slots.names, self._watched, RUNS_MAX,
+                                                                    WATCHED_MAX)
+        self._guesses = Predictions()
+        self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
+        self._expiry_heap = self._guesses.heap
+
+    def _worker(self, worker_id: str) -> WorkerTable:
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            slot = self._slots.take(worker_id)
+            worker = self._workers[worker_id] = WorkerTable(slot, 1 << slot)
+        return worker
+
+    # -- events --------------------------------------------------------------------------
+
+    def apply(self, worker_id: str, batch: EventBatch, now: float | None = None) -> None:
+        """Apply a batch's events in order to ``worker_id``'s cache.
+
+        ``worker_id`` names one event stream (a data-parallel rank publishes its own).
+        ``now`` (wall-clock seconds, default ``time.time()``) is recorded as the last event time.
+        """
+        worker = self._worker(worker_id)
+        for kind, run in groupby(batch.events, type):  # vLLM: one BlockRemoved per block, in runs
+            if issubclass(kind, BlockRemoved):
+                self._remove_run(worker, list(run))  # type: ignore[arg-type]
+            elif issubclass(kind, BlockStored):
+                for event in run:
+                    self.counters.block_stored += 1
+                    self._store(worker, event)  # type: ignore[arg-type]
+            elif issubclass(kind, AllBlocksCleared):
+                for _ in run:
+                    self.counters.all_blocks_cleared += 1
+                    self._clear(worker)
+        worker.last_event_ts = batch.ts
+        worker.last_applied_at = time.time() if now is None else now
+
+    def _tables(self, worker: WorkerTable) -> tuple[Any, ...]:
+        """What the C loops take: the worker's tables, the index's, and the worker's bit."""
+        return (worker.blocks, worker.media, worker.extra, worker.lower, worker.predicted, self._holders,
+                self._shared, self._watched, self._predicted, worker.bit)
+
+    def _remove_run_native(self, worker: WorkerTable, events: list[BlockRemoved], hashes: list[int]) -> None:
+        """:meth:`_remove_run` in C, block by block; a block held in other tiers goes through :meth:`_remove`."""
+        tables, start, n = self._tables(worker), 0, len(hashes)
+        # Their router hashes, while remembered runs are watched: the C loop says whether one of those masks
+        # changed, and its rows are patched from these.
+        locals_ = list(map(worker.blocks.get, hashes)) if self._watched else []
+        while True:
+            stop, unknown, forget = self._native.remove_blocks(*tables, hashes, start)
+            self.counters.unknown_removed += unknown
+            if forget:
+                self._touch([local for local in locals_ if local is not None])
+            if stop >= n:
+                return
+            offset = 0  # the event holding block ``stop`` says the medium
+            for event in events:
+                offset += len(event.block_hashes)
+                if offset > stop:
+                    self._remove(worker, hashes[stop], event.medium)
+                    break
+            start = stop + 1
+
+    def _remove_run(self, worker: WorkerTable, events: list[BlockRemoved]) -> None:
+        self.counters.block_removed += len(events)
+        hashes = events[0].block_hashes if len(events) == 1 else list(chain.from_iterable(map(_HASHES, events)))
+        if self._native is not None:
+            self._remove_run_native(worker, events, hashes)
+            return
+        if worker.media and not worker.media.keys().isdisjoint(hashes):  # tiers to track: block by block
+            for event in events:
+                for engine_hash in event.block_hashes:
+                    self._remove(worker, engine_hash, event.medium)
+            return
+        # Every block of the run is on the device only, so any removal drops it whatever the
+        # medium: whole-run passes, in C, give the state block-by-block removal would.
+        locals_ = list(map(worker.blocks.pop, hashes, repeat(None)))
+        unknown = locals_.count(None)
+        if unknown:
+            self.counters.unknown_removed += unknown
+            locals_ = [local for local in locals_ if local is not None]
+        gone: list[int] = locals_  # type: ignore[assignment]  # router hashes no engine block holds now
+        if worker.extra and not worker.extra.keys().isdisjoint(gone):
+            removed, gone = gone, self._release_shared(worker.extra, gone)
+            if worker.media:  # a block still held through another engine block may be left below the device
+                for local in set(removed).difference(gone):
+                    self._relower(worker, local)
+        holders = self._holders
+        masks = list(map(xor, map(holders.__getitem__, gone), repeat(worker.bit)))
+        holders.update(zip(gone, masks, strict=True))
+        if any(masks):  # held by others too: those were in the shared table
+            self._unshare(list(compress(gone, masks)), list(filter(None, masks)))
+        if 0 in masks:  # no holder left
+            for local in compress(gone, map(not_, masks)):
+                del holders[local]
+        if worker.lower:
+            for local in gone:
+                worker.lower.pop(local, None)
+        if worker.predicted:  # the events are fresher than our guesses
+            for local in worker.predicted.keys() & gone:
+                self._guesses.drop(worker, local)
+
+    @staticmethod
+    def _release_shared(extra: dict[int, int], locals_: list[int]) -> list[int]:
+        """Drop one reference per entry of ``locals_``; the router hashes left with none, once each."""
+        dropped = Counter(locals_)
+        for local in extra.keys() & dropped.keys():
+            refs = extra[local] + 1 - dropped[local]
+            if refs > 0:
+                del dropped[local]  # still held through another engine block
+                if refs == 1:
+                    del extra[local]
+                else:
+                    extra[local] = refs - 1
+            else:
+                del extra[local]
+        return list(dropped)
+
+    def _unshare(self, locals_: list[int], masks: list[int]) -> None:
+        """One worker left each of ``locals_``, which it shared with others: ``masks`` (non-zero) are
+        the holders left; still shared, or held by one worker now."""
+        shared = self._shared
+        single = list(map(not_, map(and_, masks, map(sub, masks, repeat(1)))))
+        shared.update(zip(compress(locals_, map(not_, single)), compress(masks, map(not_, single)), strict=True))
+        if any(single):
+            for local in compress(locals_, single):
+                del shared[local]
+        if self._watched and not self._watched.isdisjoint(locals_):
+            self._touch(locals_)
+
+    def _touch(self, locals_: Iterable[int]) -> None:
+        """The masks of some of ``locals_`` (router hashes) that remembered runs cover changed: C patches the
+        rows of its runs, Python forgets its runs."""
+        if self._rows is None:
+            self._forget_runs()
+        else:
+            self._rows.touch(locals_)
+
+    def _forget_runs(self) -> None:
+        self._runs.clear()
+        self._watched.clear()
+        if self._rows is not None:
+            self._rows.forget()
+
+    def _store(self, worker: WorkerTable, event: BlockStored) -> None:
+        hashes = event.block_hashes
+        n = len(hashes)
+        bs = event.block_size
+        if self.block_size is not None and bs != self.block_size:
+            self.counters.block_size_mismatch += n
+            return
+        blocks = worker.blocks
+        if event.parent_block_hash is None:
+            parent = 0
+        else:
+            found = blocks.get(event.parent_block_hash)
+            if found is None:  # missed the parent's event: its children cannot be hashed
+                worker.orphan_blocks += n
+                self.counters.orphan_blocks += n
+                return
+            parent = found
+        tokens = event.token_ids
+        locals_: list[int] | None = None
+        if self._native is not None and bs > 0:  # None: a token id outside uint32 (or not msgpack ints)
+            if type(tokens) is TokenIds:  # as decoded: hashed from the msgpack bytes, no int per token
+                locals_ = self._native.chain_hashes_packed(tokens.packed, n, bs, parent)
+            else:
+                locals_ = self._native.chain_hashes(tokens, 0, n, bs, parent)
+        if locals_ is None:
+            if type(tokens) is TokenIds:
+                tokens = tokens.ids()  # KvEventDecodeError if not msgpack
+            if len(tokens) > n * bs:
+                tokens = tokens[: n * bs]
+            locals_ = pure_block_hashes(tokens, bs, parent) if bs > 0 else []
+        if len(locals_) < n:  # too few token ids: the tail blocks cannot be hashed
+            missing = n - len(locals_)
+            worker.orphan_blocks += missing
+            self.counters.orphan_blocks += missing
+            hashes = hashes[: len(locals_)]
+        medium = event.medium
+        holders, bit = self._holders, worker.bit
+        if self._native is not None and medium == _PLAIN:
+            done, forget = self._native.store_blocks(*self._tables(worker), hashes, locals_, 0)
+            if forget:
+                self._touch(locals_)
+            if done == len(hashes):
+                return
+            hashes, locals_ = hashes[done:], locals_[done:]  # a block held in other tiers: Python goes on
+        elif medium == _PLAIN and blocks.keys().isdisjoint(hashes) and self._store_new(worker, hashes, locals_):
+            return
+        top = medium in TOP_MEDIA
+        extra, lower, predicted = worker.extra, worker.lower, worker.predicted
+        for engine_hash, local in zip(hashes, locals_, strict=True):
+            if engine_hash in blocks:
+                self._add_tier(worker, engine_hash, local, medium)
+                continue
+            blocks[engine_hash] = local
+            if medium != _PLAIN:
+                worker.media[engine_hash] = [medium]
+            mask = holders.get(local, 0)
+            if mask & bit:  # another engine block of this worker has the same tokens
+                extra[local] = extra.get(local, 0) + 1
+            else:
+                if mask:
+                    holders[local] = self._shared[local] = mask | bit
+                    if local in self._watched:
+                        self._touch((local,))
+                else:
+                    holders[local] = bit
+                if not top:
+                    lower[local] = str(medium)
+            if top and lower:
+                lower.pop(local, None)
+            if predicted:
+                self._guesses.drop(worker, local)  # confirmed now
+
+    def _store_new(self, worker: WorkerTable, hashes: list[int], locals_: list[int]) -> bool:
+        """The common case in bulk, in C: engine hashes new to the worker, on the device, with
+        distinct router hashes (one the worker holds already gains a reference). False, having
+        changed nothing, when a hash repeats within the event: the caller goes block by block.
+        """
+        blocks, holders, bit = worker.blocks, self._holders, worker.bit
+        n = len(locals_)
+        old = list(map(holders.get, locals_, repeat(0)))
+        before = len(blocks)
+        blocks.update(zip(hashes, locals_, strict=True))
+        if len(blocks) - before < n:  # an engine hash repeats within the event
+            for engine_hash in hashes:
+                blocks.pop(engine_hash, None)
+            return False
+        if any(old):  # some held before, by others or through another engine block
+            if len(set(locals_)) < n:  # a router hash repeats within the event
+                for engine_hash in hashes:
+                    blocks.pop(engine_hash, None)
+                return False
+            new = list(map(or_, old, repeat(bit)))
+            holders.update(zip(locals_, repeat(bit)))
+            holders.update(zip(compress(locals_, old), compress(new, old), strict=True))
+            own = list(map(and_, old, repeat(bit)))
+            if any(own):  # held already via another engine block: one more reference
+                extra = worker.extra
+                for local in compress(locals_, own):
+                    extra[local] = extra.get(local, 0) + 1
+            others = list(map(ne, new, repeat(bit)))  # shared with other workers now
+            if any(others):
+                self._shared.update(zip(compress(locals_, others), compress(new, others), strict=True))
+                if self._watched and not self._watched.isdisjoint(compress(locals_, others)):
+                    self._touch(compress(locals_, others))
+        else:
+            # A block held by this worker alone maps to the worker's own ``bit`` object: no int per block.
+            size = len(holders)
+            holders.update(zip(locals_, repeat(bit)))
+            if len(holders) - size < n:  # a router hash repeats within the event
+                for engine_hash, local in zip(hashes, locals_, strict=True):
+                    blocks.pop(engine_hash, None)
+                    holders.pop(local, None)
+                return False
+        if worker.lower:
+            for local in locals_:
+                worker.lower.pop(local, None)
+        if worker.predicted:  # confirmed now
+            for local in worker.predicted.keys() & set(locals_):
+                self._guesses.drop(worker, local)
+        return True
+
+    def _add_tier(self, worker: WorkerTable, engine_hash: int, local: int, medium: str | None) -> None:
+        """A stored block the worker already holds: at most a new tier for it."""
+        media = worker.media.get(engine_hash)
+        if medium in (media if media is not None else (_PLAIN,)):
+            return
+        if media is None:
+            worker.media[engine_hash] = [_PLAIN, medium]
+        else:
+            media.append(medium)
+        if medium in TOP_MEDIA and worker.lower:
+            worker.lower.pop(local, None)
+
+    def _remove(self, worker: WorkerTable, engine_hash: int, medium: str | None) -> None:
+        local = worker.blocks.get(engine_hash)
+        if local is None:
+            self.counters.unknown_removed += 1
+            return
+        media = worker.media.get(engine_hash)
+        if media is not None:
+            if medium in media:
+                media.remove(medium)
+            else:  # unknown tier: the engine no longer has it where we thought; drop it all
+                media.clear()
+            if media:
+                if all(m not in TOP_MEDIA for m in media):  # left only in a lower tier
+                    if local in worker.extra:
+                        self._relower(worker, local)  # unless another engine block has it on the device
+                    else:
+                        worker.lower[local] = str(media[0])
+                elif media == [_PLAIN]:
+                    del worker.media[engine_hash]
+                return
+            del worker.media[engine_hash]
+        # else on the device only: any removal drops it (an unknown tier means the same)
+        del worker.blocks[engine_hash]
+        refs = worker.extra.get(local)
+        if refs is not None:  # still held through another engine block
+            if refs == 1:
+                del worker.extra[local]
+            else:
+                worker.extra[local] = refs - 1
+            self._relower(worker, local)
+            return
+        mask = self._holders[local] ^ worker.bit
+        if mask:
+            self._holders[local] = mask
+            self._unshare([local], [mask])
+        else:
+            del self._holders[local]
+        worker.lower.pop(local, None)
+        self._guesses.drop(worker, local)  # the event is fresher than our guess
+
+    @staticmethod
+    def _relower(worker: WorkerTable, local: int) -> None:
+        """A router hash several engine blocks share changed: it is below the device iff every copy is."""
+        media = [worker.media.get(eh) or [_PLAIN] for eh, held in worker.blocks.items() if held == local]
+        if media and all(m not in TOP_MEDIA for ms in media for m in ms):
+            worker.lower[local] = str(media[0][0])
+        else:
+            worker.lower.pop(local, None)
+
+    def _clear(self, worker: WorkerTable) -> None:
+        holders, bit = self._holders, worker.bit
+        keep = ~bit
+        for local in worker.blocks.values():
+            mask = holders.get(local)
+            if mask is not None and mask & bit:
+                mask &= keep
+                if mask:
+                    holders[local] = mask
+                    self._unshare([local], [mask])
+                else:
+                    del holders[local]
+        worker.blocks.clear()
+        worker.media.clear()
+        worker.extra.clear()
+        worker.lower.clear()
+        for local in list(worker.predicted):
+            self._guesses.drop(worker, local)
+
+    # -- predictions ---------------------------------------------------------------------
+
+    def predict(self, worker_id: str, hashes: Sequence[int], ttl: float, now: float) -> None:
+        """Expect ``worker_id`` to cache blocks ``hashes`` (router hashes) until ``now + ttl``.
+
+        A later prediction of the same block extends it. Predictions never become
+        confirmed blocks; events do that.
+        """
+        self._guesses.prune(now, self._workers)
+        worker = self._worker(worker_id)
+        if ttl > 0:
+            self._guesses.add(worker_id, worker, hashes, now + ttl)
+
+    # -- queries -------------------------------------------------------------------------
+
+    def overlaps(
+        self,
+        hashes: Sequence[int],
+        now: float | None = None,
+        use_predicted: bool | Collection[str] = False,
+    ) -> dict[str, int]:
+        """Per worker, how many leading blocks of ``hashes`` it holds contiguously.
+
+        Only workers holding the first block appear (0 is omitted). ``use_predicted``:
+        False counts confirmed blocks only; True also counts unexpired predictions of every
+        worker; a collection of worker ids counts predictions for those workers only.
+        ``now`` is the prediction clock (default ``time.monotonic()``).
+        Cost: one dict lookup and one mask AND per prompt block up to the deepest holder, plus
+        one step per worker that drops out, whatever the number of holders.
+        """
+        if not hashes:
+            return {}
+        if use_predicted is not False and self._expiry_heap:
+            self._guesses.prune(time.monotonic() if now is None else now, self._workers)
+            if self._predicted:
+                workers = self._workers
+                allowed = -1 if use_predicted is True else sum({workers[w].bit for w in use_predicted if w in workers})
+                if self._rows is not None:
+                    over_rows = self._rows.guessed(hashes, self._shared, self._holders, self._slots.names,
+                                                   RUN_MIN_BLOCKS, self._predicted, allowed)
+                    if over_rows is not None:
+                        return over_rows
+                if self._native is not None:
+                    guessed: dict[str, int] = self._native.walk(hashes, self._shared, self._holders, self._slots.names,
+                                                                None, 0, self._predicted, allowed)[0]
+                    return guessed
+                return walk(hashes, self._shared, self._holders.get, self._slots.names,
+                            guessed=self._predicted.get, allowed=allowed)[0]
+        if self._rows is not None:  # the same answers; its runs are rows of masks, patched (index_rows)
+            return self._rows.overlaps(hashes, self._shared, self._holders, self._slots.names, RUN_MIN_BLOCKS)
+        first = hashes[0]
+        run = self._runs.get(first)
+        if run is None or len(hashes) < run.end or hashes[run.end - 1] != run.last:
+            run = None
+        found, run = walk(hashes, self._shared, self._holders.get, self._slots.names, resume=run,
+                          capture=RUN_MIN_BLOCKS)
+        if run is not None:
+            self._remember(first, run, hashes)
+        return found
+
+    def _remember(self, first: int, run: Run, hashes: Sequence[int]) -> None:
+        runs, watched = self._runs, self._watched
+        if len(watched) + run.end > WATCHED_MAX:
+            self._forget_runs()
+        elif len(runs) >= RUNS_MAX and first not in runs:
+            del runs[next(iter(runs))]  # its hashes stay watched: a change there forgets too much, never too little
+        runs[first] = run
+        watched.update(islice(hashes, run.end))
+
+    def lower_tier_blocks(self, worker_id: str, hashes: Sequence[int], count: int) -> dict[str, int]:
+        """Of the first ``count`` blocks of ``hashes`` (what :meth:`overlaps` found on the worker),
+        how many it holds only in a lower tier than the device, by medium (e.g. ``{"CPU": 3}``).
+
+        Empty, in O(1), for a worker whose confirmed blocks are all on the device (the common
+        case). Predicted blocks count as device blocks.
+        """
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.lower:
+            return {}
+        lower = worker.lower
+        out: dict[str, int] = {}
+        for local in islice(hashes, count):
+            medium = lower.get(local)
+            if medium is not None:
+                out[medium] = out.get(medium, 0) + 1
+        return out
+
+    # -- workers and views ---------------------------------------------------------------
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Forget a worker: its blocks, predictions and counters. Unknown ids are ignored."""
+        worker = self._workers.pop(worker_id, None)
+        if worker is not None:
+            self._clear(worker)
+            self._slots.release(worker.slot)
+            if self._rows is not None:
+                self._rows.released()
+
+    def workers(self) -> list[str]:
+        """Workers the index has heard of (events or predictions), sorted."""
+        return sorted(self._workers)
+
+    def block_count(self, worker_id: str) -> int:
+        """Confirmed blocks (distinct engine hashes, any medium) the worker holds; 0 if unknown."""
+        worker = self._workers.get(worker_id)
+        return len(worker.blocks) if worker is not None else 0
+
+    def cache_view(self, worker_id: str, max_hashes: int = CACHE_VIEW_MAX_HASHES) -> dict[str, Any]:
+        """A JSON-able summary of one worker's cache, for the admin API."""
+        worker = self._workers.get(worker_id) or WorkerTable(-1, 0)
+        by_medium: dict[str, int] = {}
+        plain = len(worker.blocks) - len(worker.media)
+        if plain:
+            by_medium[_PLAIN] = plain
+        for media in worker.media.values():
+            for medium in media:
+                key = medium or "unknown"
+                by_medium[key] = by_medium.get(key, 0) + 1
+        engine_hashes = list(islice(worker.blocks, max_hashes))
+        return {
+            "worker_id": worker_id,
+            "blocks": len(worker.blocks),
+            "blocks_by_medium": by_medium,
+            "orphan_blocks": worker.orphan_blocks,
+            "predicted_blocks": len(worker.predicted),
+            "last_event_ts": worker.last_event_ts,
+            "last_event_at": worker.last_applied_at,
+            "engine_hashes": engine_hashes,
+            "engine_hashes_truncated": len(worker.blocks) > len(engine_hashes),
+        }
