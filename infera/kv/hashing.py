@@ -57,7 +57,8 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> 
     if parent == 0 and type(token_ids) is PromptIds and token_ids.origin == token_ids:
         known = token_ids.known_hashes.get(block_size, []) if token_ids.known_hashes else []
         k = min(len(known), n_blocks)
-        out = known[:k] + _chain(token_ids, k, n_blocks, block_size, known[k - 1] if k else 0)
+        # hash ``origin``, the equal plain list: the C loop reads a list subclass through a copy of it
+        out = known[:k] + _chain(token_ids.origin, k, n_blocks, block_size, known[k - 1] if k else 0)
         if token_ids.sink is not None:
             token_ids.sink[block_size] = list(out)  # the caller may keep and change ``out``
         return out

@@ -131,7 +131,8 @@ class PromptCache:
             start, _, n_ids = base.cuts[k]
             before = base.cuts[: k + 1]
             rest = self._encode(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
-            ids = base.ids[:n_ids] + rest
+            ids = base.ids[:n_ids]  # one copy of the reused ids (``slice + rest`` made two)
+            ids += rest
             hashes = {size: h[: n_ids // size] for size, h in base.hashes.items()}
         new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
         entry = self._entry(data, ids, new, start, before)

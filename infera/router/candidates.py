@@ -43,6 +43,9 @@ class Candidates:
         self._cooldown: dict[str, tuple[float, float]] = {}  # worker -> (until, last backoff)
         self._groups: dict[tuple[str, str, Kind], list[WorkerRecord]] = {}
         self._grouped_from: object = None
+        # topologies while no worker cools down (health then filters nothing), per fleet mapping
+        self._topologies: dict[tuple[str, Kind], Topology] = {}
+        self._topologies_from: object = None
         fleet.subscribe(self._on_change)
 
     def _on_change(self, change: FleetChange) -> None:
@@ -120,7 +123,23 @@ class Candidates:
         """A prefill+decode pair when the fleet has one that takes ``kind``, else a mixed worker.
 
         Raises :class:`NotServable` when only workers that cannot take ``kind`` serve the model.
+        While no worker cools down, the answer depends on the fleet alone: it is computed once per
+        fleet change (fleet views replace their mapping on every change).
         """
+        if self._cooldown:
+            return self._topology(model, kind)
+        fleet = self._fleet.workers()
+        if fleet is not self._topologies_from:
+            self._topologies = {}
+            self._topologies_from = fleet
+        topology = self._topologies.get((model, kind))
+        if topology is None:
+            topology = self._topology(model, kind)
+            if topology.kind != "none":  # kept per model served: a stream of unknown names cannot grow it
+                self._topologies[(model, kind)] = topology
+        return topology
+
+    def _topology(self, model: str, kind: Kind) -> Topology:
         workers = self._fleet.workers().values()
         able = [w for w in workers if can_take(w, kind)]
         topology = choose(able, model, self.healthy)

@@ -75,6 +75,7 @@ The previous cost (blocks of prefill plus blocks held by in-flight requests) is
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from infera.kv.load import LoadTracker
@@ -168,12 +169,16 @@ def modelled_ms(weight: float, tokens: float, decoding: int, active_blocks: int,
 class _Scale:
     """Sums over one worker's recent TTFT samples (refreshed when it has new ones)."""
 
-    __slots__ = ("count", "floor", "modelled", "n", "observed")
+    __slots__ = ("capacity", "count", "floor", "modelled", "n", "observed", "parts", "source")
 
     def __init__(self) -> None:
         self.count = -1
         self.n = 0
         self.observed = self.modelled = self.floor = 0.0  # ms
+        self.capacity = -1  # the worker's KV capacity ``parts`` were modelled at
+        self.parts: list[float] = []  # modelled ms per sample, as ``ttft_samples`` orders them
+        self.source: object = None  # the sample sequence ``parts`` came from (a worker that left and came back
+        # starts a new one)
 
 
 class KvTtftPolicy:
@@ -343,11 +348,21 @@ class KvTtftPolicy:
             sums = self._scales[wid] = _Scale()
         if sums.count != count:
             capacity = cand.worker.capacity.kv_blocks
+            # a sample's modelled time never changes: model only the samples taken since the last refresh (the
+            # samples are the worker's last TTFT_SAMPLES, newest last); the sum runs over the same values in the
+            # same order as modelling them all, so the cost is the same to the bit
+            n = len(samples)
+            fresh = sums.source is not samples or sums.capacity != capacity or not 0 <= sums.count <= count
+            new = n if fresh else min(n, count - sums.count)
+            kept = sums.parts[len(sums.parts) - (n - new):] if n > new else []
+            sums.parts = kept + [modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks,
+                                             capacity) for x in itertools.islice(samples, n - new, n)]
+            sums.capacity = capacity
+            sums.source = samples
             sums.count = count
-            sums.n = len(samples)
+            sums.n = n
             sums.observed = sum(x.seconds for x in samples) * 1000.0
-            sums.modelled = sum(modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks,
-                                            capacity) for x in samples)
+            sums.modelled = sum(sums.parts)
             sums.floor = min((x.seconds for x in samples), default=0.0) * 1000.0
         return sums
 

@@ -45,6 +45,7 @@ class RouterView:
         self._feed = feed
         self._candidates = candidates
         self._stats = stats
+        self._models: tuple[object, list[str]] = (None, [])  # (fleet mapping, its models)
 
     def has_workers(self) -> bool:
         return bool(self._fleet.workers())
@@ -57,7 +58,12 @@ class RouterView:
         return self._fleet.workers()
 
     def models(self) -> list[str]:
-        return sorted({w.model for w in self._fleet.workers().values()})
+        """The models the fleet serves, sorted (a new list; computed once per fleet change: the handlers ask
+        per request, and fleet views replace their mapping on every change)."""
+        workers = self._fleet.workers()
+        if self._models[0] is not workers:
+            self._models = (workers, sorted({w.model for w in workers.values()}))
+        return list(self._models[1])
 
     def workers(self) -> list[WorkerState]:
         """Every worker with what the router knows of it, sorted by id."""

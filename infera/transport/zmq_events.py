@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 
 import zmq
 import zmq.asyncio
@@ -31,6 +32,7 @@ class ZmqEventSource:
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._endpoints: dict[str, str] = {}
+        self._subs: set[zmq.Socket[bytes]] = set()  # the live SUB sockets (plain ones: see _follow)
 
     def bind(self, sink: EventSink, on_gap: GapSink) -> None:
         self._sink = sink
@@ -40,9 +42,14 @@ class ZmqEventSource:
         self._ctx = zmq.asyncio.Context()
 
     async def stop(self) -> None:
+        tasks = list(self._tasks.values())
         for worker_id in list(self._tasks):
             self.unwatch(worker_id)
-        await asyncio.sleep(0)
+        if tasks:  # each closes its socket as it ends
+            await asyncio.wait(tasks, timeout=1.0)
+        for sock in list(self._subs):  # the context's end waits for every socket it made, these too
+            sock.close(linger=0)
+        self._subs.clear()
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -68,32 +75,51 @@ class ZmqEventSource:
 
     async def _follow(self, worker_id: str, endpoint: str, replay: str | None, topic: str) -> None:
         assert self._ctx is not None
-        sub = self._ctx.socket(zmq.SUB)
+        # A plain socket read without a future per message: the loop watches its file descriptor and the task
+        # takes every batch queued at each wake-up. zmq.asyncio's awaited receive cost ~35 µs of CPU per
+        # message here against ~12 (bench/README.md, "Issue 15, fifth round"), and the engines publish about
+        # one batch per request.
+        sub: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 0)
         sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
         sub.connect(endpoint)
-        # the same socket, read without a future: the batches already queued are taken in one wake-up
-        # (an awaited receive costs ~20 µs more per message than a plain one; never with one pending)
-        queued: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
+        self._subs.add(sub)
+        loop = asyncio.get_running_loop()
+        fd = cast(int, sub.getsockopt(zmq.FD))
+        wake: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not wake.done():
+                wake.set_result(None)
+            else:  # the task is busy (a replay): take the signal, or the loop would call this at every turn
+                sub.getsockopt(zmq.EVENTS)
+
+        loop.add_reader(fd, readable)
         expected: int | None = None
         try:
             if replay:
                 expected = await self._replay(worker_id, replay, 0, None)
             while True:
-                frames: list[bytes] | None = await sub.recv_multipart()
-                while frames is not None:
-                    expected = await self._take(worker_id, frames, expected, replay)
-                    try:
-                        frames = queued.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        frames = None
+                try:
+                    frames = sub.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    # the descriptor signals a change of state, not a level: wait only when the socket
+                    # itself says nothing is queued (a receive may have taken the signal of a later batch)
+                    if cast(int, sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                        continue
+                    await wake
+                    wake = loop.create_future()
+                    continue
+                expected = await self._take(worker_id, frames, expected, replay)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("worker %s: KV-event stream from %s failed", worker_id, endpoint)
         finally:
+            loop.remove_reader(fd)
             sub.close(linger=0)
+            self._subs.discard(sub)
 
     async def _take(self, worker_id: str, frames: list[bytes], expected: int | None, replay: str | None) -> int | None:
         """Apply one live message (repairing a gap before it); returns the next expected seq."""

@@ -37,3 +37,25 @@ def test_a_failure_after_the_cooldown_ran_out_doubles_it_up_to_the_cap() -> None
     c.served("a")
     c.failed("a")
     assert c.cooling_down() == {"a": FIRST_BACKOFF}  # serving again resets the backoff
+
+
+def test_the_topology_follows_fleet_changes_and_cooldowns() -> None:
+    """The topology is kept between requests; a joining pair, a cooldown and its end still change it."""
+    clock = Clock()
+    fleet = FakeFleet(worker("m1"))
+    c = Candidates(fleet, clock)
+    assert c.topology("m", "chat").kind == "mixed"
+    assert c.topology("m", "chat").kind == "mixed"
+    fleet.add(worker("p1", "prefill", connector="pull"))
+    assert c.topology("m", "chat").kind == "mixed"  # a prefill worker alone makes no pair
+    fleet.add(worker("d1", "decode", connector="pull"))
+    assert (c.topology("m", "chat").kind, c.topology("m", "chat").connector) == ("pd", "pull")
+    c.failed("d1")  # the pair's decode worker cools down: mixed until it serves again
+    assert c.topology("m", "chat").kind == "mixed"
+    c.served("d1")
+    assert c.topology("m", "chat").kind == "pd"
+    fleet.remove("p1")
+    assert c.topology("m", "chat").kind == "mixed"
+    fleet.remove("m1")
+    assert c.topology("m", "chat").kind == "none"
+    assert c.topology("other", "chat").kind == "none"

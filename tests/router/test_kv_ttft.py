@@ -7,6 +7,7 @@ the prefix index (confirmed blocks from KV events, predicted blocks from routing
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 from infera.kv.hashing import block_hashes
@@ -347,3 +348,31 @@ def test_the_busy_weight_still_leaves_a_simultaneous_burst_one_prefix_copy_per_w
     assert placed[:8] == [placed[0]] * 8 and placed[8] != placed[0], placed
     counts = Counter(placed)
     assert len(counts) == 4 and max(counts.values()) <= 12, counts
+
+
+def test_the_speed_scales_kept_between_decisions_equal_scales_from_scratch() -> None:
+    """The policy models only the TTFT samples taken since its last decision; its scales (and so its costs)
+    must equal, to the bit, those of a policy that models every sample afresh, over random loads, a worker
+    that leaves and comes back (its samples start over) and a capacity change."""
+    rng = random.Random(15)
+    fleet = Fleet()
+    kept = fleet.policy
+    assert isinstance(kept, KvTtftPolicy)
+    workers = list(WORKERS)
+    for step in range(400):
+        wid = f"w{rng.randrange(4)}"
+        if step in (150, 151):  # w1 leaves and comes back; its new samples outnumber its old ones before a decision
+            fleet.load.forget("w1")
+            wid = "w1"
+        for _ in range(rng.randrange(0, 4) if step not in (150, 151) else 40 + step - 150):
+            t = fleet.load.begin(wid, rng.randrange(1, 9000), [], 1)
+            fleet.now += rng.uniform(0.001, 0.5)
+            fleet.load.prefill_done(t)
+            fleet.load.end(t)
+        if step == 250:
+            workers[2] = workers[2].model_copy(update={"capacity": Capacity(kv_blocks=512)})
+        cands = [Candidate(w, 0, 0, rng.randrange(0, 600)) for w in workers]
+        fresh = KvTtftPolicy(PolicyDeps(fleet.index, 1.0, lambda _w: False, fleet.load, lambda: fleet.now))
+        assert kept._relative_scales(cands) == fresh._relative_scales(cands)
+        assert [(s.n, s.observed, s.modelled, s.floor) for s in map(kept._sums, cands)] == \
+            [(s.n, s.observed, s.modelled, s.floor) for s in map(fresh._sums, cands)]

@@ -345,3 +345,14 @@ async def test_a_silent_worker_is_logged_by_the_ticker_never_by_a_query(renderer
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
     await router.stop()
+
+
+def test_the_models_served_follow_the_fleet() -> None:
+    router, fleet, _ = make(worker("a"))
+    assert router.view.models() == [MODEL]
+    router.view.models().append("not served")  # a caller's copy: the view's answer stays
+    assert router.view.models() == [MODEL]
+    fleet.add(worker("b", model="another"))
+    assert router.view.models() == ["another", MODEL]
+    fleet.remove("a")
+    assert router.view.models() == ["another"]

@@ -170,3 +170,28 @@ async def test_a_batch_the_router_cannot_apply_resets_the_view_and_the_stream_go
         await source.stop()
         pub.close()
         ctx.destroy(0)
+
+
+async def test_batches_one_at_a_time_each_arrive_while_the_stream_idles_between_them(golden_dir: Path) -> None:
+    """The live case: about one batch per request, the subscriber idle in between. Every batch must wake it
+    (its socket's descriptor signals changes, not a level), in order."""
+    frames = golden_frames(golden_dir)
+    ctx = zmq.asyncio.Context()
+    pub = Publisher(ctx, [])
+    got: list[EventBatch] = []
+    source = ZmqEventSource()
+    source.bind(lambda w, b: got.append(b), lambda w, n: None)
+    await source.start()
+    try:
+        source.watch(pub.record(replay=False))
+        await pub.subscribed()
+        for round_ in range(3):  # the same trace again under new seqs: 3 x len(frames) batches, one by one
+            for i, (topic, _, payload) in enumerate(frames):
+                n = round_ * len(frames) + i
+                await pub.pub.send_multipart([topic, seq_to_bytes(n), payload])
+                await await_until(lambda n=n: len(got) == n + 1, 5, f"batch {n}")  # type: ignore[misc]
+        assert got == [decode_batch(f[2]) for f in frames] * 3
+    finally:
+        await source.stop()
+        pub.close()
+        ctx.destroy(0)

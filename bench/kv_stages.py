@@ -1,0 +1,138 @@
+"""The routing path per request in process, stage by stage: kv-aware vs round-robin, and a git ref vs this tree.
+
+router_overhead.py's workload (~1k-token chat prompts: 16 shared system prompts + history, a unique user
+turn each, ``max_tokens`` 8) through a real :class:`Router` over 2 workers with fakes at the transport: per
+request the stages of ``Router._place`` (topology + pool, context = render + tokenize through the prompt
+cache, block hashes, pick = the policy's score, legs = load ticket + the index's prediction), the first token
+and the end of the request, and then the KV events the engine would publish for it (``BlockStored`` of the
+blocks it lacked) applied to the index. CPU time of this process (``process_time``), µs per request,
+after a warm-up; the caller's ``gc`` settings as the server's (frozen heap, young threshold 5000).
+
+    .venv/bin/python bench/kv_stages.py                  # kv-aware and round-robin, this tree
+    .venv/bin/python bench/kv_stages.py --ref main       # and the same at git ref main, interleaved rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+STAGES = ("topology+pool", "context", "hashes", "pick", "legs", "first token", "end", "events apply")
+
+
+def run_stages(policy: str, n: int, warmup: int) -> dict[str, float]:
+    import orjson
+
+    from bench.common import chat_body, default_tokenizer_dir
+    from infera.kv.tokenizer import PromptRenderer
+    from infera.protocols.kv_events import BlockStored, EventBatch
+    from infera.protocols.worker import Capacity
+    from infera.router.context import RouteRequest
+    from infera.router.router import Router, RouterOptions
+    from tests.fakes import FakeFleet, FakeTransport, worker
+
+    renderer = PromptRenderer.from_dir(default_tokenizer_dir())
+    bodies = [chat_body(i, "m", False, 8) for i in range(4096)]
+    payloads = [orjson.loads(b) for b in bodies]
+    fleet = FakeFleet(*[worker(f"w{k}", model="m", kv_block_size=16, capacity=Capacity(kv_blocks=100000))
+                        for k in range(2)])
+    router = Router(fleet, FakeTransport(), None, renderer, RouterOptions(policy=policy), rng=random.Random(1))
+    cands, ctxs, picker, legs, load, index = (router._candidates, router._context, router._picker, router._legs,
+                                              router._load, router._feed.index)
+    gc.freeze()
+    gc.set_threshold(5000, 10, 10)
+    total = dict.fromkeys(STAGES, 0)
+    clock = time.process_time_ns
+    mask = (1 << 48) - 1  # engine hashes: opaque ids, not the router's
+    for i in range(warmup + n):
+        req = RouteRequest(kind="chat", path="/v1/chat/completions", body=bodies[i % 4096],
+                           payload=payloads[i % 4096], model="m", max_tokens=8)
+        t0 = clock()
+        cands.topology("m", "chat")
+        pool = cands.pool("m", "mixed", "chat")
+        t1 = clock()
+        ctx = ctxs.build(req)
+        t2 = clock()
+        hashes = ctx.hashes(16) if ctx.token_ids else []
+        t3 = clock()
+        choice = picker.pick(ctx, pool, router._policy, policy)
+        t4 = clock()
+        placed = legs.place("mixed", {"mixed": choice.worker}, None, ctx, choice.overlap, frozenset(), 1, [])
+        t5 = clock()
+        placed.answered()
+        load.prefill_done(placed.tickets["mixed"])
+        t6 = clock()
+        placed.release()
+        t7 = clock()
+        if hashes and choice.overlap < len(hashes):
+            ids, k = ctx.token_ids or [], choice.overlap
+            index.apply(choice.worker.instance_id, EventBatch(ts=0.0, events=[BlockStored(
+                block_hashes=[h & mask for h in hashes[k:]], parent_block_hash=hashes[k - 1] & mask if k else None,
+                token_ids=list(ids[k * 16: len(hashes) * 16]), block_size=16)]))
+        t8 = clock()
+        if i >= warmup:
+            for stage, d in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, t8 - t7),
+                                strict=True):
+                total[stage] += d
+    return {stage: v / n / 1e3 for stage, v in total.items()}
+
+
+def _child(root: str, policy: str, n: int, warmup: int) -> dict[str, float]:
+    """run_stages in a fresh process with ``root``'s infera first on the path."""
+    repo = str(Path(__file__).resolve().parent.parent)
+    code = (f"import sys, json; sys.path.insert(0, {root!r}); sys.path.insert(1, {repo!r}); "
+            f"import bench.kv_stages as k; print(json.dumps(k.run_stages({policy!r}, {n}, {warmup})))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ref", default="", help="git ref to compare with (its infera/, this tree's C extension)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--n", type=int, default=3000)
+    ap.add_argument("--warmup", type=int, default=500)
+    args = ap.parse_args()
+    repo = Path(__file__).resolve().parent.parent
+    trees = {"this tree": str(repo)}
+    tmp = None
+    if args.ref:
+        tmp = Path(tempfile.mkdtemp(prefix="kv-stages-"))
+        archive = subprocess.run(["git", "-C", str(repo), "archive", args.ref, "infera"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+        for ext in (repo / "infera" / "kv").glob("_native*.so"):
+            shutil.copy(ext, tmp / "infera" / "kv" / ext.name)
+        trees = {args.ref: str(tmp), "this tree": str(repo)}
+    cells = [(name, policy) for name in trees for policy in ("round-robin", "kv-aware")]
+    runs: dict[tuple[str, str], list[dict[str, float]]] = {c: [] for c in cells}
+    try:
+        for r in range(args.rounds):
+            for name, policy in (cells if r % 2 == 0 else list(reversed(cells))):
+                runs[(name, policy)].append(_child(trees[name], policy, args.n, args.warmup))
+                print(f"round {r} {name} {policy}: {sum(runs[(name, policy)][-1].values()):.0f} µs/req", flush=True)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("\n| tree | policy | " + " | ".join(STAGES) + " | total |")
+    print("|---|---|" + "--:|" * (len(STAGES) + 1))
+    summary: dict[str, Any] = {}
+    for name, policy in cells:
+        med = {s: statistics.median(x[s] for x in runs[(name, policy)]) for s in STAGES}
+        tot = statistics.median(sum(x.values()) for x in runs[(name, policy)])
+        summary[f"{name} {policy}"] = {**med, "total": tot}
+        print(f"| {name} | {policy} | " + " | ".join(f"{med[s]:.1f}" for s in STAGES) + f" | **{tot:.0f}** |")
+
+
+if __name__ == "__main__":
+    main()
