@@ -1,7 +1,8 @@
 """Added latency at concurrency 1, interleaved: one mock engine; infera round-robin at git ``--ref``,
-infera round-robin from this tree, and vllm-router round_robin over it; a blocking raw-socket client
-(TCP_NODELAY, head and body in one ``sendall``, one kept-alive connection per target) that sends
-request i to every target in turn (the order rotating with i), so all targets see the same box.
+infera round-robin from this tree, and vllm-router and sglang-router round_robin over it (those
+installed); a blocking raw-socket client (TCP_NODELAY, head and body in one ``sendall``, one kept-alive
+connection per target) that sends request i to every target in turn (the order rotating with i), so all
+targets see the same box.
 
 Prints, per target, p50/p90 latency, the added p50 over the engine called directly, and the router
 process's CPU µs per request (utime+stime over the measured requests). ~1k-token chat bodies,
@@ -99,9 +100,10 @@ def main() -> None:
         shutil.copy(ext, base / "infera" / "kv" / ext.name)
     engine = mock_engine("engine", tok, MODEL, log_dir)
     routers = {"main": _front("main", engine, log_dir, base), "branch": _front("branch", engine, log_dir, None)}
-    vllm = peers.ensure("vllm-router", install=False)
-    if vllm.ok:
-        routers["vllm-router rr"] = peers.router(vllm, "round_robin", [engine.url], log_dir, tok)
+    for package in ("vllm-router", "sglang-router"):
+        peer = peers.ensure(package, install=False)
+        if peer.ok:
+            routers[f"{package} rr"] = peers.router(peer, "round_robin", [engine.url], log_dir, tok)
     bodies = [chat_body(i, MODEL, False, 8) for i in range(400)]
     try:
         engine.start()
@@ -109,7 +111,7 @@ def main() -> None:
         for proc in routers.values():
             proc.start()
         for name, proc in routers.items():
-            if name.startswith("vllm"):
+            if name.endswith("-router rr"):
                 peers.wait_ready(proc, 1)
             else:
                 proc.wait_ready("/health", 90, frontend_ready(1))
