@@ -203,15 +203,7 @@ class Encoder:
             entry = keys.get(key)
             if entry is None:
                 entry = keys[key] = self._key(key)
-            if kind is int and 0 <= value < 0x4000 and entry[1]:
-                parts.append(entry[1] + bytes((value,)) if value < 0x80 else
-                             entry[2] + bytes((value & 0x7F | 0x80, value >> 7)))
-            elif kind is float and entry[3]:
-                parts.append(entry[3] + _double(value))
-            elif kind is bool and entry[4]:
-                parts.append(entry[4] + (b"\x01" if value else b"\x00"))
-            else:
-                parts.append(self._other(entry, value))
+            parts.append(self._other(entry, value))
         return b"".join(parts)
 
     @staticmethod
@@ -252,18 +244,8 @@ class Encoder:
             parts = []
         i = n
         for entry in tail:
-            value = values[i]
+            parts.append(self._other(entry, values[i]))
             i += 1
-            kind = type(value)
-            if kind is int and 0 <= value < 0x4000 and entry[1]:
-                parts.append(entry[1] + bytes((value,)) if value < 0x80 else
-                             entry[2] + bytes((value & 0x7F | 0x80, value >> 7)))
-            elif kind is float and entry[3]:
-                parts.append(entry[3] + _double(value))
-            elif kind is bool and entry[4]:
-                parts.append(entry[4] + (b"\x01" if value else b"\x00"))
-            else:
-                parts.append(self._other(entry, value))
         return b"".join(parts)
 
     def _head(self, name: str, kind: SpanKind) -> bytes:
