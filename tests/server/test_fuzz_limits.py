@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from infera.router.router import Router, RouterOptions
 from infera.server.app import build_app, install_operations
 from infera.server.deadlines import with_deadlines
 from tests.fakes import MODEL, FakeFleet, FakeTransport, kvd_stub, worker
+from tests.serving import uvicorn_port
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 MESSAGES = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
@@ -127,21 +127,10 @@ def kvd_socket(tmp_path: Path) -> Iterator[str]:
 @contextlib.asynccontextmanager
 async def serve(app: Any, header_timeout: float, body_timeout: float) -> AsyncIterator[int]:
     """``app`` under uvicorn with the deadline protocol, on a free 127.0.0.1 port, in this event loop."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(app, http=with_deadlines(header_timeout, body_timeout), log_level="warning",
                             lifespan="off", timeout_keep_alive=5)
-    server = uvicorn.Server(config)
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and not task.done(), "uvicorn did not start"
-        await asyncio.sleep(0.01)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
+    async with uvicorn_port(config) as port:
+        yield port
 
 
 async def drip(port: int, fast: bytes, slow: bytes, every: float, bound: float) -> tuple[bytes, float]:

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import io
 import random
-import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,6 +29,7 @@ from infera.telemetry.logs import RequestLog
 from infera.telemetry.record import RequestRecord
 from infera.telemetry.tracing import Telemetry
 from tests.fakes import MODEL, FakeFleet, FakeTransport, worker
+from tests.serving import uvicorn_port
 
 CHAT = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})
 COMPLETION = orjson.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 5})
@@ -64,21 +64,10 @@ async def serve(app: InferaApp, lean: bool, drain: DrainState | None = None) -> 
     drain = drain or DrainState()
     path = Counted.of(app, drain) if lean else None
     assert (path is not None) == lean
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(DrainMiddleware(app, drain), http=with_lean(with_deadlines(10, 10), path),
                             log_level="critical", lifespan="off", timeout_keep_alive=5, proxy_headers=False)
-    server = uvicorn.Server(config)
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and not task.done(), "uvicorn did not start"
-        await asyncio.sleep(0.01)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
+    async with uvicorn_port(config) as port:
+        yield port
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes], bytes]:
