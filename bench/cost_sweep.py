@@ -108,7 +108,7 @@ def _unique_variants() -> None:
     - ``kv-aware-t{ms}``: costs within ms of the cheapest count as ties (the picker's least-busy tie-break).
     """
     from infera.router.base import Candidate, RoutingContext, Scores, cached_credit
-    from infera.router.kv_ttft import KvTtftPolicy, decode_ms, prefill_ms
+    from infera.router.kv_ttft import KvTtftBusyPolicy, KvTtftPolicy, decode_ms, prefill_ms
 
     def variant(name: str, wq: float = 0.0, window: float = math.inf, seq: str = "") -> None:
         class Unique(KvTtftPolicy):
@@ -157,6 +157,9 @@ def _unique_variants() -> None:
 
     for eps in (5, 10, 20, 40):
         tolerant(eps)
+    # the default before ``cold_wait`` (and the variants above were measured on that base)
+    POLICIES["kv-aware-warm"] = type("KvTtft_warm", (KvTtftPolicy,), {"cold_wait": False})
+    POLICIES["kv-aware-busy-warm"] = type("KvTtft_busy_warm", (KvTtftBusyPolicy,), {"cold_wait": False})
 
 
 def run(w: Any, policy: str, workers: int, engine: EngineConfig, weight: float) -> dict[str, Any]:
