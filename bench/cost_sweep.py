@@ -98,7 +98,8 @@ def _variants() -> None:
 def _unique_variants() -> None:
     """The unique prompts' TTFT p50 (bench/README.md, "Unique prompts' TTFT p50 (helper unique)"): what was tried
     against closed-loop cohorts re-forming on the worker that just emptied. None of them held over the tie-break
-    seeds and output lengths (bench/oracle_ttft.py --seeds), so none is a default.
+    seeds and output lengths (bench/oracle_ttft.py --seeds), so none is a default; all on the cost before
+    ``cold_wait`` (``kv-aware-warm``), which is what did hold.
 
     - ``kv-aware-q{w}``: w x (each prompt waiting on the worker) x the time this request's tokens add to their step
       (prefill(queued + own) - prefill(queued)): the delay it causes the first tokens already queued there;
@@ -112,6 +113,8 @@ def _unique_variants() -> None:
 
     def variant(name: str, wq: float = 0.0, window: float = math.inf, seq: str = "") -> None:
         class Unique(KvTtftPolicy):
+            cold_wait = False  # measured on the cost before it
+
             def terms(self, ctx: RoutingContext, cand: Candidate, overlap: int) -> tuple[float, float, float, float,
                                                                                           float, float, float, float]:
                 t = list(super().terms(ctx, cand, overlap))
@@ -146,6 +149,8 @@ def _unique_variants() -> None:
 
     def tolerant(eps: float) -> None:
         class Tolerant(KvTtftPolicy):
+            cold_wait = False
+
             def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
                 s = super().score(ctx, candidates)
                 low = min(s.costs)
