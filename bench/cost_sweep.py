@@ -16,6 +16,7 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,8 @@ def _variants() -> None:
             POLICIES[f"kv-aware-ob{b:g}-e{e:g}"] = type(f"KvTtft_ob{b:g}_e{e:g}", (KvTtftPolicy,),
                                                         {"busy_occupancy": b, "eviction_weight": e})
 
+    _unique_variants()
+
     def stall_batch(self: KvTtftPolicy, queued: float, own: float, decoding: int) -> float:
         """Alternative stall term: this request's prefill stalls each request decoding on the worker."""
         return self.stall_weight * self._weight * decoding * prefill_ms(own)
@@ -90,6 +93,78 @@ def _variants() -> None:
     for st in (0.02, 0.05, 0.1):
         POLICIES[f"kv-aware-b{st:g}"] = type(f"KvTtft_b{st:g}", (KvTtftPolicy,), {"stall_weight": st,
                                                                                   "stall_ms": stall_batch})
+
+
+def _unique_variants() -> None:
+    """The unique prompts' TTFT p50 (bench/README.md, "Unique prompts' TTFT p50 (helper unique)"): what was tried
+    against closed-loop cohorts re-forming on the worker that just emptied. None of them held over the tie-break
+    seeds and output lengths (bench/oracle_ttft.py --seeds), so none is a default; all on the cost before
+    ``cold_wait`` (``kv-aware-warm``), which is what did hold.
+
+    - ``kv-aware-q{w}``: w x (each prompt waiting on the worker) x the time this request's tokens add to their step
+      (prefill(queued + own) - prefill(queued)): the delay it causes the first tokens already queued there;
+      ``kv-aware-q{w}a{ms}``: only while the queue is younger than ms (LoadTracker.prefill_age).
+    - ``kv-aware-seq`` / ``kv-aware-seqg``: a queue whose step has started (any age / older than one decode step
+      at the worker's usage) is computed before this request: prefill(queued) + prefill(own), not one step.
+    - ``kv-aware-t{ms}``: costs within ms of the cheapest count as ties (the picker's least-busy tie-break).
+    """
+    from infera.router.base import Candidate, RoutingContext, Scores, cached_credit
+    from infera.router.kv_ttft import KvTtftBusyPolicy, KvTtftPolicy, decode_ms, prefill_ms
+
+    def variant(name: str, wq: float = 0.0, window: float = math.inf, seq: str = "") -> None:
+        class Unique(KvTtftPolicy):
+            cold_wait = False  # measured on the cost before it
+
+            def terms(self, ctx: RoutingContext, cand: Candidate, overlap: int) -> tuple[float, float, float, float,
+                                                                                          float, float, float, float]:
+                t = list(super().terms(ctx, cand, overlap))
+                wid, q = cand.worker.instance_id, cand.prefill_tokens
+                if q <= 0:
+                    return tuple(t)  # type: ignore[return-value]
+                size = cand.worker.kv_block_size
+                credit = cached_credit(self._index, wid, ctx.hashes(size), overlap) if overlap else 0
+                own = max(0.0, ctx.prompt_tokens - credit * size)
+                age = self._load.prefill_age(wid) * 1000.0
+                decoding = self._load.decoding(wid)
+                if seq:
+                    gate = (decode_ms(1, decoding, cand.active_blocks, cand.worker.capacity.kv_blocks)
+                            if seq == "g" and decoding else 0.0)
+                    if age > gate:
+                        t[0] = self._weight * (prefill_ms(q) + prefill_ms(own))
+                if wq and age <= window:
+                    waiting = cand.in_flight - decoding
+                    t[5] += wq * self._weight * waiting * (prefill_ms(q + own) - prefill_ms(q))
+                return tuple(t)  # type: ignore[return-value]
+
+        Unique.__name__ = Unique.__qualname__ = f"KvTtft_{name}"
+        POLICIES[f"kv-aware-{name}"] = Unique
+
+    for wq in (0.5, 1.0, 2.0):
+        variant(f"q{wq:g}", wq)
+        for window in (2, 5, 10, 20, 40):
+            variant(f"q{wq:g}a{window}", wq, window)
+    variant("seq", seq="a")
+    variant("seqg", seq="g")
+    variant("seq-q1", 1.0, seq="a")
+
+    def tolerant(eps: float) -> None:
+        class Tolerant(KvTtftPolicy):
+            cold_wait = False
+
+            def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
+                s = super().score(ctx, candidates)
+                low = min(s.costs)
+                return Scores(costs=[low if c - low <= eps else c for c in s.costs], reason=s.reason,
+                              overlap_blocks=s.overlap_blocks)
+
+        Tolerant.__name__ = Tolerant.__qualname__ = f"KvTtft_t{eps:g}"
+        POLICIES[f"kv-aware-t{eps:g}"] = Tolerant
+
+    for eps in (5, 10, 20, 40):
+        tolerant(eps)
+    # the default before ``cold_wait`` (and the variants above were measured on that base)
+    POLICIES["kv-aware-warm"] = type("KvTtft_warm", (KvTtftPolicy,), {"cold_wait": False})
+    POLICIES["kv-aware-busy-warm"] = type("KvTtft_busy_warm", (KvTtftBusyPolicy,), {"cold_wait": False})
 
 
 def run(w: Any, policy: str, workers: int, engine: EngineConfig, weight: float) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from bench import workloads as live
 from bench.common import default_tokenizer_dir
 from infera.engine.mock.timing import StepTimeModel
 from infera.kv.hashing import block_hashes
+from infera.router.policies import POLICIES
 from infera.sim.engine import EngineConfig
 from infera.sim.fleet import FleetConfig, Simulation
 from infera.sim.metrics import percentile, summarize
@@ -100,8 +101,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rate", type=float, default=20.0)
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--full", action="store_true", help="the full workloads, not --quick's")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="also run the router's tie-break seeds 1..N-1 and print each policy's p50 / p90 vs round-robin"
+                         " per seed (closed loops of equal requests phase-lock: bench/README.md, helper unique)")
     args = ap.parse_args(argv)
     timing = StepTimeModel()
+    if any(p not in POLICIES for p in args.policies.split(",")):
+        from bench.cost_sweep import _variants
+
+        _variants()  # the candidate costs under study (kv-aware-q1, ...)
     result: dict[str, Any] = {}
     for w, blocks, limit in live_workloads(args.workloads.split(","), args.max_tokens, args.rate, not args.full):
         engine = EngineConfig(num_blocks=blocks, block_size=live.BLOCK, timing=timing)
@@ -117,6 +125,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      if rr else "")
             print(f"  {p:<16} TTFT p50 {r['ttft_p50'] * 1000:6.1f} ms  p90 {r['ttft_p90'] * 1000:6.1f} ms  "
                   f"hit {r['hit_ratio']:.3f}{ratio}")
+        for p in args.policies.split(",") if args.seeds > 1 else ():
+            ratios = []
+            for seed in range(args.seeds):
+                cfg = FleetConfig(workers=args.engines, engine=engine, policy=p, seed=seed)
+                base = FleetConfig(workers=args.engines, engine=engine, policy="round-robin", seed=seed)
+                r, b = summarize(Simulation(w, cfg).run()), summarize(Simulation(w, base).run())
+                ratios.append(f"{r['ttft_p50'] / b['ttft_p50']:.2f}/{r['ttft_p90'] / b['ttft_p90']:.2f}")
+            print(f"  {p:<16} p50/p90 vs rr, seeds 0..{args.seeds - 1}: {' '.join(ratios)}")
         result[w.name] = {"blocks": blocks, "limit": limit,
                            "rows": {p: {k: r[k] for k in ("ttft_p50", "ttft_p90", "hit_ratio")}
                                     for p, r in rows.items()}}

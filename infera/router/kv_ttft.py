@@ -55,6 +55,13 @@ the stay floor keeps the decode terms from moving a request off the prefix its h
   holder moved 1 in 9 requests, giving up 4 % of the prompt blocks; with the weight rising, hit 87.7 -> 89.3 % of
   the capacity limit and TTFT p90 489 -> 482 ms, and the live requests' tenants reached the peers' hits; live under
   CPU contention it gathered tenants more (TTFT p90 +16 % in two runs, hits equal), so it is not the default yet.
+- cold wait (``kv-aware`` since helper ``unique``; off in the older variants): for a prompt of which no worker
+  holds any prefix, prefill is the wait for w's next step (the prompts queued on w are in a step that began when
+  the router last saw it start, less what it has run since; with none queued, half a decode step when w decodes)
+  plus its own prefill, and there is no decode horizon. In a closed loop the requests that shared a step finish
+  together and their successors arrive together; pricing a running step as joinable and "fewest decoding wins"
+  sent them back, together, to the worker they had just left (unique prompts' TTFT p50 1.25x round-robin's in
+  the simulator of the live requests; 0.99x with it; bench/README.md, "Unique prompts' TTFT p50").
 - progress (off: :attr:`KvTtftPolicy.progress`): credit the prefill queued on w with the time w has
   been computing it (``LoadTracker.prefill_age``); measured, it gathered staggered bursts and helped
   tenants, but cost TTFT p90 on bursts in the simulator (bench/README.md); kept for study.
@@ -195,6 +202,7 @@ class KvTtftPolicy:
     progress = False  # credit the prefill queued on w with the time w has been computing it
     busy_occupancy = 0.0  # the occupancy weight when every candidate has prefill queued (0: the fixed weight;
     # ``kv-aware-busy``: BUSY_OCCUPANCY_WEIGHT)
+    cold_wait = True  # a prompt nothing holds any prefix of: the wait for w's next step, no decode horizon
 
     def __init__(self, deps: PolicyDeps) -> None:
         self._index = deps.index
@@ -206,12 +214,14 @@ class KvTtftPolicy:
         self._stall = self.stall_weight != 0.0 or type(self).stall_ms is not KvTtftPolicy.stall_ms
         self._occupancy = self.occupancy_weight  # this decision's occupancy weight (busy_occupancy moves it)
         self._confirmed_best: dict[int, int] = {}  # per block size: the longest confirmed prefix, this decision
+        self._cold: set[int] = set()  # block sizes at which no worker holds any prefix of this prompt (this decision)
         self.stay_added: list[float] = []  # per candidate, what the stay floor added to its cost (diagnostics)
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
         overlaps: list[int] = []
         by_size: dict[int, dict[str, int]] = {}
         self._confirmed_best.clear()
+        self._cold.clear()
         for cand in candidates:
             size = cand.worker.kv_block_size
             found = by_size.get(size)
@@ -219,6 +229,8 @@ class KvTtftPolicy:
                 now = self._clock()
                 found = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=True)
                 by_size[size] = found
+                if not found:
+                    self._cold.add(size)
                 if (self.duplication_weight or self.stay_floor) and found:
                     confirmed = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=False)
                     self._confirmed_best[size] = max(confirmed.values(), default=0)
@@ -258,16 +270,20 @@ class KvTtftPolicy:
         capacity = worker.capacity.kv_blocks
         queued, active = cand.prefill_tokens, cand.active_blocks
         tokens = queued + own
-        age = self._load.prefill_age(wid) * 1000.0 if self.progress and queued else 0.0
+        cold = self.cold_wait and size in self._cold
+        age = self._load.prefill_age(wid) * 1000.0 if (self.progress or cold) and queued else 0.0
         # w has computed its queue for ``age`` ms: this request waits for the rest, then its own step; with
         # nothing queued, or queued this very moment, one step computes the queue and this request
-        prefill = max(0.0, prefill_ms(queued) - age) + prefill_ms(own) if age > 0.0 else prefill_ms(tokens)
+        if cold:
+            prefill, batch = self._next_step(own, queued, age, decoding, active, capacity)
+        else:
+            prefill = max(0.0, prefill_ms(queued) - age) + prefill_ms(own) if age > 0.0 else prefill_ms(tokens)
+            batch = decode_ms(tokens, decoding, active, capacity)
         prefill *= self._weight
-        batch = decode_ms(tokens, decoding, active, capacity)
         need = -(-int(own) // size) + -(-ctx.max_tokens // size)
         after = active + need
         memory = memory_wait_ms(after, capacity, ctx.max_tokens)
-        horizon = self.horizon * decode_ms(1, 1, after, capacity)
+        horizon = self.horizon * decode_ms(1, 1, after, capacity) if not cold else 0.0
         eviction = 0.0
         if self.eviction_weight and capacity > 0 and need > 0:  # else evicted_blocks is 0
             evicted = evicted_blocks(need, self._index.block_count(wid), active, capacity)
@@ -280,6 +296,22 @@ class KvTtftPolicy:
                 duplication = self.duplication_weight * self._weight * recompute_ms(copied * size)
         stall = self.stall_ms(queued, own, decoding) if self._stall else 0.0
         return prefill, batch, memory, horizon, eviction, stall, occupancy, duplication
+
+    @staticmethod
+    def _next_step(own: float, queued: float, age: float, decoding: int, active: int,
+                   capacity: int) -> tuple[float, float]:
+        """(prefill, batch) for a prompt nothing caches (``cold_wait``): the wait for the worker's next step, then
+        its own prefill beside the decode batch. Prompts queued on w are in a step that started ``age`` ms ago
+        (an engine with nothing to do starts one at once; a step that runs cannot be joined); with none queued, a
+        worker that decodes is half-way through a decode step on average. No decode horizon: among workers that
+        all decode, "the fewest decoding wins" sent a closed loop's returning cohort back, together, to the worker
+        it had just left (bench/README.md, "Unique prompts' TTFT p50 (helper unique)")."""
+        step = decode_ms(1, max(decoding, 1), active, capacity)  # one decode step at w's usage
+        if queued > 0:
+            wait = max(0.0, prefill_ms(queued) + (step if decoding else 0.0) - age)
+            return wait + prefill_ms(own), step  # the queued prompts decode beside it once they have begun
+        wait = step / 2 if decoding else 0.0
+        return wait + prefill_ms(own), decode_ms(own, decoding, active, capacity)
 
     def _floor(self, candidates: Sequence[Candidate], overlaps: list[int], terms: Sequence[Sequence[float]],
                sums: list[float]) -> None:
@@ -378,6 +410,7 @@ class KvTtftOccupancyPolicy(KvTtftPolicy):
     """``kv-aware-occupancy``: the cost without the stay floor (the default before it)."""
 
     stay_floor = ""
+    cold_wait = False
 
 
 class KvTtftEvictionPolicy(KvTtftPolicy):
@@ -385,6 +418,7 @@ class KvTtftEvictionPolicy(KvTtftPolicy):
 
     occupancy_weight = 0.0
     stay_floor = ""
+    cold_wait = False
 
 
 class KvTtftOnlyPolicy(KvTtftPolicy):
@@ -395,3 +429,4 @@ class KvTtftOnlyPolicy(KvTtftPolicy):
     stall_weight = 0.0
     occupancy_weight = 0.0
     stay_floor = ""
+    cold_wait = False

@@ -376,3 +376,38 @@ def test_the_speed_scales_kept_between_decisions_equal_scales_from_scratch() -> 
         assert kept._relative_scales(cands) == fresh._relative_scales(cands)
         assert [(s.n, s.observed, s.modelled, s.floor) for s in map(kept._sums, cands)] == \
             [(s.n, s.observed, s.modelled, s.floor) for s in map(fresh._sums, cands)]
+
+
+LIVE_UNIQUE = [WorkerRecord(instance_id=f"w{k}", model="m", http_url="http://x", kv_block_size=BS,
+                            capacity=Capacity(kv_blocks=876)) for k in range(4)]  # the live bench's unique engines
+
+
+def test_a_prompt_nothing_caches_does_not_queue_behind_a_step_that_already_runs() -> None:
+    """The unique workload's cohorts (bench/README.md, "Unique prompts' TTFT p50 (helper unique)"): three
+    workers decode three requests each; w0 finished its own and was given a new prompt 0.5 ms ago, whose step
+    is running. Queued behind it the next prompt waits that step out (~43 ms) and then computes (simulated:
+    136 ms), against ~65 ms beside a decode batch; the cost without ``cold_wait`` priced it as one shared step
+    and, with its decode horizon, sent it to w0."""
+    for policy, expected in ((KvTtftPolicy, {"w1", "w2", "w3"}), (KvTtftOccupancyPolicy, {"w0"})):
+        fleet = Fleet(policy, LIVE_UNIQUE)
+        for k, wid in enumerate(("w1", "w2", "w3") * 3):
+            fleet.load.prefill_done(fleet.load.begin(wid, 1670, block_hashes(tokens(40 + k, 1670), BS), 3))
+        fleet.route(tokens(60, 1670))  # cold, every worker equal but w0 emptier: w0
+        fleet.now += 0.0005
+        assert fleet.pick(tokens(61, 1670)) in expected, policy.__name__
+
+
+def test_the_wait_for_a_running_step_counts_what_it_has_computed_already() -> None:
+    """A prompt nothing caches goes where the step in progress ends first: w1's queued prompt has been computing
+    for 40 ms, w0's for 1 ms (each worker decodes two requests). Without ``cold_wait`` every queue looks alike
+    and the tie goes to w0, the one that will compute longest."""
+    fleet = Fleet(KvTtftPolicy, LIVE_UNIQUE)
+    for k, wid in enumerate(("w0", "w1", "w2", "w3") * 2):
+        fleet.load.prefill_done(fleet.load.begin(wid, 1670, block_hashes(tokens(70 + k, 1670), BS), 3))
+    fleet.load.begin("w1", 1670, block_hashes(tokens(80, 1670), BS), 3)
+    fleet.load.begin("w2", 1670, block_hashes(tokens(81, 1670), BS), 3)
+    fleet.load.begin("w3", 1670, block_hashes(tokens(82, 1670), BS), 3)
+    fleet.now += 0.039
+    fleet.load.begin("w0", 1670, block_hashes(tokens(83, 1670), BS), 3)
+    fleet.now += 0.001
+    assert fleet.pick(tokens(90, 1670)) in ("w1", "w2", "w3")
