@@ -162,7 +162,8 @@ def _unique_variants() -> None:
 
     for eps in (5, 10, 20, 40):
         tolerant(eps)
-    # the default before ``cold_wait`` (and the variants above were measured on that base)
+    # kv-aware without ``cold_wait`` (the default: the live check did not confirm it; the variants above were
+    # measured on this base), named for the sweeps' tables
     POLICIES["kv-aware-warm"] = type("KvTtft_warm", (KvTtftPolicy,), {"cold_wait": False})
     POLICIES["kv-aware-busy-warm"] = type("KvTtft_busy_warm", (KvTtftBusyPolicy,), {"cold_wait": False})
 

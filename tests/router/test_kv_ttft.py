@@ -20,6 +20,7 @@ from infera.router.kv_aware import KvAwarePolicy
 from infera.router.kv_ttft import (
     STAY_MARGIN,
     KvTtftBusyPolicy,
+    KvTtftColdPolicy,
     KvTtftEvictionPolicy,
     KvTtftOccupancyPolicy,
     KvTtftOnlyPolicy,
@@ -388,7 +389,7 @@ def test_a_prompt_nothing_caches_does_not_queue_behind_a_step_that_already_runs(
     is running. Queued behind it the next prompt waits that step out (~43 ms) and then computes (simulated:
     136 ms), against ~65 ms beside a decode batch; the cost without ``cold_wait`` priced it as one shared step
     and, with its decode horizon, sent it to w0."""
-    for policy, expected in ((KvTtftPolicy, {"w1", "w2", "w3"}), (KvTtftOccupancyPolicy, {"w0"})):
+    for policy, expected in ((KvTtftColdPolicy, {"w1", "w2", "w3"}), (KvTtftPolicy, {"w0"})):
         fleet = Fleet(policy, LIVE_UNIQUE)
         for k, wid in enumerate(("w1", "w2", "w3") * 3):
             fleet.load.prefill_done(fleet.load.begin(wid, 1670, block_hashes(tokens(40 + k, 1670), BS), 3))
@@ -401,7 +402,7 @@ def test_the_wait_for_a_running_step_counts_what_it_has_computed_already() -> No
     """A prompt nothing caches goes where the step in progress ends first: w1's queued prompt has been computing
     for 40 ms, w0's for 1 ms (each worker decodes two requests). Without ``cold_wait`` every queue looks alike
     and the tie goes to w0, the one that will compute longest."""
-    fleet = Fleet(KvTtftPolicy, LIVE_UNIQUE)
+    fleet = Fleet(KvTtftColdPolicy, LIVE_UNIQUE)
     for k, wid in enumerate(("w0", "w1", "w2", "w3") * 2):
         fleet.load.prefill_done(fleet.load.begin(wid, 1670, block_hashes(tokens(70 + k, 1670), BS), 3))
     fleet.load.begin("w1", 1670, block_hashes(tokens(80, 1670), BS), 3)
