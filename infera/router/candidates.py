@@ -14,7 +14,7 @@ everything held about a worker goes when it leaves.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Literal
 
 from infera.discovery.base import FleetChange, FleetView
@@ -41,11 +41,12 @@ class Candidates:
         self._fleet = fleet
         self._clock = clock
         self._cooldown: dict[str, tuple[float, float]] = {}  # worker -> (until, last backoff)
-        self._groups: dict[tuple[str, str, Kind], list[WorkerRecord]] = {}
-        self._grouped_from: object = None
-        # topologies while no worker cools down (health then filters nothing), per fleet mapping
+        # per fleet mapping (fleet views replace it on every change, so its identity says whether these are
+        # current; :meth:`_workers` starts them over): the workers grouped, built on first use, and the
+        # topologies while no worker cools down (health then filters nothing)
+        self._cached_from: object = None
+        self._groups: dict[tuple[str, str, Kind], list[WorkerRecord]] | None = None
         self._topologies: dict[tuple[str, Kind], Topology] = {}
-        self._topologies_from: object = None
         fleet.subscribe(self._on_change)
 
     def _on_change(self, change: FleetChange) -> None:
@@ -83,22 +84,26 @@ class Candidates:
 
     # ---- pools --------------------------------------------------------------------------
 
-    def _group(self, model: str, role: str, kind: Kind) -> list[WorkerRecord]:
-        """Workers of ``model`` and ``role`` that take ``kind``, sorted by id, rebuilt only when the fleet changes.
-
-        Fleet views replace their mapping on every change, so its identity says whether the
-        grouping is still current.
-        """
+    def _workers(self) -> Mapping[str, WorkerRecord]:
+        """The fleet's mapping; when it is a new one, the caches kept per fleet mapping start over."""
         workers = self._fleet.workers()
-        if workers is not self._grouped_from:
-            groups: dict[tuple[str, str, Kind], list[WorkerRecord]] = {}
+        if workers is not self._cached_from:
+            self._cached_from = workers
+            self._groups = None
+            self._topologies = {}
+        return workers
+
+    def _group(self, model: str, role: str, kind: Kind) -> list[WorkerRecord]:
+        """Workers of ``model`` and ``role`` that take ``kind``, sorted by id, rebuilt only when the fleet changes."""
+        workers = self._workers()
+        groups = self._groups
+        if groups is None:
+            groups = self._groups = {}
             for w in sorted(workers.values(), key=lambda w: w.instance_id):
                 groups.setdefault((w.model, w.role, "completion"), []).append(w)
                 if can_take(w, "chat"):
                     groups.setdefault((w.model, w.role, "chat"), []).append(w)
-            self._groups = groups
-            self._grouped_from = workers
-        return self._groups.get((model, role, kind), [])
+        return groups.get((model, role, kind), [])
 
     def pool(self, model: str, role: str, kind: Kind, exclude: Collection[str] = (),
              connector: str | None = None, allowed: Callable[[WorkerRecord], bool] | None = None,
@@ -128,10 +133,7 @@ class Candidates:
         """
         if self._cooldown:
             return self._topology(model, kind)
-        fleet = self._fleet.workers()
-        if fleet is not self._topologies_from:
-            self._topologies = {}
-            self._topologies_from = fleet
+        self._workers()
         topology = self._topologies.get((model, kind))
         if topology is None:
             topology = self._topology(model, kind)
