@@ -232,7 +232,7 @@ class KvTtftPolicy:
                 now = self._clock()
                 found = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=True)
                 by_size[size] = found
-                if not found:
+                if not found and self.cold_wait:
                     self._cold.add(size)
                 if (self.duplication_weight or self.stay_floor) and found:
                     confirmed = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=False)
