@@ -123,6 +123,14 @@ static inline Py_ssize_t map_find(const U64Map *m, uint64_t key) {
     }
 }
 
+/* the slot of key ``k``: its index; -1 when absent or ``k`` is no storable key (no error set); -2 on an error */
+static inline Py_ssize_t map_lookup(const U64Map *m, PyObject *k) {
+    uint64_t key;
+    int r = map_key(k, &key);
+    if (r <= 0) return r < 0 ? -2 : -1;
+    return map_find(m, key);
+}
+
 /* a new reference to slot i's value as an object */
 static inline PyObject *map_value(const U64Map *m, Py_ssize_t i) {
     if (m->objvals) {
@@ -256,10 +264,7 @@ static int map_set(PyObject *self, PyObject *k, PyObject *v) {
 /* remove ``k``: its value (a new reference), or NULL with no error if absent */
 static PyObject *map_take(PyObject *self, PyObject *k) {
     U64Map *m = (U64Map *)self;
-    uint64_t key;
-    int r = map_key(k, &key);
-    if (r <= 0) return NULL;
-    Py_ssize_t i = map_find(m, key);
+    Py_ssize_t i = map_lookup(m, k);
     if (i < 0) return NULL;
     PyObject *v;
     if (m->objvals) {
@@ -292,10 +297,7 @@ static void map_clear_all(U64Map *m) {
 static inline PyObject *tab_get(PyObject *d, PyObject *k) {
     if (IS_MAP(d)) {
         U64Map *m = (U64Map *)d;
-        uint64_t key;
-        int r = map_key(k, &key);
-        if (r <= 0) return NULL;
-        Py_ssize_t i = map_find(m, key);
+        Py_ssize_t i = map_lookup(m, k);
         return i < 0 ? NULL : (PyObject *)(uintptr_t)m->slots[i].val;
     }
     return PyDict_GetItemWithError(d, k);
@@ -305,10 +307,7 @@ static inline PyObject *tab_get(PyObject *d, PyObject *k) {
 static inline PyObject *tab_get_new(PyObject *d, PyObject *k) {
     if (IS_MAP(d)) {
         U64Map *m = (U64Map *)d;
-        uint64_t key;
-        int r = map_key(k, &key);
-        if (r <= 0) return NULL;
-        Py_ssize_t i = map_find(m, key);
+        Py_ssize_t i = map_lookup(m, k);
         return i < 0 ? NULL : map_value(m, i);
     }
     PyObject *v = PyDict_GetItemWithError(d, k);
@@ -416,10 +415,8 @@ static int map_ass_subscript(PyObject *self, PyObject *k, PyObject *v) {
 }
 
 static int map_contains(PyObject *self, PyObject *k) {
-    uint64_t key;
-    int r = map_key(k, &key);
-    if (r <= 0) return r;
-    return map_find((U64Map *)self, key) >= 0;
+    Py_ssize_t i = map_lookup((U64Map *)self, k);
+    return i == -2 ? -1 : i >= 0;
 }
 
 static PyObject *map_get(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
