@@ -224,14 +224,15 @@ async def measure(fronts: dict[str, Any], bodies: list[bytes], rounds: range, n:
     return rows
 
 
-IN_PROCESS = ("off", "off-2", "log", "dropped", "recorded", "traced", "all")
+IN_PROCESS = ("off", "off-2", "log", "dropped", "recorded", "traced", "traced-py", "all")
 
 
 def in_process_app(kind: str) -> tuple[Any, list[Any]]:
     """The app over a fake transport (2 workers, round-robin; tests/fakes.py) with ``kind``'s telemetry:
     ``dropped`` tracing on with every trace sampled out (the middleware and the record only),
     ``recorded`` spans recorded and handed to a processor that drops them (no encoding), ``traced`` the
-    OTLP processor with a client that sends nothing, ``all`` that + the queued JSON request line. Returns
+    OTLP processor with a client that sends nothing (``traced-py``: its pure-Python encoder, not the C one),
+    ``all`` that + the queued JSON request line. Returns
     the app and what runs its deferred work now (encoding, the request lines)."""
     import io
 
@@ -240,7 +241,7 @@ def in_process_app(kind: str) -> tuple[Any, list[Any]]:
     from infera.router.router import Router, RouterOptions
     from infera.server.app import build_app
     from infera.telemetry.logs import RequestLog
-    from infera.telemetry.otlp import OtlpProcessor
+    from infera.telemetry.otlp import Encoder, OtlpProcessor
     from infera.telemetry.spans import Tracing
     from infera.telemetry.tracing import Telemetry
     from tests.fakes import FakeFleet, FakeTransport, worker
@@ -250,7 +251,10 @@ def in_process_app(kind: str) -> tuple[Any, list[Any]]:
             pass
 
     def otlp(cls: type[OtlpProcessor] = OtlpProcessor) -> OtlpProcessor:
-        return cls(lambda body: True)
+        processor = cls(lambda body: True)
+        if kind == "traced-py":
+            processor._encoder = Encoder(native=False)
+        return processor
 
     log = RequestLog("json", io.BytesIO(), queued=True) if kind in ("log", "all") else None
     processor = otlp(Drop if kind == "recorded" else OtlpProcessor) if kind not in ("off", "off-2", "log") else None
