@@ -254,6 +254,7 @@ def in_process_app(kind: str) -> tuple[Any, list[Any]]:
         processor = cls(lambda body: True)
         if kind == "traced-py":
             processor._encoder = Encoder(native=False)
+            processor._now = False
         return processor
 
     log = RequestLog("json", io.BytesIO(), queued=True) if kind in ("log", "all") else None

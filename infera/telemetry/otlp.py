@@ -394,6 +394,7 @@ class OtlpProcessor(SpanProcessor):
         self._max = max_batch
         self._delay = delay
         self._encoder = Encoder()
+        self._now = self._encoder._native is not None  # encode each request as it ends (see on_request)
         self._groups: Groups = {}
         self._count = 0
         self._first = 0.0  # when the pending batch's first request was queued (monotonic)
@@ -412,6 +413,13 @@ class OtlpProcessor(SpanProcessor):
             queue = self._queue
             if not queue and not self._count:  # a new batch: it is due ``delay`` from now
                 self._first = time.monotonic()
+            if self._now:  # the C encoder: encoding now costs less than keeping the records for later
+                self._take(resource, scope, root, children)
+                if self._count >= self._max:
+                    self._wake.set()
+                else:
+                    self._later.soon(self._tick)
+                return
             queue.append((resource, scope, root, children))
             if len(queue) >= self._batch:  # busy: encode here, in one go (see the class docstring)
                 self._flush()
