@@ -212,7 +212,7 @@ class Tracing:
         """The span beginning this process's part of a trace: a child of the caller's ``traceparent`` if it
         is valid, else the root of a new trace. Returns the trace id and the span, or None when the
         sampler drops the trace (nothing is recorded then)."""
-        parent = parse_traceparent(parent_header)
+        parent = parse_traceparent(parent_header) if parent_header else None
         bits = self._bits
         parent_ctx: SpanContext | None = None
         state = _EMPTY_STATE
@@ -254,8 +254,8 @@ class Tracing:
         """Hand over ``root``, ended, and its ended ``children`` (spans not yet emitted, and stages)."""
         root.emitted = True
         for child in children:
-            if isinstance(child, Span):
-                child.emitted = True
+            if type(child) is not tuple:  # a Span (a stage is a tuple)
+                child.emitted = True  # type: ignore[union-attr]
         if self._sink is not None:
             self._sink.on_request(self._resource, self._scope, root, children)
             return
