@@ -396,6 +396,7 @@ class OtlpProcessor(SpanProcessor):
         self._encoder = Encoder()
         self._now = self._encoder._native is not None  # encode each request as it ends (see on_request)
         self._groups: Groups = {}
+        self._last: tuple[Resource | None, InstrumentationScope | None, list[bytes], Groups] = (None, None, [], {})
         self._count = 0
         self._first = 0.0  # when the pending batch's first request was queued (monotonic)
         self._lock = threading.Lock()
@@ -452,8 +453,14 @@ class OtlpProcessor(SpanProcessor):
               children: Sequence[Span | Stage]) -> None:
         encoded = self._encoder.records(root, children, self._bits)
         with self._lock:
-            scopes = self._groups.setdefault(id(resource), (resource, {}))[1]
-            scopes.setdefault(id(scope), (scope, []))[1].append(encoded)
+            last = self._last  # the pending batch's list for the last request's resource and scope: theirs too
+            if last[0] is resource and last[1] is scope and last[3] is self._groups:
+                last[2].append(encoded)
+            else:
+                scopes = self._groups.setdefault(id(resource), (resource, {}))[1]
+                spans = scopes.setdefault(id(scope), (scope, []))[1]
+                spans.append(encoded)
+                self._last = (resource, scope, spans, self._groups)
             self._count += len(children) + 1
 
     def on_end(self, span: ReadableSpan) -> None:
