@@ -82,16 +82,14 @@ class Span:
         self.trace_id = trace_id
         self.span_id = span_id
         self.trace_state = trace_state
-        self._parent: SpanContext | None = None
-        self.remote = False
-        if isinstance(parent, int):
-            self.parent_id = parent
-        elif parent is None:
-            self.parent_id = 0
+        if parent is None or type(parent) is int:  # a new trace's root, or a local parent's id
+            self.parent_id = parent or 0
+            self.remote = False
+            self._parent: SpanContext | None = None
         else:
-            self.parent_id = parent.span_id
-            self.remote = parent.is_remote
-            self._parent = parent
+            self.parent_id = parent.span_id  # type: ignore[union-attr]
+            self.remote = parent.is_remote  # type: ignore[union-attr]
+            self._parent = parent  # type: ignore[assignment]
         self.kind = kind
         self.start = start
         self.end = 0
