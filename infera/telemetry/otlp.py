@@ -364,9 +364,9 @@ Groups = dict[int, tuple[Resource, dict[int, tuple[InstrumentationScope | None, 
 
 
 class OtlpProcessor(SpanProcessor):
-    """A batch span processor for OTLP: a request's span records are queued as they are, encoded in
-    batches ``tick`` seconds (by default ``delay``) after the first of a batch, or at ``batch``
-    requests in place, and posted by a thread.
+    """A batch span processor for OTLP: a request's span records are encoded as the request ends when
+    the C encoder is built; else queued as they are and encoded in batches ``tick`` seconds (by default
+    ``delay``) after the first of a batch, or at ``batch`` requests in place; posted by a thread.
 
     Measured in a loaded frontend, the same Python costs several times more on the request path, among
     everything else a request does, than in a loop over many requests' spans (encoding: ~95 µs per
@@ -409,7 +409,8 @@ class OtlpProcessor(SpanProcessor):
 
     def on_request(self, resource: Resource, scope: InstrumentationScope, root: Span,
                    children: Sequence[Span | Stage]) -> None:
-        """Queue a request's ended spans (see :meth:`Tracing.emit`) to be encoded in a batch."""
+        """Take a request's ended spans (see :meth:`Tracing.emit`): encoded now by the C encoder (~3 µs;
+        no records left for the collector to walk), else queued to be encoded in a batch."""
         if not self._stopped:
             queue = self._queue
             if not queue and not self._count:  # a new batch: it is due ``delay`` from now
