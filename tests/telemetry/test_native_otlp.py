@@ -14,6 +14,13 @@ from infera.telemetry.spans import Shape, Span, Stage
 
 native = pytest.importorskip("infera.telemetry._otlp", reason="the C encoder is not built")
 
+
+@pytest.fixture(autouse=True)
+def _c_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C encoder in use (set up by an Encoder) even in a run that turns it off with INFERA_PURE_PYTHON."""
+    monkeypatch.delenv("INFERA_PURE_PYTHON", raising=False)
+    assert Encoder()._native is native
+
 START = 1_764_000_000_123_456_789
 VALUES = [0, 1, 127, 128, 16383, 16384, 1 << 40, (1 << 63) - 1, -1, -(1 << 63), True, False, 0.0, 3.25, -1e300,
           float("inf"), "", "w1", "é" * 200, "x" * 5000, b"\x00\xff", ["a", "b"], [], ("w1", "w2"), [1, 2.5, True],
