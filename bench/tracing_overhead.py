@@ -393,9 +393,16 @@ def main() -> int:
                         help="PYTHONHASHSEED of every frontend ('' = each its own random seed)")
     parser.add_argument("--baseline", default="", metavar="DIR",
                         help="also run log, otlp and all from the infera package under DIR (name@base)")
+    parser.add_argument("--only", default="", metavar="A,B",
+                        help="run only these scenarios (off and off-2 always; with --baseline, name@base too): "
+                             "fewer frontends, more requests each in the same time")
     args = parser.parse_args()
+    if args.only:
+        keep = {"off", "off-2", *args.only.split(",")}
+        for name in [n for n in SCENARIOS if n not in keep]:
+            del SCENARIOS[name]
     if args.baseline:
-        for name in BASELINE:
+        for name in [n for n in BASELINE if n in SCENARIOS]:
             SCENARIOS[f"{name}@base"] = SCENARIOS[name]
     if args.quick:
         args.rounds, args.requests = 2, 200
