@@ -9,6 +9,8 @@ over ~1k-token chat prompts, half streamed, ``max_tokens`` 8, closed loop at con
   traced     --otel-exporter otlp whose HTTP client sends nothing (spans recorded and encoded, no export)
   otlp       --otel-exporter otlp to a local collector stub (OTLP/HTTP protobuf, answered 200)
   otlp-1s    otlp with OTEL_BSP_SCHEDULE_DELAY=1000 (a post every second rather than every 5 s)
+  otlp-py    otlp with the pure-Python OTLP encoder (records queued and encoded in batches), not the C one
+             (only with --only otlp-py,...)
   sampled    otlp with OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG=0.1
   all        otlp + --log-requests --log-format json
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.server
+import os
 import random
 import sys
 import threading
@@ -53,6 +56,7 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], dict[str, str], bool]] = {
     "traced": (("--otel-exporter", "otlp"), {}, True),
     "otlp": (("--otel-exporter", "otlp"), {}, False),
     "otlp-1s": (("--otel-exporter", "otlp"), {"OTEL_BSP_SCHEDULE_DELAY": "1000"}, False),
+    "otlp-py": (("--otel-exporter", "otlp"), {"BENCH_OTLP_PYTHON": "1"}, False),
     "sampled": (("--otel-exporter", "otlp"),
                 {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}, False),
     "all": (("--otel-exporter", "otlp", "--log-requests", "--log-format", "json"), {}, False),
@@ -60,6 +64,7 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], dict[str, str], bool]] = {
 
 
 BASELINE = ("log", "otlp", "all")
+OPTIONAL = {"otlp-py"}  # run only when --only names them
 
 
 def base_frontend(base: str, argv: Sequence[str]) -> int:
@@ -97,6 +102,10 @@ def wrapped_frontend(argv: Sequence[str], noop: bool) -> int:
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
+    if os.environ.get("BENCH_OTLP_PYTHON"):  # otlp-py: the pure-Python encoder (queued), the C index kept
+        import infera.telemetry.otlp as otlp
+
+        otlp._native_encoder = lambda: None
     real = setup.exporter_for
     if noop:
         setup.exporter_for = lambda name, out=None: Noop() if name == "otlp" else real(name, out)  # type: ignore[assignment]
@@ -397,10 +406,9 @@ def main() -> int:
                         help="run only these scenarios (off and off-2 always; with --baseline, name@base too): "
                              "fewer frontends, more requests each in the same time")
     args = parser.parse_args()
-    if args.only:
-        keep = {"off", "off-2", *args.only.split(",")}
-        for name in [n for n in SCENARIOS if n not in keep]:
-            del SCENARIOS[name]
+    keep = {"off", "off-2", *args.only.split(",")} if args.only else set(SCENARIOS) - OPTIONAL
+    for name in [n for n in SCENARIOS if n not in keep]:
+        del SCENARIOS[name]
     if args.baseline:
         for name in [n for n in BASELINE if n in SCENARIOS]:
             SCENARIOS[f"{name}@base"] = SCENARIOS[name]
