@@ -1,7 +1,9 @@
-"""The optional C part of the prefix index (``infera.kv._native``, csrc/index.c); everything else is in pyproject.toml.
+"""The optional C parts: the prefix index's (``infera.kv._native``, csrc/index.c) and the OTLP span encoder
+(``infera.telemetry._otlp``, csrc/otlp.c); everything else is in pyproject.toml.
 
-``optional=True``: without a C compiler or the Python headers the install still succeeds and the index runs
-its pure-Python path (``infera.kv.native``). Build it in place with ``python setup.py build_ext --inplace``.
+``optional=True``: without a C compiler or the Python headers the install still succeeds and both run their
+pure-Python paths (``infera.kv.native``, ``infera.telemetry.otlp``). Build them in place with
+``python setup.py build_ext --inplace``.
 """
 
 from setuptools import Extension, setup
@@ -15,6 +17,12 @@ setup(
             include_dirs=["csrc"],
             extra_compile_args=["-O3"],
             optional=True,
-        )
+        ),
+        Extension(
+            "infera.telemetry._otlp",
+            sources=["csrc/otlp.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
     ]
 )

@@ -9,6 +9,8 @@ over ~1k-token chat prompts, half streamed, ``max_tokens`` 8, closed loop at con
   traced     --otel-exporter otlp whose HTTP client sends nothing (spans recorded and encoded, no export)
   otlp       --otel-exporter otlp to a local collector stub (OTLP/HTTP protobuf, answered 200)
   otlp-1s    otlp with OTEL_BSP_SCHEDULE_DELAY=1000 (a post every second rather than every 5 s)
+  otlp-py    otlp with the pure-Python OTLP encoder (records queued and encoded in batches), not the C one
+             (only with --only otlp-py,...)
   sampled    otlp with OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG=0.1
   all        otlp + --log-requests --log-format json
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.server
+import os
 import random
 import sys
 import threading
@@ -53,6 +56,7 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], dict[str, str], bool]] = {
     "traced": (("--otel-exporter", "otlp"), {}, True),
     "otlp": (("--otel-exporter", "otlp"), {}, False),
     "otlp-1s": (("--otel-exporter", "otlp"), {"OTEL_BSP_SCHEDULE_DELAY": "1000"}, False),
+    "otlp-py": (("--otel-exporter", "otlp"), {"BENCH_OTLP_PYTHON": "1"}, False),
     "sampled": (("--otel-exporter", "otlp"),
                 {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}, False),
     "all": (("--otel-exporter", "otlp", "--log-requests", "--log-format", "json"), {}, False),
@@ -60,6 +64,7 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], dict[str, str], bool]] = {
 
 
 BASELINE = ("log", "otlp", "all")
+OPTIONAL = {"otlp-py"}  # run only when --only names them
 
 
 def base_frontend(base: str, argv: Sequence[str]) -> int:
@@ -97,6 +102,10 @@ def wrapped_frontend(argv: Sequence[str], noop: bool) -> int:
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
+    if os.environ.get("BENCH_OTLP_PYTHON"):  # otlp-py: the pure-Python encoder (queued), the C index kept
+        import infera.telemetry.otlp as otlp
+
+        otlp._native_encoder = lambda: None
     real = setup.exporter_for
     if noop:
         setup.exporter_for = lambda name, out=None: Noop() if name == "otlp" else real(name, out)  # type: ignore[assignment]
@@ -224,14 +233,15 @@ async def measure(fronts: dict[str, Any], bodies: list[bytes], rounds: range, n:
     return rows
 
 
-IN_PROCESS = ("off", "off-2", "log", "dropped", "recorded", "traced", "all")
+IN_PROCESS = ("off", "off-2", "log", "dropped", "recorded", "traced", "traced-py", "all")
 
 
 def in_process_app(kind: str) -> tuple[Any, list[Any]]:
     """The app over a fake transport (2 workers, round-robin; tests/fakes.py) with ``kind``'s telemetry:
     ``dropped`` tracing on with every trace sampled out (the middleware and the record only),
     ``recorded`` spans recorded and handed to a processor that drops them (no encoding), ``traced`` the
-    OTLP processor with a client that sends nothing, ``all`` that + the queued JSON request line. Returns
+    OTLP processor with a client that sends nothing (``traced-py``: its pure-Python encoder, not the C one),
+    ``all`` that + the queued JSON request line. Returns
     the app and what runs its deferred work now (encoding, the request lines)."""
     import io
 
@@ -240,7 +250,7 @@ def in_process_app(kind: str) -> tuple[Any, list[Any]]:
     from infera.router.router import Router, RouterOptions
     from infera.server.app import build_app
     from infera.telemetry.logs import RequestLog
-    from infera.telemetry.otlp import OtlpProcessor
+    from infera.telemetry.otlp import Encoder, OtlpProcessor
     from infera.telemetry.spans import Tracing
     from infera.telemetry.tracing import Telemetry
     from tests.fakes import FakeFleet, FakeTransport, worker
@@ -250,7 +260,11 @@ def in_process_app(kind: str) -> tuple[Any, list[Any]]:
             pass
 
     def otlp(cls: type[OtlpProcessor] = OtlpProcessor) -> OtlpProcessor:
-        return cls(lambda body: True)
+        processor = cls(lambda body: True)
+        if kind == "traced-py":
+            processor._encoder = Encoder(native=False)
+            processor._now = False
+        return processor
 
     log = RequestLog("json", io.BytesIO(), queued=True) if kind in ("log", "all") else None
     processor = otlp(Drop if kind == "recorded" else OtlpProcessor) if kind not in ("off", "off-2", "log") else None
@@ -388,9 +402,15 @@ def main() -> int:
                         help="PYTHONHASHSEED of every frontend ('' = each its own random seed)")
     parser.add_argument("--baseline", default="", metavar="DIR",
                         help="also run log, otlp and all from the infera package under DIR (name@base)")
+    parser.add_argument("--only", default="", metavar="A,B",
+                        help="run only these scenarios (off and off-2 always; with --baseline, name@base too): "
+                             "fewer frontends, more requests each in the same time")
     args = parser.parse_args()
+    keep = {"off", "off-2", *args.only.split(",")} if args.only else set(SCENARIOS) - OPTIONAL
+    for name in [n for n in SCENARIOS if n not in keep]:
+        del SCENARIOS[name]
     if args.baseline:
-        for name in BASELINE:
+        for name in [n for n in BASELINE if n in SCENARIOS]:
             SCENARIOS[f"{name}@base"] = SCENARIOS[name]
     if args.quick:
         args.rounds, args.requests = 2, 200

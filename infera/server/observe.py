@@ -22,7 +22,9 @@ from infera.telemetry.tracing import Telemetry
 
 TRACED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
 _WANTED = {b"traceparent": 0, b"tracestate": 1, b"x-request-id": 2}  # the headers read, by slot
-_NAMES: dict[tuple[str, str], str] = {}  # (method, path) -> the root span's name; TRACED paths: a handful
+# (method, path) -> the root span's name and its attributes from the request (a template the root copies when
+# the trace is recorded: no dict per sampled-out request); TRACED paths: a handful
+_ROOTS: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}
 _USAGE = re.compile(rb'"(?:completion_tokens|output_tokens)":\s*(\d+)')
 
 
@@ -41,13 +43,12 @@ class Observation:
             if slot is not None and found[slot] is None:
                 found[slot] = value.decode("latin-1")
         method = scope.get("method", "POST")
-        name = _NAMES.get((method, path))
-        if name is None:
-            name = _NAMES[(method, path)] = f"{method} {path}"
+        root = _ROOTS.get((method, path))
+        if root is None:
+            root = _ROOTS[(method, path)] = (f"{method} {path}", {"http.request.method": method, "url.path": path})
         self.telemetry = telemetry
         self.path = path
-        self.record = record = telemetry.begin(name, found[0], found[2],
-                                               {"http.request.method": method, "url.path": path}, found[1])
+        self.record = record = telemetry.begin(root[0], found[0], found[2], root[1], found[1])
         self._token: Any = bind(record)
         self.events = 0
 

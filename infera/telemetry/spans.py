@@ -82,16 +82,14 @@ class Span:
         self.trace_id = trace_id
         self.span_id = span_id
         self.trace_state = trace_state
-        self._parent: SpanContext | None = None
-        self.remote = False
-        if isinstance(parent, int):
-            self.parent_id = parent
-        elif parent is None:
-            self.parent_id = 0
+        if parent is None or type(parent) is int:  # a new trace's root, or a local parent's id
+            self.parent_id = parent or 0
+            self.remote = False
+            self._parent: SpanContext | None = None
         else:
-            self.parent_id = parent.span_id
-            self.remote = parent.is_remote
-            self._parent = parent
+            self.parent_id = parent.span_id  # type: ignore[union-attr]
+            self.remote = parent.is_remote  # type: ignore[union-attr]
+            self._parent = parent  # type: ignore[assignment]
         self.kind = kind
         self.start = start
         self.end = 0
@@ -212,7 +210,7 @@ class Tracing:
         """The span beginning this process's part of a trace: a child of the caller's ``traceparent`` if it
         is valid, else the root of a new trace. Returns the trace id and the span, or None when the
         sampler drops the trace (nothing is recorded then)."""
-        parent = parse_traceparent(parent_header)
+        parent = parse_traceparent(parent_header) if parent_header else None
         bits = self._bits
         parent_ctx: SpanContext | None = None
         state = _EMPTY_STATE
@@ -254,8 +252,8 @@ class Tracing:
         """Hand over ``root``, ended, and its ended ``children`` (spans not yet emitted, and stages)."""
         root.emitted = True
         for child in children:
-            if isinstance(child, Span):
-                child.emitted = True
+            if type(child) is not tuple:  # a Span (a stage is a tuple)
+                child.emitted = True  # type: ignore[union-attr]
         if self._sink is not None:
             self._sink.on_request(self._resource, self._scope, root, children)
             return

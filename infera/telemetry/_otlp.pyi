@@ -1,0 +1,6 @@
+# The C OTLP span encoder (csrc/otlp.c); see infera/telemetry/otlp.py (Encoder.records) for when it runs.
+from collections.abc import Callable, Sequence
+from typing import Any
+
+def setup(kinds: tuple[Any, Any, Any, Any, Any]) -> None: ...
+def records(root: Any, children: Sequence[Any], bits: Callable[[int], int], state: bytes) -> bytes | None: ...
