@@ -61,7 +61,7 @@ _SCOPED = (
 )
 BODY_VAR = "infera_rendered_messages"
 DEFAULT_MAX_BYTES = 32 << 20
-MIN_MESSAGES = 6  # fewer: the whole render costs about what the frame and one body do
+MIN_MESSAGES = 10  # fewer: the whole render costs about what the frame and a body do (bench/prompt_sweep.py)
 TAIL_PROBES = 4  # prefix lengths looked up, from the request's own length down
 
 
@@ -322,6 +322,7 @@ class RenderCache:
         self.fmt = fmt
         self.max_bytes = max_bytes
         self.min_messages = MIN_MESSAGES
+        self._names = tuple(sorted(split.names))
         self._keys: dict[tuple[int, int], _Entry] = {}
         self._lru: OrderedDict[int, _Entry] = OrderedDict()
         self._bytes = 0
@@ -351,7 +352,7 @@ class RenderCache:
         if n < self.min_messages or "messages" in variables or BODY_VAR in variables:
             return None
         try:
-            values = tuple(_frozen(variables.get(name, _MISSING)) for name in sorted(self.split.names))
+            values = tuple([_frozen(variables.get(name, _MISSING)) for name in self._names]) if self._names else ()
             with self._lock:
                 base, k = self._find(messages, values)
                 if base is not None:
@@ -399,15 +400,16 @@ class RenderCache:
         target = split.target
         local = ctx.vars
         top = reach[-1] if reach else 0
+        r = view._reads = _Reads()
+        stand_in = local["loop"] = _Loop(0, n, r)
         for i in range(p, n):
             if base is not None and i < usable and base.need[i] <= usable:
                 body, wants, read_last = base.bodies[i], base.need[i], base.last[i]
                 reused += 1
             else:
-                r = _Reads()
-                view._reads = r
+                r.high, r.unstable, r.last, r.length = -1, False, False, False
+                stand_in._i = i
                 local[target] = norm[i]
-                local["loop"] = _Loop(i, n, r)
                 body = "".join(run(ctx))
                 wants, read_last = _need(i, n, r), r.last
             bodies.append(body)
