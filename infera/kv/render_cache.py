@@ -39,6 +39,7 @@ message).
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -60,21 +61,30 @@ _SCOPED = (
     nodes.ContextReference, nodes.DerivedContextReference,
 )
 BODY_VAR = "infera_rendered_messages"
+BODY_MARK = "infera_body_mark"
+END_MARK = "infera_loop_end"
+_RESERVED = frozenset({"messages", BODY_VAR, BODY_MARK, END_MARK})
 DEFAULT_MAX_BYTES = 32 << 20
-MIN_MESSAGES = 10  # fewer: the whole render costs about what the frame and a body do (bench/prompt_sweep.py)
+MIN_MESSAGES = 6  # fewer: rendered whole, not kept (the per-message path would not pay back)
+BODIES_MIN = 8  # bodies reused below which a render is one marked whole render (about a whole render's cost)
 TAIL_PROBES = 4  # prefix lengths looked up, from the request's own length down
 
 
 class SplitTemplate:
     """A template proven to be frame + one body per message (see the module doc)."""
 
-    __slots__ = ("body", "frame", "globals", "names", "target")
+    __slots__ = ("body", "frame", "globals", "marked", "names", "reads_last", "reads_length", "target")
 
-    def __init__(self, frame: jinja2.Template, body: jinja2.Template, target: str, names: frozenset[str]) -> None:
+    def __init__(self, frame: jinja2.Template, body: jinja2.Template, marked: jinja2.Template, target: str,
+                 names: frozenset[str], loop_attrs: frozenset[str]) -> None:
         self.frame = frame
         self.body = body
+        self.marked = marked  # the whole template, each body's output led by _BODY, the loop's followed by _END
         self.target = target  # the loop variable's name
         self.names = names  # every name the body loads: the render variables it may read
+        # what a body may read of ``loop`` (a marked render cannot record it: jinja's own loop object)
+        self.reads_last = "last" in loop_attrs
+        self.reads_length = not _LENGTH_ATTRS.isdisjoint(loop_attrs)
         # the environment's globals as ``Template.render`` merges them, once (a ChainMap copied per render
         # costs more than a short body); the environment is complete before templates are compiled
         self.globals = dict(body.globals)
@@ -109,9 +119,21 @@ def split_template(env: jinja2.Environment, source: str) -> SplitTemplate | None
         frame_root.body[at] = nodes.Output([nodes.Name(BODY_VAR, "load", lineno=frame_loop.lineno)],
                                            lineno=frame_loop.lineno)
         frame_root.set_environment(env)
-        if any(n.name == BODY_VAR for n in root.find_all(nodes.Name)):
+        marked_root = env.parse(source)
+        marked_loop = _messages_loop(marked_root)
+        assert marked_loop is not None
+        marked_loop.body.insert(0, nodes.Output([nodes.Name(BODY_MARK, "load", lineno=marked_loop.lineno)],
+                                                lineno=marked_loop.lineno))
+        at = next(i for i, n in enumerate(marked_root.body) if n is marked_loop)
+        marked_root.body.insert(at + 1, nodes.Output([nodes.Name(END_MARK, "load", lineno=marked_loop.lineno)],
+                                                     lineno=marked_loop.lineno))
+        marked_root.set_environment(env)
+        if any(n.name in (BODY_VAR, BODY_MARK, END_MARK) for n in root.find_all(nodes.Name)):
             return None
-        return SplitTemplate(env.from_string(frame_root), env.from_string(body_root), target, names)
+        loop_attrs = frozenset(n.attr for child in loop.body for n in child.find_all(nodes.Getattr)
+                               if isinstance(n.node, nodes.Name) and n.node.name == "loop")
+        return SplitTemplate(env.from_string(frame_root), env.from_string(body_root), env.from_string(marked_root),
+                             target, names, loop_attrs)
     except jinja2.TemplateError:
         return None
 
@@ -181,7 +203,10 @@ class _MessageView(list[Any]):
 
     def __getitem__(self, key: Any) -> Any:
         if type(key) is not int and type(key) is not bool:
-            raise _Untracked
+            if isinstance(key, str):  # jinja would look for an attribute of that name: this class has one more
+                raise _Untracked
+            self._reads.unstable = True  # a slice (the frame's code): depends on the length
+            return list.__getitem__(self, key)
         reads: _Reads = self._reads
         n = len(self)
         i = key + n if key < 0 else int(key)
@@ -190,6 +215,19 @@ class _MessageView(list[Any]):
         elif i > reads.high:
             reads.high = i
         return list.__getitem__(self, key)
+
+
+class _Mark(str):
+    """An output jinja passes through as itself (``str(mark) is mark``): where a body starts, where the loop ends."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return self
+
+
+_BODY = _Mark()
+_END = _Mark()
 
 
 class _Loop:
@@ -322,7 +360,9 @@ class RenderCache:
         self.fmt = fmt
         self.max_bytes = max_bytes
         self.min_messages = MIN_MESSAGES
+        self.bodies_min = BODIES_MIN
         self._names = tuple(sorted(split.names))
+        self._marks = {BODY_MARK: _BODY, END_MARK: _END}
         self._keys: dict[tuple[int, int], _Entry] = {}
         self._lru: OrderedDict[int, _Entry] = OrderedDict()
         self._bytes = 0
@@ -349,7 +389,7 @@ class RenderCache:
         """The template's output for ``messages`` and the render ``variables`` (all but ``messages``), or None
         when this path does not apply (too few messages, a name it reserves, any error): render it whole."""
         n = len(messages)
-        if n < self.min_messages or "messages" in variables or BODY_VAR in variables:
+        if n < self.min_messages or not _RESERVED.isdisjoint(variables):
             return None
         try:
             values = tuple([_frozen(variables.get(name, _MISSING)) for name in self._names]) if self._names else ()
@@ -388,11 +428,15 @@ class RenderCache:
             # a request that is exactly the prefix: its last body is the last now (it may read loop.last)
             usable = k - 1 if k == n and base.last[k - 1] else k
             p = bisect.bisect_right(base.reach, usable, 0, usable)
-            bodies, need, reach, last = base.bodies[:p], base.need[:p], base.reach[:p], base.last[:p]
+            need_of = base.need
+            reusable = p + sum(1 for i in range(p, usable) if need_of[i] <= usable)
         else:
             norm = normalize_messages(messages, self.fmt)
-            usable = p = 0
-            bodies, need, reach, last = [], [], [], []
+            usable = p = reusable = 0
+        if base is None or reusable < self.bodies_min or 2 * reusable < n:
+            text, bodies, need, reach, last = self._render_marked(norm, variables)
+            return self._keep(messages, norm, text, bodies, need, reach, last, values, base, k, 0)
+        bodies, need, reach, last = base.bodies[:p], base.need[:p], base.reach[:p], base.last[:p]
         reused = p
         view = _MessageView(norm)
         ctx = split.body.new_context({**split.globals, **variables, "messages": view}, shared=True)
@@ -420,13 +464,64 @@ class RenderCache:
         frame = split.frame.new_context({**split.globals, **variables, "messages": norm, BODY_VAR: "".join(bodies)},
                                         shared=True)
         text = "".join(split.frame.root_render_func(frame))
+        return self._keep(messages, norm, text, bodies, need, reach, last, values, base, k, reused)
+
+    def _render_marked(self, norm: list[dict[str, Any]],
+                       variables: Mapping[str, Any]) -> tuple[str, list[str], list[int], list[int], list[bool]]:
+        """The whole template in one render (about its own cost), its bodies cut out at the marks.
+
+        Each body's ``messages[i]`` reads are recorded as it runs (jinja's generator yields the mark
+        before the body's code runs); its ``loop`` reads cannot be, so what the template's bodies may
+        read of it (``SplitTemplate.reads_last``, ``reads_length``) is assumed read."""
+        split = self.split
+        n = len(norm)
+        view = _MessageView(norm)
+        idle = view._reads = _Reads()  # the frame's own reads
+        ctx = split.marked.new_context({**split.globals, **self._marks, **variables, "messages": view},
+                                       shared=True)
+        out: list[str] = []
+        append = out.append
+        cuts: list[int] = []  # where in ``out`` each body starts, then where the loop ended
+        reads: list[_Reads] = []
+        ended = False
+        for piece in split.marked.root_render_func(ctx):
+            if type(piece) is not _Mark:
+                append(piece)
+            elif piece is _BODY and not ended:
+                cuts.append(len(out))
+                view._reads = r = _Reads()
+                reads.append(r)
+            elif piece is _END and not ended:
+                cuts.append(len(out))
+                view._reads = idle
+                ended = True
+            else:
+                raise _Untracked  # marks out of order (cannot happen in the loop's shape): render it whole
+        if len(reads) != n or not ended:
+            raise _Untracked  # not one body per message after all: render it whole
+        bodies = ["".join(out[cuts[i] : cuts[i + 1]]) for i in range(n)]
+        never = split.reads_length
+        need = [_NEVER if never or r.unstable else max(i, r.high) + 1 for i, r in enumerate(reads)]
+        if split.reads_last and n:
+            need[-1] = _NEVER  # the last message's body read loop.last as True
+        reach = list(itertools.accumulate(need, max))
+        return "".join(out), bodies, need, reach, [split.reads_last] * n
+
+    def _keep(self, messages: Sequence[Any], norm: list[dict[str, Any]], text: str, bodies: list[str],
+              need: list[int], reach: list[int], last: list[bool], values: tuple[Any, ...], base: _Entry | None,
+              k: int, reused: int) -> str:
+        """Store the render as an entry (``base`` leaves when the new one extends it) and return its text."""
+        n = len(messages)
         # a plain message: a dict equal to it, ours (the caller may change its own later); in "string" format
         # its normalised dict is one
-        if self.fmt == "string":
-            cmp = [norm[i] if _plain(m) else _Strict(_frozen(m)) for i, m in enumerate(messages[k:], k)]
-        else:
-            cmp = [{"role": m["role"], "content": m["content"]} if _plain(m) else _Strict(_frozen(m))
-                   for m in messages[k:]]
+        string = self.fmt == "string"
+        cmp: list[Any] = []
+        for i in range(k, n):
+            m = messages[i]
+            if type(m) is dict and len(m) == 2 and type(m.get("role")) is str and type(m.get("content")) is str:
+                cmp.append(norm[i] if string else {"role": m["role"], "content": m["content"]})
+            else:
+                cmp.append(_Strict(_frozen(m)))
         entry = _Entry((base.cmp[:k] if base is not None else []) + cmp, norm, bodies, need, reach, last, values,
                        len(text))
         with self._lock:
