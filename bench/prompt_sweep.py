@@ -40,7 +40,7 @@ if __name__ == "__main__":
 from bench.common import PLOTS, PYTHON, REPO, _text
 
 BLOCK = 16
-MIN_MESSAGES = 6  # infera.kv.render_cache.MIN_MESSAGES (this file also runs on code from before it)
+MIN_MESSAGES = 12  # infera.kv.render_cache.MIN_MESSAGES (this file also runs on code from before it)
 LENGTHS = (1000, 2000, 4000, 8000, 16000, 32000)
 TURNS = (1, 2, 4, 8, 12, 16, 24, 32)
 SESSIONS = 12

@@ -65,7 +65,7 @@ BODY_MARK = "infera_body_mark"
 END_MARK = "infera_loop_end"
 _RESERVED = frozenset({"messages", BODY_VAR, BODY_MARK, END_MARK})
 DEFAULT_MAX_BYTES = 32 << 20
-MIN_MESSAGES = 6  # fewer: rendered whole, not kept (the per-message path would not pay back)
+MIN_MESSAGES = 12  # fewer: rendered whole, not kept (bookkeeping ~1 µs a message would not pay back)
 BODIES_MIN = 8  # bodies reused below which a render is one marked whole render (about a whole render's cost)
 TAIL_PROBES = 4  # prefix lengths looked up, from the request's own length down
 
