@@ -61,7 +61,8 @@ from infera.kv.codecs import (
     tiktoken_spec,
 )
 from infera.kv.prompt_cache import DEFAULT_MAX_BYTES, PromptCache
-from infera.kv.render_cache import RenderCache, split_template
+from infera.kv.render_cache import RenderCache
+from infera.kv.template_split import split_template
 from infera.kv.tokenizer_source import TokenizerNotFoundError, resolve_tokenizer_dir
 
 _RENDER_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})

@@ -11,7 +11,7 @@ import pytest
 
 from infera.kv.chat_template import CHATML_TEMPLATE, make_env
 from infera.kv.codecs import BYTE_LEVEL_SPECIALS, ByteCodec
-from infera.kv.render_cache import split_template
+from infera.kv.template_split import split_template
 from infera.kv.tokenizer import ChatTemplateError, PromptRenderer
 from tests.conftest import TINY_CHATML
 from tests.kv.test_tokenizer import PARTS_TEMPLATE, SMOL_TEMPLATE
