@@ -15,7 +15,8 @@ empty cache, warms it with each session's previous turn (untimed), then times th
 ``baseline(ref)`` runs the same sweep on the infera code of git ``ref`` (exported to a
 temp dir, in a subprocess), so the one run also has the figures from before this work.
 
-    .venv/bin/python bench/prompt_sweep.py --infera-root DIR --json OUT   # used by baseline()
+    .venv/bin/python bench/prompt_sweep.py --infera-root DIR --json OUT   # used by baseline() and ab()
+    .venv/bin/python bench/prompt_sweep.py --ab main --rounds 3 [--quick]  # git ref vs this tree, alternating
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import gc
 import json
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,6 +40,7 @@ if __name__ == "__main__":
 from bench.common import PLOTS, PYTHON, REPO, _text
 
 BLOCK = 16
+MIN_MESSAGES = 12  # infera.kv.render_cache.MIN_MESSAGES (this file also runs on code from before it)
 LENGTHS = (1000, 2000, 4000, 8000, 16000, 32000)
 TURNS = (1, 2, 4, 8, 12, 16, 24, 32)
 SESSIONS = 12
@@ -78,6 +81,7 @@ def _time_turn(renderer: Any, cached: bool, sessions: Pairs | list[Pairs], repea
     from infera.kv.hashing import block_hashes
 
     cache = getattr(renderer, "prompt_cache", None)  # None in code from before the cache
+    renders = getattr(renderer, "render_caches", {})  # {} in code from before the render cache
     per: list[float] = []
     render: list[float] = []
     per_repeat = sessions if isinstance(sessions[0], list) else [sessions] * repeats
@@ -86,6 +90,9 @@ def _time_turn(renderer: Any, cached: bool, sessions: Pairs | list[Pairs], repea
         if cache is not None:
             cache.clear()
             cache.min_chars = 0 if cached else 1 << 60
+        for rc in renders.values():  # "cached" = both caches as configured, else neither
+            rc.clear()
+            rc.min_messages = MIN_MESSAGES if cached else 1 << 60
         for prev, _cur in sessions:
             block_hashes(renderer.chat_token_ids(prev), BLOCK)
         gc.collect()
@@ -94,12 +101,17 @@ def _time_turn(renderer: Any, cached: bool, sessions: Pairs | list[Pairs], repea
         for _prev, cur in sessions:
             block_hashes(renderer.chat_token_ids(cur), BLOCK)
         t1 = time.process_time_ns()
+        for rc in renders.values():  # the render alone, in the state the timed requests found
+            rc.clear()
+        for prev, _cur in sessions:
+            renderer.render_chat(prev)
+        t1b = time.process_time_ns()
         for _prev, cur in sessions:
             renderer.render_chat(cur)
         t2 = time.process_time_ns()
         gc.enable()
         per.append((t1 - t0) / len(sessions) / 1e3)
-        render.append((t2 - t1) / len(sessions) / 1e3)
+        render.append((t2 - t1b) / len(sessions) / 1e3)
     return {"us": statistics.median(per), "render_us": statistics.median(render)}
 
 
@@ -207,13 +219,71 @@ def plot(res: dict[str, Any], out: Path = PLOTS / "prompt_cpu.png") -> Path:
     return out
 
 
+def ab(ref: str, tok: Path, quick: bool, rounds: int) -> dict[str, Any]:
+    """The sweep on git ``ref`` and on this tree, in alternating subprocesses (``rounds`` each); per cell the
+    median over rounds. The ref's tree gets this tree's C extension (same ``csrc``), as bench/relay_ab.py does."""
+    runs: dict[str, list[dict[str, Any]]] = {"ref": [], "this": []}
+    with tempfile.TemporaryDirectory(prefix="infera-ab-") as tmp:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "infera"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        for so in (REPO / "infera" / "kv").glob("_native*.so"):
+            shutil.copy(so, Path(tmp) / "infera" / "kv" / so.name)
+        for r in range(rounds):
+            for side, root in (("ref", Path(tmp)), ("this", REPO)) if r % 2 == 0 else (("this", REPO),
+                                                                                      ("ref", Path(tmp))):
+                out = Path(tmp) / f"{side}-{r}.json"
+                subprocess.run([PYTHON, str(Path(__file__).resolve()), "--infera-root", str(root), "--tokenizer",
+                                str(tok), "--json", str(out), *(["--quick"] if quick else [])], check=True)
+                runs[side].append(json.loads(out.read_text()))
+    def cell(side: str, rows: str, i: int, col: str, key: str) -> float:
+        return statistics.median(run[rows][i][col][key] for run in runs[side])
+    res: dict[str, Any] = {"ref": ref, "rounds": rounds, "by_length": [], "by_turn": []}
+    for rows in ("by_length", "by_turn"):
+        for i, row in enumerate(runs["this"][0][rows]):
+            out_row = {k: v for k, v in row.items() if not isinstance(v, dict)}
+            for side in ("ref", "this"):
+                for col in ("before", "after", "unique_after") if rows == "by_length" else ("before", "after"):
+                    out_row[f"{side}_{col}"] = {k: cell(side, rows, i, col, k) for k in ("us", "render_us")}
+            res[rows].append(out_row)
+    return res
+
+
+def print_ab(res: dict[str, Any]) -> None:
+    print(f"prompt stage per request, CPU us, next turn; {res['ref']} vs this tree, both caches on; "
+          f"medians of {res['rounds']} alternating subprocess rounds; no-cache = this tree, both caches off")
+    print("| prompt tokens | turns | ref | this | this/ref | this, no cache | render: ref | this "
+          "| unique: ref | this |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for r in res["by_length"]:
+        a, b = r["ref_after"], r["this_after"]
+        print(f"| {r['tokens']} | {r['turns']} | {a['us']:.0f} | {b['us']:.0f} | {b['us'] / a['us']:.2f}x "
+              f"| {r['this_before']['us']:.0f} | {a['render_us']:.0f} | {b['render_us']:.0f} "
+              f"| {r['ref_unique_after']['us']:.0f} | {r['this_unique_after']['us']:.0f} |")
+    print("| turn | prompt tokens | ref | this | this/ref | this, no cache | render: ref | this |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for r in res["by_turn"]:
+        a, b = r["ref_after"], r["this_after"]
+        print(f"| {r['turn']} | {r['tokens']} | {a['us']:.0f} | {b['us']:.0f} | {b['us'] / a['us']:.2f}x "
+              f"| {r['this_before']['us']:.0f} | {a['render_us']:.0f} | {b['render_us']:.0f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--infera-root", type=Path, required=True)
-    ap.add_argument("--tokenizer", type=Path, required=True)
-    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--infera-root", type=Path, help="run the sweep on this tree's infera/ (a subprocess of --ab)")
+    ap.add_argument("--ab", metavar="REF", help="git ref against this tree, alternating subprocesses")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokenizer", type=Path)
+    ap.add_argument("--json", type=Path)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
+    if args.ab:
+        from bench.common import default_tokenizer_dir, write_results
+
+        res = ab(args.ab, args.tokenizer or default_tokenizer_dir(), args.quick, args.rounds)
+        print_ab(res)
+        print(f"results: {write_results('prompt_sweep_ab', res)}")
+        return
     sys.path.insert(0, str(args.infera_root))
     from infera.kv.tokenizer import PromptRenderer
 

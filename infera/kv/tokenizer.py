@@ -21,6 +21,10 @@ Rendering follows vLLM's chat path, then ``transformers.apply_chat_template``:
    ``{% generation %}``, loop controls), with the named special tokens as variables.
 
 For string content the result equals ``apply_chat_template(..., tokenize=False)``.
+A template proven to be *header, one loop over the messages, footer* is rendered through
+``infera.kv.render_cache``: the same text, with the messages an earlier request already
+rendered in the same place taken from it (a long conversation's next turn renders its new
+messages, not the whole conversation).
 Chat prompts are tokenized without added special tokens, as vLLM does for chat.
 
 Loading reads ``tokenizer.json`` with the ``tokenizers`` library only; transformers is
@@ -57,8 +61,11 @@ from infera.kv.codecs import (
     tiktoken_spec,
 )
 from infera.kv.prompt_cache import DEFAULT_MAX_BYTES, PromptCache
+from infera.kv.render_cache import RenderCache
+from infera.kv.template_split import split_template
 from infera.kv.tokenizer_source import TokenizerNotFoundError, resolve_tokenizer_dir
 
+_RENDER_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -137,8 +144,9 @@ class PromptRenderer:
         self._templates = dict(templates)
         self._compiled = {n: self._env.from_string(t) for n, t in templates.items()}
         self._formats = {n: detect_content_format(self._env, t) for n, t in templates.items()}
+        self._renders = {n: self._render_cache(t, self._formats[n]) for n, t in templates.items()}
         self._special = dict(special_tokens)
-        self._adhoc: dict[str, tuple[jinja2.Template, ContentFormat]] = {}
+        self._adhoc: dict[str, tuple[jinja2.Template, ContentFormat, RenderCache | None]] = {}
         self.name = name
         eos = special_tokens.get("eos_token")
         self._eos_id = codec.token_to_id(eos) if eos is not None else None
@@ -232,17 +240,27 @@ class PromptRenderer:
         """How message content reaches the template that ``render_chat`` would pick."""
         return self._pick(tools, None)[1]
 
+    @property
+    def render_caches(self) -> dict[str, RenderCache]:
+        """The named templates' per-message render caches (templates whose shape allows one)."""
+        return {n: c for n, c in self._renders.items() if c is not None}
+
     # -- rendering -----------------------------------------------------------------------
 
-    def _pick(self, tools: list[dict[str, Any]] | None, override: str | None) -> tuple[jinja2.Template, ContentFormat]:
+    def _render_cache(self, template: str, fmt: ContentFormat) -> RenderCache | None:
+        split = split_template(self._env, template)
+        return RenderCache(split, fmt) if split is not None else None
+
+    def _pick(self, tools: list[dict[str, Any]] | None,
+              override: str | None) -> tuple[jinja2.Template, ContentFormat, RenderCache | None]:
         name: str | None
         if override is not None:
             if override in self._compiled:
                 name = override
-            else:  # a literal template; compiled once per renderer
+            else:  # a literal template; compiled once per renderer, rendered whole (no per-template cache)
                 if override not in self._adhoc:
                     self._adhoc[override] = (
-                        self._env.from_string(override), detect_content_format(self._env, override)
+                        self._env.from_string(override), detect_content_format(self._env, override), None
                     )
                 return self._adhoc[override]
         elif tools is not None and "tool_use" in self._compiled:
@@ -258,7 +276,7 @@ class PromptRenderer:
                 f"tokenizer {self.name or '?'} has no chat template"
                 + (f" named 'default' (has {sorted(self._compiled)})" if self._compiled else "")
             )
-        return self._compiled[name], self._formats[name]
+        return self._compiled[name], self._formats[name], self._renders[name]
 
     def render_chat(
         self,
@@ -274,8 +292,14 @@ class PromptRenderer:
         literal one. Raises ChatTemplateError if there is no template or it raises.
         """
         override = template_kwargs.pop("chat_template", None)
-        template, fmt = self._pick(tools, override)
+        template, fmt, cache = self._pick(tools, override)
         context = {**self._special, **template_kwargs}
+        if cache is not None and _RENDER_ARGS.isdisjoint(context):
+            # the same text, the messages seen in an earlier request's prefix not rendered again
+            text = cache.render(messages, {"tools": tools, "documents": None,
+                                           "add_generation_prompt": add_generation_prompt, **context})
+            if text is not None:
+                return text
         try:
             return template.render(
                 messages=normalize_messages(messages, fmt),
