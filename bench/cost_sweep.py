@@ -84,6 +84,17 @@ def _variants() -> None:
             POLICIES[f"kv-aware-ob{b:g}-e{e:g}"] = type(f"KvTtft_ob{b:g}_e{e:g}", (KvTtftPolicy,),
                                                         {"busy_occupancy": b, "eviction_weight": e})
 
+    # the sixth round: the progress credit only on the holders of the longest confirmed prefix (waiting for the
+    # holder is priced by what its queue has left, a move elsewhere by the whole queue there)
+    POLICIES["kv-aware-hp"] = type("KvTtft_hp", (KvTtftPolicy,), {"holder_progress": True})
+    for b in (0.5, 1.0):
+        POLICIES[f"kv-aware-ob{b:g}-hp"] = type(f"KvTtft_ob{b:g}_hp", (KvTtftPolicy,),
+                                                {"busy_occupancy": b, "holder_progress": True})
+        for share in (0.5, 0.75):
+            POLICIES[f"kv-aware-ob{b:g}-hp{share:g}"] = type(
+                f"KvTtft_ob{b:g}_hp{share:g}", (KvTtftPolicy,),
+                {"busy_occupancy": b, "holder_progress": True, "progress_share": share})
+
     _unique_variants()
 
     def stall_batch(self: KvTtftPolicy, queued: float, own: float, decoding: int) -> float:

@@ -67,6 +67,10 @@ the stay floor keeps the decode terms from moving a request off the prefix its h
 - progress (off: :attr:`KvTtftPolicy.progress`): credit the prefill queued on w with the time w has
   been computing it (``LoadTracker.prefill_age``); measured, it gathered staggered bursts and helped
   tenants, but cost TTFT p90 on bursts in the simulator (bench/README.md); kept for study.
+- hold (off in ``kv-aware``; on in ``kv-aware-hold``, with busy occupancy): the same credit only on the workers
+  that hold the longest confirmed prefix. Waiting for the holder is priced by what its queue has left, a move
+  by the whole queue where it goes; the Mooncake trace's moves at 64 busy workers were requests leaving a
+  holder that was part-way through ~28k queued prompt tokens (bench/README.md, "Sixth round").
 - stall (off by default, :data:`STALL_WEIGHT` 0): a share of the modelled prefill already
   queued on w, once more (the queued prompts share steps with w's decoding streams and stall
   them). Measured at 0.05 and 0.2 it changed nothing but a little hit ratio; kept for study.
@@ -202,6 +206,8 @@ class KvTtftPolicy:
     stay_fair = 0.0  # studied, off: ... unless the holders decode more than this many times the fleet's mean
     duplication_weight = 0.0  # studied, off: share of the recompute of a prefix confirmed elsewhere that w lacks
     progress = False  # credit the prefill queued on w with the time w has been computing it
+    holder_progress = False  # the same credit, only on the workers holding the longest confirmed prefix
+    progress_share = 1.0  # the share of that time credited (studied: the queue's steps also decode)
     busy_occupancy = 0.0  # the occupancy weight when every candidate has prefill queued (0: the fixed weight;
     # ``kv-aware-busy``: BUSY_OCCUPANCY_WEIGHT)
     cold_wait = False  # a prompt nothing holds any prefix of: the wait for w's next step, no decode horizon
@@ -274,7 +280,10 @@ class KvTtftPolicy:
         queued, active = cand.prefill_tokens, cand.active_blocks
         tokens = queued + own
         cold = self.cold_wait and size in self._cold
-        age = self._load.prefill_age(wid) * 1000.0 if (self.progress or cold) and queued else 0.0
+        progress = self.progress or (self.holder_progress and overlap >= self._confirmed_best.get(size, 0) > 0)
+        age = self._load.prefill_age(wid) * 1000.0 if (progress or cold) and queued else 0.0
+        if progress and not cold:
+            age *= self.progress_share
         # w has computed its queue for ``age`` ms: this request waits for the rest, then its own step; with
         # nothing queued, or queued this very moment, one step computes the queue and this request
         if cold:
@@ -407,6 +416,14 @@ class KvTtftBusyPolicy(KvTtftPolicy):
     round's candidate: chosen by the simulator, not yet confirmed live; bench/README.md, "Fifth round")."""
 
     busy_occupancy = BUSY_OCCUPANCY_WEIGHT
+
+
+class KvTtftHoldPolicy(KvTtftBusyPolicy):
+    """``kv-aware-hold``: ``kv-aware-busy`` that also credits a prefix holder's queue with the time the holder has
+    been computing it, so a request waits for its holder while that is faster than recomputing elsewhere
+    (bench/README.md, "Sixth round (helper place4)")."""
+
+    holder_progress = True
 
 
 class KvTtftColdPolicy(KvTtftPolicy):
