@@ -90,6 +90,9 @@ def _variants() -> None:
     for b in (0.5, 1.0):
         POLICIES[f"kv-aware-ob{b:g}-hp"] = type(f"KvTtft_ob{b:g}_hp", (KvTtftPolicy,),
                                                 {"busy_occupancy": b, "holder_progress": True})
+        POLICIES[f"kv-aware-ob{b:g}-hpb"] = type(f"KvTtft_ob{b:g}_hpb", (KvTtftPolicy,),
+                                                 {"busy_occupancy": b, "holder_progress": True,
+                                                  "progress_busy": True})
         for share in (0.5, 0.75):
             POLICIES[f"kv-aware-ob{b:g}-hp{share:g}"] = type(
                 f"KvTtft_ob{b:g}_hp{share:g}", (KvTtftPolicy,),

@@ -2,15 +2,15 @@
 
 The Mooncake trace at 64 busy workers (bench/README.md, "Sixth round (helper place4)"): most requests that left
 the holder of their prefix did so because of the prompts queued there, which the cost counted whole although
-the holder had been computing them for a while. ``kv-aware-hold`` credits a holder's queue with that time (the
-router's own ``LoadTracker.prefill_age``); a queue on any other worker is counted whole, as before.
+the holder had been computing them for a while. ``kv-aware-hold`` credits a holder's queue with ``HOLD_SHARE`` of
+that time (the router's own ``LoadTracker.prefill_age``); a queue on any other worker is counted whole, as before.
 """
 
 from __future__ import annotations
 
 from infera.kv.hashing import block_hashes
 from infera.router.base import Candidate, RoutingContext
-from infera.router.kv_ttft import KvTtftBusyPolicy, KvTtftHoldPolicy, KvTtftPolicy, prefill_ms
+from infera.router.kv_ttft import HOLD_SHARE, KvTtftBusyPolicy, KvTtftHoldPolicy, KvTtftPolicy, prefill_ms
 from tests.router.test_kv_ttft import BS, Fleet, tokens
 
 QUEUED = 3500  # prompt tokens queued on the holder: prefill_ms(3500) ~ 75 ms in the mock's step model
@@ -32,12 +32,12 @@ def session_behind_a_computing_queue(policy: type[KvTtftPolicy], computed_ms: fl
 
 
 def test_a_session_waits_for_a_holder_nearly_through_its_queue() -> None:
-    """w0 has computed 65 of the queue's ~75 modelled ms: the session's turn gets its first token there sooner
-    than by recomputing 2,400 tokens on an idle worker. kv-aware-busy counts the whole queue and moves it."""
-    assert prefill_ms(QUEUED) > 65.0
-    assert session_behind_a_computing_queue(KvTtftHoldPolicy, 65.0) == "w0"
-    assert session_behind_a_computing_queue(KvTtftBusyPolicy, 65.0) != "w0"
-    assert session_behind_a_computing_queue(KvTtftPolicy, 65.0) != "w0"
+    """w0 has been computing the queue (~75 modelled ms) for 70 ms: the session's turn gets its first token there
+    sooner than by recomputing 2,400 tokens on an idle worker. kv-aware-busy counts the whole queue and moves it."""
+    assert prefill_ms(QUEUED) > 70.0
+    assert session_behind_a_computing_queue(KvTtftHoldPolicy, 70.0) == "w0"
+    assert session_behind_a_computing_queue(KvTtftBusyPolicy, 70.0) != "w0"
+    assert session_behind_a_computing_queue(KvTtftPolicy, 70.0) != "w0"
 
 
 def test_a_queue_the_holder_has_just_started_still_moves_the_session() -> None:
@@ -49,7 +49,8 @@ def test_a_queue_the_holder_has_just_started_still_moves_the_session() -> None:
 
 def test_only_the_holder_is_credited() -> None:
     """Every worker has the same queue, computed for 50 ms; only w2 holds the request's prefix. Its queue counts
-    what is left (the modelled queue less 50 ms), every other worker's counts whole, as in kv-aware-busy."""
+    what is left (the modelled queue less HOLD_SHARE x 50 ms), every other worker's counts whole, as in
+    kv-aware-busy."""
     fleet = Fleet(KvTtftHoldPolicy)
     for k, wid in enumerate(("w0", "w1", "w2", "w3")):
         fleet.load.begin(wid, QUEUED, block_hashes(tokens(10 + k, QUEUED), BS), 3)
@@ -64,6 +65,6 @@ def test_only_the_holder_is_credited() -> None:
     scores = policy.score(ctx, cands)
     assert scores.overlap_blocks == [0, 0, 150, 0]
     prefill = [policy.terms(ctx, c, o)[0] for c, o in zip(cands, scores.overlap_blocks, strict=True)]
-    assert abs(prefill[2] - (prefill_ms(QUEUED) - 50.0 + prefill_ms(160))) < 1e-6
+    assert abs(prefill[2] - (prefill_ms(QUEUED) - HOLD_SHARE * 50.0 + prefill_ms(160))) < 1e-6
     assert abs(prefill[0] - prefill_ms(QUEUED + 2560)) < 1e-6
     assert prefill[0] == prefill[1] == prefill[3]
