@@ -87,6 +87,8 @@ def _variants() -> None:
     # the sixth round: the progress credit only on the holders of the longest confirmed prefix (waiting for the
     # holder is priced by what its queue has left, a move elsewhere by the whole queue there)
     POLICIES["kv-aware-hp"] = type("KvTtft_hp", (KvTtftPolicy,), {"holder_progress": True})
+    POLICIES["kv-aware-hp0.5"] = type("KvTtft_hp0.5", (KvTtftPolicy,), {"holder_progress": True,
+                                                                       "progress_share": 0.5})
     for b in (0.5, 1.0):
         POLICIES[f"kv-aware-ob{b:g}-hp"] = type(f"KvTtft_ob{b:g}_hp", (KvTtftPolicy,),
                                                 {"busy_occupancy": b, "holder_progress": True})
