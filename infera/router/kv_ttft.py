@@ -115,7 +115,7 @@ BUSY_OCCUPANCY_WEIGHT = 0.5  # the occupancy weight when every candidate has pre
 # from OCCUPANCY_WEIGHT; bench/cost_sweep.py `kv-aware-ob*`: 0.5-2 tried, 1 and more piled the live burst)
 HOLD_SHARE = 0.5  # kv-aware-hold: the share of the time a holder has computed its queue that is credited (the
 # queue's steps also decode, so the time overstates the prompt tokens done; bench/cost_sweep.py `kv-aware-ob0.5-hp*`:
-# 1 reached 91.5 % of the 64-worker capacity limit with TTFT p99 +11 %, 0.5 90.2 % with p90 and p99 kept)
+# 1 reached 91.5 % of the 64-worker capacity limit with TTFT p99 +11 %, 0.5 90.0 % with p90 and p99 kept)
 STAY_MARGIN = 4  # decoding requests: the stay floor lets balance move a request off its confirmed prefix only when
 # the holders decode this many more than the other worker (bench/cost_sweep.py: 2-4 and a fleet-mean gate tried;
 # 4 kept the live-shaped multi-turn sessions put and still spread 24 agents gathered on 16 workers)
@@ -212,6 +212,7 @@ class KvTtftPolicy:
     holder_progress = False  # the same credit, only on the workers holding the longest confirmed prefix
     progress_share = 1.0  # the share of that time credited (studied: the queue's steps also decode)
     progress_busy = False  # the holders' credit scales with the share of the candidates that have prefill queued
+    hold_min_queue = 0  # studied: the holders' credit only when more than this many prompt tokens are queued there
     busy_occupancy = 0.0  # the occupancy weight when every candidate has prefill queued (0: the fixed weight;
     # ``kv-aware-busy``: BUSY_OCCUPANCY_WEIGHT)
     cold_wait = False  # a prompt nothing holds any prefix of: the wait for w's next step, no decode horizon
@@ -287,7 +288,8 @@ class KvTtftPolicy:
         queued, active = cand.prefill_tokens, cand.active_blocks
         tokens = queued + own
         cold = self.cold_wait and size in self._cold
-        progress = self.progress or (self.holder_progress and overlap >= self._confirmed_best.get(size, 0) > 0)
+        progress = self.progress or (self.holder_progress and queued > self.hold_min_queue
+                                     and overlap >= self._confirmed_best.get(size, 0) > 0)
         age = self._load.prefill_age(wid) * 1000.0 if (progress or cold) and queued else 0.0
         if progress and not cold:
             age *= self.progress_share * (self._busy if self.progress_busy else 1.0)
