@@ -10,6 +10,12 @@ and beside them a bound no placement can beat:
 had (the infinite-cache limit): its TTFT is its uncached tokens' prefill steps and nothing else (no
 queue, no decoding batch sharing its steps). It ignores contention, so it is a bound, not a placement.
 
+``--split``: where each policy's TTFT goes, per request (means and the p50 / p90 of each part): ``own``, its
+uncached tokens' prefill steps alone (what it would take on an idle engine with the cache the run gave it),
+``queue``, the wait before its first step (arrival to first schedule), and ``shared``, the rest (its steps also
+computing other prompts' chunks and the decode batch). At the hit limit ``own`` is the oracle bound; what
+placement can still move is ``queue`` and ``shared``, the contention of the load.
+
 The mock's outputs are not in the next turn's prompt live (the histories carry synthetic replies),
 so here each output is fresh token ids too. ``--max-tokens`` as the live bench (32).
 
@@ -75,6 +81,34 @@ def oracle_alone(w: Workload, block: int, timing: StepTimeModel) -> list[float]:
     return out
 
 
+def split(result: Any, timing: StepTimeModel) -> dict[str, list[float]]:
+    """Per request (ms): own (its uncached prefill steps alone), queue (arrival to first schedule), shared (the
+    rest of its TTFT: the steps it was computed in also computed other prompts and the decode batch)."""
+    parts: dict[str, list[float]] = {"own": [], "queue": [], "shared": [], "ttft": []}
+    for r in result.requests:
+        if r.rejected:
+            continue
+        todo, own = r.prompt_len - r.cached_tokens, 0.0
+        while todo > 0:
+            step = min(todo, STEP_TOKENS)
+            own += timing.prefill_ms(step)
+            todo -= step
+        own /= timing.speedup_ratio
+        ttft = (r.first_token - r.arrival) * 1000.0
+        queue = (r.admitted - r.arrival) * 1000.0
+        parts["own"].append(own)
+        parts["queue"].append(queue)
+        parts["shared"].append(ttft - queue - own)
+        parts["ttft"].append(ttft)
+    # at each arrival, how many engines were decoding (some request past its first token, not finished): with
+    # every engine decoding, any placement computes the prompt in a step that also decodes a batch
+    done = [r for r in result.requests if not r.rejected]
+    engines = {r.worker for r in done}
+    parts["all_decoding"] = [float(len({o.worker for o in done if o.first_token <= r.arrival < o.finished})
+                                   == len(engines)) for r in done]
+    return parts
+
+
 def live_workloads(names: list[str], max_tokens: int = 32, rate: float = 20.0,
                    quick: bool = True) -> list[tuple[Workload, int, float]]:
     """The live bench's workloads named, as simulator workloads, with each one's KV blocks per engine
@@ -104,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, default=1,
                     help="also run the router's tie-break seeds 1..N-1 and print each policy's p50 / p90 vs round-robin"
                          " per seed (closed loops of equal requests phase-lock: bench/README.md, helper unique)")
+    ap.add_argument("--split", action="store_true", help="split each policy's TTFT: own prefill, queue, shared steps")
     args = ap.parse_args(argv)
     timing = StepTimeModel()
     if any(p not in POLICIES for p in args.policies.split(",")):
@@ -116,8 +151,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         alone = oracle_alone(w, live.BLOCK, timing)
         rows = {"oracle-alone": {"ttft_p50": percentile(alone, 0.5), "ttft_p90": percentile(alone, 0.9),
                                  "hit_ratio": limit}}
+        splits = {}
         for p in args.policies.split(","):
-            rows[p] = summarize(Simulation(w, FleetConfig(workers=args.engines, engine=engine, policy=p)).run())
+            run = Simulation(w, FleetConfig(workers=args.engines, engine=engine, policy=p)).run()
+            rows[p] = summarize(run)
+            if args.split:
+                splits[p] = split(run, timing)
         rr = rows.get("round-robin")
         print(f"{w.name}: {w.n_requests} requests, {blocks} blocks per engine, limit {limit:.3f}")
         for p, r in rows.items():
@@ -125,6 +164,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      if rr else "")
             print(f"  {p:<16} TTFT p50 {r['ttft_p50'] * 1000:6.1f} ms  p90 {r['ttft_p90'] * 1000:6.1f} ms  "
                   f"hit {r['hit_ratio']:.3f}{ratio}")
+        for p, parts in splits.items():
+            every = sum(parts["all_decoding"]) / max(len(parts["all_decoding"]), 1)
+            print(f"  {p:<16} split ms (mean, p50, p90): " + "; ".join(
+                f"{k} {sum(v) / max(len(v), 1):.1f}, {percentile(v, 0.5):.1f}, {percentile(v, 0.9):.1f}"
+                for k, v in parts.items() if k != "all_decoding")
+                + f"; every engine decoding at arrival {every:.0%}"
+                + f"; utilisation {rows[p]['utilisation']:.2f}")
         for p in args.policies.split(",") if args.seeds > 1 else ():
             ratios = []
             for seed in range(args.seeds):

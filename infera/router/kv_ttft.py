@@ -67,6 +67,10 @@ the stay floor keeps the decode terms from moving a request off the prefix its h
 - progress (off: :attr:`KvTtftPolicy.progress`): credit the prefill queued on w with the time w has
   been computing it (``LoadTracker.prefill_age``); measured, it gathered staggered bursts and helped
   tenants, but cost TTFT p90 on bursts in the simulator (bench/README.md); kept for study.
+- hold (off in ``kv-aware``; on in ``kv-aware-hold``, with busy occupancy): :data:`HOLD_SHARE` of the same credit,
+  only on the workers that hold the longest confirmed prefix. Waiting for the holder is priced by what its queue
+  has left, a move by the whole queue where it goes; the Mooncake trace's moves at 64 busy workers were requests
+  leaving a holder that was part-way through ~28k queued prompt tokens (bench/README.md, "Sixth round").
 - stall (off by default, :data:`STALL_WEIGHT` 0): a share of the modelled prefill already
   queued on w, once more (the queued prompts share steps with w's decoding streams and stall
   them). Measured at 0.05 and 0.2 it changed nothing but a little hit ratio; kept for study.
@@ -109,6 +113,9 @@ OCCUPANCY_WEIGHT = 0.25  # share of this request's own prefill work charged agai
 # kept the tenants' and the live-sized multi-turn sessions where their prefix is; more loses agentic TTFT)
 BUSY_OCCUPANCY_WEIGHT = 0.5  # the occupancy weight when every candidate has prefill queued (linear in that share
 # from OCCUPANCY_WEIGHT; bench/cost_sweep.py `kv-aware-ob*`: 0.5-2 tried, 1 and more piled the live burst)
+HOLD_SHARE = 0.5  # kv-aware-hold: the share of the time a holder has computed its queue that is credited (the
+# queue's steps also decode, so the time overstates the prompt tokens done; bench/cost_sweep.py `kv-aware-ob0.5-hp*`:
+# 1 reached 91.5 % of the 64-worker capacity limit with TTFT p99 +11 %, 0.5 90.0 % with p90 and p99 kept)
 STAY_MARGIN = 4  # decoding requests: the stay floor lets balance move a request off its confirmed prefix only when
 # the holders decode this many more than the other worker (bench/cost_sweep.py: 2-4 and a fleet-mean gate tried;
 # 4 kept the live-shaped multi-turn sessions put and still spread 24 agents gathered on 16 workers)
@@ -202,6 +209,10 @@ class KvTtftPolicy:
     stay_fair = 0.0  # studied, off: ... unless the holders decode more than this many times the fleet's mean
     duplication_weight = 0.0  # studied, off: share of the recompute of a prefix confirmed elsewhere that w lacks
     progress = False  # credit the prefill queued on w with the time w has been computing it
+    holder_progress = False  # the same credit, only on the workers holding the longest confirmed prefix
+    progress_share = 1.0  # the share of that time credited (studied: the queue's steps also decode)
+    progress_busy = False  # the holders' credit scales with the share of the candidates that have prefill queued
+    hold_min_queue = 0  # studied: the holders' credit only when more than this many prompt tokens are queued there
     busy_occupancy = 0.0  # the occupancy weight when every candidate has prefill queued (0: the fixed weight;
     # ``kv-aware-busy``: BUSY_OCCUPANCY_WEIGHT)
     cold_wait = False  # a prompt nothing holds any prefix of: the wait for w's next step, no decode horizon
@@ -216,6 +227,7 @@ class KvTtftPolicy:
         # the stall term is computed only when it can be other than 0 (its weight, or a variant's own formula)
         self._stall = self.stall_weight != 0.0 or type(self).stall_ms is not KvTtftPolicy.stall_ms
         self._occupancy = self.occupancy_weight  # this decision's occupancy weight (busy_occupancy moves it)
+        self._busy = 1.0  # this decision's share of the candidates with prefill queued (when a knob reads it)
         self._confirmed_best: dict[int, int] = {}  # per block size: the longest confirmed prefix, this decision
         self._cold: set[int] = set()  # block sizes at which no worker holds any prefix of this prompt (this decision)
         self.stay_added: list[float] = []  # per candidate, what the stay floor added to its cost (diagnostics)
@@ -239,9 +251,11 @@ class KvTtftPolicy:
                     self._confirmed_best[size] = max(confirmed.values(), default=0)
             overlaps.append(found.get(cand.worker.instance_id, 0))
         self._occupancy = self.occupancy_weight
-        if self.busy_occupancy and candidates:
-            busy = sum(1 for c in candidates if c.prefill_tokens > 0) / len(candidates)
-            self._occupancy += (self.busy_occupancy - self.occupancy_weight) * busy
+        self._busy = 1.0
+        if (self.busy_occupancy or self.progress_busy) and candidates:
+            busy = self._busy = sum(1 for c in candidates if c.prefill_tokens > 0) / len(candidates)
+            if self.busy_occupancy:
+                self._occupancy += (self.busy_occupancy - self.occupancy_weight) * busy
         scales = self._relative_scales(candidates)
         terms = [self.terms(ctx, cand, overlap) for cand, overlap in zip(candidates, overlaps, strict=True)]
         sums = [sum(t) for t in terms]
@@ -274,7 +288,11 @@ class KvTtftPolicy:
         queued, active = cand.prefill_tokens, cand.active_blocks
         tokens = queued + own
         cold = self.cold_wait and size in self._cold
-        age = self._load.prefill_age(wid) * 1000.0 if (self.progress or cold) and queued else 0.0
+        progress = self.progress or (self.holder_progress and queued > self.hold_min_queue
+                                     and overlap >= self._confirmed_best.get(size, 0) > 0)
+        age = self._load.prefill_age(wid) * 1000.0 if (progress or cold) and queued else 0.0
+        if progress and not cold:
+            age *= self.progress_share * (self._busy if self.progress_busy else 1.0)
         # w has computed its queue for ``age`` ms: this request waits for the rest, then its own step; with
         # nothing queued, or queued this very moment, one step computes the queue and this request
         if cold:
@@ -407,6 +425,15 @@ class KvTtftBusyPolicy(KvTtftPolicy):
     round's candidate: chosen by the simulator, not yet confirmed live; bench/README.md, "Fifth round")."""
 
     busy_occupancy = BUSY_OCCUPANCY_WEIGHT
+
+
+class KvTtftHoldPolicy(KvTtftBusyPolicy):
+    """``kv-aware-hold``: ``kv-aware-busy`` that also credits a prefix holder's queue with :data:`HOLD_SHARE` of the
+    time the holder has been computing it, so a request waits for its holder while that is faster than recomputing
+    elsewhere (bench/README.md, "Sixth round (helper place4)")."""
+
+    holder_progress = True
+    progress_share = HOLD_SHARE
 
 
 class KvTtftColdPolicy(KvTtftPolicy):

@@ -9,6 +9,7 @@ from infera.router.kv_ttft import (
     KvTtftBusyPolicy,
     KvTtftColdPolicy,
     KvTtftEvictionPolicy,
+    KvTtftHoldPolicy,
     KvTtftOccupancyPolicy,
     KvTtftOnlyPolicy,
     KvTtftPolicy,
@@ -19,6 +20,7 @@ from infera.router.round_robin import RoundRobinPolicy
 POLICIES: dict[str, PolicyFactory] = {
     "kv-aware": KvTtftPolicy,  # predicted time to first token (chosen by measurement: bench/README.md)
     "kv-aware-busy": KvTtftBusyPolicy,  # the occupancy weight rises while the fleet computes prompts (candidate)
+    "kv-aware-hold": KvTtftHoldPolicy,  # kv-aware-busy, and a prefix holder's queue counts what it computed (candidate)
     "kv-aware-cold": KvTtftColdPolicy,  # a prompt nothing caches waits for the next step, no horizon (candidate)
     "kv-aware-occupancy": KvTtftOccupancyPolicy,  # the same without the stay floor (the default before)
     "kv-aware-eviction": KvTtftEvictionPolicy,  # the same without the occupancy term either (the default before that)
