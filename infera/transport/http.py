@@ -23,7 +23,7 @@ import aiohttp
 
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import UpstreamError, UpstreamResponse
-from infera.transport.http_wire import BodyReader, Connection, Pool, Target, WireError
+from infera.transport.http_wire import BodyReader, Connection, Pool, Target, WireError, WireTimeout
 
 KEEPALIVE_S = 60.0  # an idle pooled connection is closed after this (the engines' servers may close it first)
 
@@ -119,12 +119,25 @@ class HttpTransport:
         try:
             target = self._target(worker.http_url)
             head = target.head(path, len(body), headers)
-            async with asyncio.timeout_at(deadline):  # no extra task, unlike wait_for
-                conn = await pool.acquire(target.key)
-                reader = await conn.request(head, body)
+            conn = pool.take(target.key)
+            if conn is None:
+                async with asyncio.timeout_at(deadline):  # no extra task, unlike wait_for
+                    conn = await pool.connect(target.key)
+            # a whole small answer comes back with its body (one wake-up); the first-byte deadline is the
+            # request's one timer, the idle timeout bounds the wait for that body after the head
+            reader = await conn.request(head, body, deadline, self._idle_timeout)
         except TimeoutError as exc:
             if conn is not None:
                 conn.abort()
+            raise UpstreamError(f"worker {worker.instance_id} sent no response within "
+                                f"{self._first_byte_timeout:g}s", status=504) from exc
+        except WireTimeout as exc:
+            if conn is not None:
+                conn.abort()
+            if exc.head_seen:  # as the first body read would have said it (_Body)
+                raise UpstreamError(f"worker {worker.instance_id} sent no first byte in time (first-byte timeout "
+                                    f"{self._first_byte_timeout:g}s, idle timeout {self._idle_timeout:g}s)",
+                                    status=504) from exc
             raise UpstreamError(f"worker {worker.instance_id} sent no response within "
                                 f"{self._first_byte_timeout:g}s", status=504) from exc
         except WireError as exc:
@@ -204,7 +217,7 @@ class _Body:
                     self.close()
                     raise UpstreamError(f"worker {self._worker_id} sent no first byte in time (first-byte timeout "
                                         f"{self._timeout:g}s, idle timeout {self._idle:g}s)", status=504) from exc
-                if self._idle and chunk:
+                if self._idle and chunk and not self._content.at_eof():  # a whole answer needs no watch
                     self._watch = IdleWatch(self._loop, self._idle, self._content)
             elif (watch := self._watch) is not None:
                 watch.waiting_since = self._loop.time()

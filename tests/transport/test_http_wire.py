@@ -14,6 +14,7 @@ from aiohttp import web
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import UpstreamError
 from infera.transport.http import HttpTransport
+from infera.transport.http_wire import Connection
 from tests.transport.test_http import serve, sse_of
 
 PATH = "/v1/chat/completions"
@@ -251,6 +252,93 @@ async def test_no_answer_within_the_first_byte_timeout_is_a_504_and_the_connecti
         finally:
             await transport.stop()
     assert exc.value.status == 504 and exc.value.before_first_byte
+
+
+WHOLE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
+
+
+async def until(condition: Callable[[], bool], bound: float = 2.0) -> None:
+    """Yield to the loop until ``condition`` holds (at most ``bound`` seconds)."""
+    async with asyncio.timeout(bound):
+        while not condition():  # noqa: ASYNC110 (a protocol callback's state: no event to wait on)
+            await asyncio.sleep(0)
+
+
+async def test_a_whole_answer_is_handed_back_once_with_its_body_not_at_its_head() -> None:
+    release = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(WHOLE_HEAD)  # the head and the body in two writes, as uvicorn engines send them
+        await writer.drain()
+        await release.wait()
+        writer.write(b'{"ok": true}'[:11])
+        await writer.drain()
+        await reader.read()
+
+    async for url in raw_server(handle):
+        transport = await started(idle=30)
+        try:
+            task = asyncio.ensure_future(transport.send(record(url), PATH, b"{}", {}))
+            pool = transport._pool
+            assert pool is not None
+            def head_in(conns: set[Connection] = pool._all) -> bool:
+                return any(conn.status == 200 for conn in conns)
+
+            await until(head_in)
+            for _ in range(5):
+                await asyncio.sleep(0)  # turns in which a send returning at the head would have returned
+            assert not task.done()
+            release.set()
+            resp = await task
+            assert resp.drain() == b'{"ok": true'  # all of it, with no further wait
+            assert [chunk async for chunk in resp.body] == []
+            resp.close()
+            assert len(pool._all) == 1 and not next(iter(pool._all)).closed  # read in full: kept for reuse
+        finally:
+            await transport.stop()
+
+
+async def test_a_whole_answer_whose_body_stalls_past_the_idle_timeout_is_a_504_before_the_first_byte() -> None:
+    gone = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(WHOLE_HEAD)
+        await writer.drain()
+        await reader.read()  # no body; returns when the client closes
+        gone.set()
+
+    async for url in raw_server(handle):
+        transport = await started(first_byte=600, idle=0.3)
+        try:
+            with pytest.raises(UpstreamError) as exc:
+                async with asyncio.timeout(5):  # the idle timeout, not the first-byte one, ends the wait
+                    await transport.send(record(url), PATH, b"{}", {})
+            await asyncio.wait_for(gone.wait(), 2)
+        finally:
+            await transport.stop()
+    assert exc.value.status == 504 and exc.value.before_first_byte and "idle timeout 0.3s" in str(exc.value)
+
+
+async def test_a_whole_answer_cut_after_its_head_fails_its_body_as_before() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(WHOLE_HEAD + b'{"ok"')
+        await writer.drain()
+        writer.close()
+
+    async for url in raw_server(handle):
+        transport = await started()
+        try:
+            resp = await transport.send(record(url), PATH, b"{}", {})  # the head came: the answer is the worker's
+            assert resp.status == 200
+            with pytest.raises(UpstreamError) as exc:
+                [chunk async for chunk in resp.body]
+            resp.close()
+        finally:
+            await transport.stop()
+    assert exc.value.status == 502 and not exc.value.before_first_byte
 
 
 def test_under_uvloop_as_the_frontend_runs() -> None:
