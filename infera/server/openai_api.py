@@ -16,6 +16,8 @@ from infera.protocols.openai import (
     ChatCompletionRequest,
     CompletionRequest,
     ValidationError,
+    check_chat,
+    check_completion,
     error_body,
     first_error,
     strip_system_nonces,
@@ -24,7 +26,7 @@ from infera.router.errors import RoutingError
 from infera.router.router import Router, RouteRequest
 from infera.server.errors import openai_error, openai_routing_error
 from infera.server.hot_routes import Endpoint
-from infera.server.intake import IntakeError, take
+from infera.server.intake import IntakeError, take_quick
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
     ClientWatch,
@@ -104,8 +106,9 @@ class OpenAIHandlers:
         schema: type[ChatCompletionRequest | CompletionRequest] = (
             ChatCompletionRequest if kind == "chat" else CompletionRequest)
         strip = self._strip if kind == "chat" else None
+        quick = check_chat if kind == "chat" else check_completion  # pydantic only for what they do not pass
         try:
-            intake = await take(request, self.max_body, schema, describe, strip)
+            intake = await take_quick(request, self.max_body, schema, describe, quick, strip)
         except IntakeError as exc:
             return openai_error(exc.status, str(exc), param=exc.param)
         body, payload, parsed = intake.body, intake.payload, intake.parsed
