@@ -126,14 +126,10 @@ class HttpTransport:
             # a whole small answer comes back with its body (one wake-up); the first-byte deadline is the
             # request's one timer, the idle timeout bounds the wait for that body after the head
             reader = await conn.request(head, body, deadline, self._idle_timeout)
-        except TimeoutError as exc:
-            if conn is not None:
-                conn.abort()
+        except TimeoutError as exc:  # connecting took the whole first-byte deadline
             raise UpstreamError(f"worker {worker.instance_id} sent no response within "
                                 f"{self._first_byte_timeout:g}s", status=504) from exc
-        except WireTimeout as exc:
-            if conn is not None:
-                conn.abort()
+        except WireTimeout as exc:  # the request closed its connection (so for every failure below)
             if exc.head_seen:  # as the first body read would have said it (_Body)
                 raise UpstreamError(f"worker {worker.instance_id} sent no first byte in time (first-byte timeout "
                                     f"{self._first_byte_timeout:g}s, idle timeout {self._idle_timeout:g}s)",
@@ -141,19 +137,13 @@ class HttpTransport:
             raise UpstreamError(f"worker {worker.instance_id} sent no response within "
                                 f"{self._first_byte_timeout:g}s", status=504) from exc
         except WireError as exc:
-            if conn is not None:
-                conn.abort()
             raise UpstreamError(f"worker {worker.instance_id} unreachable: {exc}") from exc
-        except BaseException:  # cancelled: the answer would arrive on a connection nobody reads
-            if conn is not None:
-                conn.abort()
-            raise
-        status = conn.status
+        status = reader.status  # not conn's: a whole answer's connection may be serving the next request already
         if status >= 500:
             text = (await _read_some(reader, conn))[:300].decode("utf-8", "replace")
             raise UpstreamError(f"worker {worker.instance_id} answered {status}: {text}")
         content = _Body(conn, reader, worker.instance_id, deadline, self._first_byte_timeout, self._idle_timeout)
-        ctype = conn.content_type.decode("latin-1") if conn.content_type else "application/json"
+        ctype = reader.content_type.decode("latin-1") if reader.content_type else "application/json"
         return UpstreamResponse(status=status, content_type=ctype, body=content, close=content.close,
                                 drain=content.drain)
 

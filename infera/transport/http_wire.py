@@ -43,12 +43,16 @@ class WireTimeout(WireError):
 
 class BodyReader:
     """A response body as it arrives: :meth:`readany` returns everything buffered (waiting when
-    there is nothing), b"" at the end; a failure is raised by the read after the bytes before it."""
+    there is nothing), b"" at the end; a failure is raised by the read after the bytes before it.
+    ``status`` and ``content_type`` are its answer's (set at the head: the connection may serve the
+    next request by the time its reader is read)."""
 
-    __slots__ = ("_buf", "_conn", "_eof", "_exc", "_size", "_waiter")
+    __slots__ = ("_buf", "_conn", "_eof", "_exc", "_size", "_waiter", "content_type", "status")
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
+        self.status = 0
+        self.content_type = b""
         self._buf: list[bytes] = []
         self._size = 0
         self._eof = False
@@ -176,6 +180,9 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
+        if self.body is not None:
+            self.body.status = self.status
+            self.body.content_type = self.content_type
         if 0 <= self._length <= WHOLE_BYTES and self._headers is not None:
             # A small whole answer: its body is usually the engine's next write. The request's task is woken
             # once, when the body is in (on_message_complete), not at the head and again for the body; the
@@ -190,6 +197,7 @@ class Connection(asyncio.Protocol):
 
     def _hand_back(self) -> None:
         self._held = False
+        self._disarm()
         headers, self._headers = self._headers, None
         if headers is not None and not headers.done():
             headers.set_result(None)
@@ -214,7 +222,7 @@ class Connection(asyncio.Protocol):
 
     async def request(self, head: bytes, body: bytes, deadline: float | None = None, idle: float = 0.0) -> BodyReader:
         """Send a request (``head`` ends with the blank line) and wait for the answer's headers;
-        ``status`` and ``content_type`` are then set and the returned reader gets the body.
+        the returned reader has the answer's ``status`` and ``content_type`` and gets the body.
 
         An answer with a Content-Length of at most :data:`WHOLE_BYTES` is returned when its body is in
         whole (one wake-up, not one for the head and one for the body): then ``idle`` seconds (0 = none)
@@ -235,16 +243,24 @@ class Connection(asyncio.Protocol):
             self._arm(deadline)
         try:
             await headers
-        finally:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+        except BaseException:
+            # failed, timed out or cancelled: an exchange still in progress is abandoned and closes the connection
+            # (its answer must not reach the next request); one already received in full is not, as its
+            # connection may be serving the next request already (a whole answer is handed back after it)
+            if self.body is reader:
+                self._disarm()
+                self.abort()
+            raise
         return reader
 
     def _arm(self, when: float) -> None:
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_at(when, self._expire)
+
+    def _disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_at(when, self._expire)
+            self._timer = None
 
     def _expire(self) -> None:
         self._timer = None
@@ -257,6 +273,7 @@ class Connection(asyncio.Protocol):
         return self.body is not reader
 
     def _fail(self, exc: WireError) -> None:
+        self._disarm()
         headers, self._headers = self._headers, None
         if headers is not None and not headers.done():
             if self._held:  # the head was in: the answer is handed back and its body's read fails, as for any

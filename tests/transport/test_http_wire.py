@@ -341,10 +341,42 @@ async def test_a_whole_answer_cut_after_its_head_fails_its_body_as_before() -> N
     assert exc.value.status == 502 and not exc.value.before_first_byte
 
 
+async def test_whole_answers_keep_their_status_when_their_connection_serves_the_next_request_first() -> None:
+    """A whole answer's connection goes back to the pool before its task resumes; another request may take
+    it at once: each answer keeps its own status and type, and no connection is closed under another request."""
+    async def answer(request: web.Request) -> web.Response:
+        n = int((await request.read()) or b"0")
+        ctype = "text/plain" if n % 2 else "application/json"
+        return web.Response(status=200 + n % 3, body=b"x" * n, content_type=ctype)
+
+    async def client(transport: HttpTransport, url: str, k: int) -> list[tuple[int, int, str]]:
+        got = []
+        for i in range(30):
+            n = k * 30 + i
+            resp = await transport.send(record(url), PATH, str(n).encode(), {})
+            body = b"".join([chunk async for chunk in resp.body])
+            resp.close()
+            got.append((resp.status, len(body), resp.content_type))
+        return got
+
+    async for url in serve(answer):
+        transport = await started()
+        try:
+            results = await asyncio.gather(*(client(transport, url, k) for k in range(8)))
+        finally:
+            await transport.stop()
+    for k, got in enumerate(results):
+        for i, (status, size, ctype) in enumerate(got):
+            n = k * 30 + i
+            assert (status, size) == (200 + n % 3, n)
+            assert ctype.startswith("text/plain" if n % 2 else "application/json")
+
+
 def test_under_uvloop_as_the_frontend_runs() -> None:
     async def both() -> None:
         await test_sequential_answers_reuse_one_connection_and_carry_the_request()
         await test_a_streamed_answer_arrives_whole_and_in_order()
         await test_an_abandoned_answer_closes_its_connection_and_never_leaks_into_the_next()
+        await test_whole_answers_keep_their_status_when_their_connection_serves_the_next_request_first()
 
     uvloop.run(both())
