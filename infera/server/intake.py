@@ -16,9 +16,15 @@ from pydantic import BaseModel, ValidationError
 from infera.telemetry.record import clock_ns, current
 
 M = TypeVar("M", bound=BaseModel)
+Q = TypeVar("Q")
+T = TypeVar("T")
 
 Describe = Callable[[ValidationError, dict[str, Any]], tuple[str, str | None]]
 """``(error, payload) -> (message, param)``: how an API words a schema violation."""
+
+Quick = Callable[[dict[str, Any]], Q | None]
+"""``payload -> parsed | None``: a check without the schema's model that passes only valid payloads (None:
+not certainly valid; the schema then validates it and words the error)."""
 
 Strip = Callable[[dict[str, Any], Any], bool]
 """``(payload, parsed) -> changed``: remove per-request nonces from the prompt; True when the
@@ -33,10 +39,10 @@ class IntakeError(Exception):
 
 
 @dataclasses.dataclass(slots=True)
-class Intake(Generic[M]):
+class Intake(Generic[T]):
     body: bytes  # what is forwarded (re-encoded when nonces were stripped)
     payload: dict[str, Any]
-    parsed: M
+    parsed: T
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -78,12 +84,23 @@ async def take(request: Request, limit: int, schema: type[M], describe: Describe
     """Read, parse and validate a request; raises :class:`IntakeError` with the client's status.
 
     With telemetry on, the request's record gets its model and an ``intake`` span (bytes, outcome)."""
+    return await take_quick(request, limit, schema, describe, _no_quick, strip)
+
+
+def _no_quick(payload: dict[str, Any]) -> None:
+    return None
+
+
+async def take_quick(request: Request, limit: int, schema: type[M], describe: Describe, quick: Quick[Q],
+                     strip: Strip | None = None) -> Intake[M | Q]:
+    """:func:`take`, with ``quick`` tried before the schema: the parsed request is ``quick``'s when it
+    passes the payload, else the schema's model (and its error when the payload is invalid)."""
     record = current()
     if record is None:
-        return await _take(request, limit, schema, describe, strip)
+        return await _take(request, limit, schema, describe, quick, strip)
     start = clock_ns()
     try:
-        intake = await _take(request, limit, schema, describe, strip)
+        intake = await _take(request, limit, schema, describe, quick, strip)
     except IntakeError as exc:
         record.intake(start, 0, str(exc), exc.status)
         raise
@@ -93,8 +110,8 @@ async def take(request: Request, limit: int, schema: type[M], describe: Describe
     return intake
 
 
-async def _take(request: Request, limit: int, schema: type[M], describe: Describe,
-                strip: Strip | None = None) -> Intake[M]:
+async def _take(request: Request, limit: int, schema: type[M], describe: Describe, quick: Quick[Q],
+                strip: Strip | None = None) -> Intake[M | Q]:
     body = await read_body(request, limit)
     try:
         payload = orjson.loads(body)
@@ -102,11 +119,13 @@ async def _take(request: Request, limit: int, schema: type[M], describe: Describ
         raise IntakeError(400, f"malformed JSON body: {exc}") from exc
     if not isinstance(payload, dict):
         raise IntakeError(400, "the request body must be a JSON object")
-    try:
-        parsed = schema.model_validate(payload)
-    except ValidationError as exc:
-        message, param = describe(exc, payload)
-        raise IntakeError(400, message, param) from exc
+    parsed: M | Q | None = quick(payload)
+    if parsed is None:
+        try:
+            parsed = schema.model_validate(payload)
+        except ValidationError as exc:
+            message, param = describe(exc, payload)
+            raise IntakeError(400, message, param) from exc
     if strip is not None and strip(payload, parsed):
         body = orjson.dumps(payload)
     return Intake(body, payload, parsed)

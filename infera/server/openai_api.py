@@ -16,6 +16,8 @@ from infera.protocols.openai import (
     ChatCompletionRequest,
     CompletionRequest,
     ValidationError,
+    check_chat,
+    check_completion,
     error_body,
     first_error,
     strip_system_nonces,
@@ -24,7 +26,7 @@ from infera.router.errors import RoutingError
 from infera.router.router import Router, RouteRequest
 from infera.server.errors import openai_error, openai_routing_error
 from infera.server.hot_routes import Endpoint
-from infera.server.intake import IntakeError, take
+from infera.server.intake import IntakeError, take_quick
 from infera.server.metrics import ServerMetrics
 from infera.server.relay import (
     ClientWatch,
@@ -80,14 +82,17 @@ class OpenAIHandlers:
 
     async def _handle(self, request: Request, kind: Literal["chat", "completion"], path: str) -> Response:
         started = time.perf_counter()
-        response = await self._route(request, kind, path, started)
+        response, ttft = await self._route(request, kind, path, started)
         if not isinstance(response, SseRelay):  # a relay reports its own end to complete()
-            response.background = Accounting(self.complete, path, response, started)
+            response.background = Accounting(self.complete, path, response, started, ttft)
         return response
 
     def complete(self, outcome: Outcome) -> None:
-        """The end of a request's accounting: status, duration and the engine's token counts."""
+        """The end of a request's accounting: status, duration and the engine's token counts (and, for a
+        whole answer, its time to first byte, measured before the answer and recorded after it)."""
         path = outcome.path
+        if outcome.ttft is not None:
+            self.metrics.of(self.metrics.ttft, path).observe(outcome.ttft)
         self.metrics.of(self.metrics.requests, path, outcome.status).inc()
         self.metrics.of(self.metrics.e2e, path).observe(time.perf_counter() - outcome.started)
         usage = outcome.usage
@@ -100,20 +105,23 @@ class OpenAIHandlers:
                 metrics.of(tokens, path, "cached").inc(usage.cached_tokens)
 
     async def _route(self, request: Request, kind: Literal["chat", "completion"], path: str,
-                     started: float) -> Response:
+                     started: float) -> tuple[Response, float | None]:
+        """The response, and for a whole answer from a worker its time to first byte (seconds; recorded by
+        the answer's :class:`Accounting`, after the answer is written)."""
         schema: type[ChatCompletionRequest | CompletionRequest] = (
             ChatCompletionRequest if kind == "chat" else CompletionRequest)
         strip = self._strip if kind == "chat" else None
+        quick = check_chat if kind == "chat" else check_completion  # pydantic only for what they do not pass
         try:
-            intake = await take(request, self.max_body, schema, describe, strip)
+            intake = await take_quick(request, self.max_body, schema, describe, quick, strip)
         except IntakeError as exc:
-            return openai_error(exc.status, str(exc), param=exc.param)
+            return openai_error(exc.status, str(exc), param=exc.param), None
         body, payload, parsed = intake.body, intake.payload, intake.parsed
         view = self.router.view
         if parsed.model not in view.models():
             if not view.has_workers():
-                return openai_error(503, "no workers are available")
-            return openai_error(404, f"The model '{parsed.model}' does not exist", "not_found_error", "model")
+                return openai_error(503, "no workers are available"), None
+            return openai_error(404, f"The model '{parsed.model}' does not exist", "not_found_error", "model"), None
         forwarded, worker_hint, prefill_hint = read_headers(request)
         req = RouteRequest(kind=kind, path=path, body=body, payload=payload, model=parsed.model,
                            max_tokens=parsed.output_limit(), worker_hint=worker_hint, prefill_hint=prefill_hint)
@@ -122,26 +130,27 @@ class OpenAIHandlers:
         try:
             routed = await dispatch_or_disconnect(self.router, watch, req, forwarded)
             if routed is None:
-                return Response(status_code=499)
+                return Response(status_code=499), None
             if isinstance(routed, RoutingError):
-                return openai_routing_error(routed)
-            self.metrics.of(self.metrics.ttft, path).observe(time.perf_counter() - started)
+                return openai_routing_error(routed), None
+            ttft = time.perf_counter() - started
             out_headers = worker_headers(routed)
             if routed.content_type.startswith("text/event-stream"):
+                self.metrics.of(self.metrics.ttft, path).observe(ttft)
                 relayed = True  # the relay stops the watch when the stream ends
                 return SseRelay(routed, watch, path, started, out_headers, _error_event,
-                                self.metrics.of(self.metrics.itl, path).observe, self.complete)
+                                self.metrics.of(self.metrics.itl, path).observe, self.complete), None
             try:
                 collected = await collect_or_disconnect(watch, routed)
             except UpstreamError as exc:
-                return openai_error(exc.status, f"the worker failed before the response was complete: {exc}")
+                return openai_error(exc.status, f"the worker failed before the response was complete: {exc}"), ttft
         finally:
             if not relayed:
                 watch.stop()
         if collected is None:
-            return Response(status_code=499)
+            return Response(status_code=499), ttft
         return Response(collected, status_code=routed.status, media_type=routed.content_type,
-                        headers=out_headers)
+                        headers=out_headers), ttft
 
     def _strip(self, payload: dict[str, Any], parsed: Any) -> bool:
         return strip_system_nonces(payload, self.patterns)
@@ -152,19 +161,20 @@ class Accounting(BackgroundTask):
     that the client's answer does not wait for the metrics (at one request in flight, the
     added latency is the frontend's time between the request's arrival and the answer's write)."""
 
-    __slots__ = ("_complete", "_path", "_response", "_started")
+    __slots__ = ("_complete", "_path", "_response", "_started", "_ttft")
 
     def __init__(self, complete: Callable[[Outcome], None], path: str, response: Response,
-                 started: float) -> None:  # no super().__init__: nothing of BackgroundTask's is used
+                 started: float, ttft: float | None = None) -> None:  # no super().__init__: nothing of it is used
         self._complete = complete
         self._path = path
         self._response = response
         self._started = started
+        self._ttft = ttft
 
     async def __call__(self) -> None:
         response = self._response
         usage = StreamTally.of(bytes(response.body)).usage() if response.status_code == 200 else None
-        self._complete(Outcome(self._path, str(response.status_code), self._started, usage))
+        self._complete(Outcome(self._path, str(response.status_code), self._started, usage, self._ttft))
 
 
 def _error_event(exc: UpstreamError) -> bytes:

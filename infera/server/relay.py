@@ -210,12 +210,15 @@ class Outcome:
     ``status``: the HTTP status as text; "499" when the client left, "stream_error" when the
     worker failed mid-stream, "incomplete" when a 200 stream ended without ``data: [DONE]``.
     ``started``: ``time.perf_counter()`` at arrival. ``usage``: the engine's last usage object.
+    ``ttft``: seconds from arrival to the worker's first byte, when it is recorded with the outcome (a
+    whole answer's, after the answer is written) rather than before the answer (a stream's).
     """
 
     path: str
     status: str
     started: float
     usage: Usage | None = None
+    ttft: float | None = None
 
 
 class SseRelay(Response):

@@ -23,7 +23,7 @@ import aiohttp
 
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import UpstreamError, UpstreamResponse
-from infera.transport.http_wire import BodyReader, Connection, Pool, Target, WireError
+from infera.transport.http_wire import BodyReader, Connection, Pool, Target, WireError, WireTimeout
 
 KEEPALIVE_S = 60.0  # an idle pooled connection is closed after this (the engines' servers may close it first)
 
@@ -119,28 +119,31 @@ class HttpTransport:
         try:
             target = self._target(worker.http_url)
             head = target.head(path, len(body), headers)
-            async with asyncio.timeout_at(deadline):  # no extra task, unlike wait_for
-                conn = await pool.acquire(target.key)
-                reader = await conn.request(head, body)
-        except TimeoutError as exc:
-            if conn is not None:
-                conn.abort()
+            conn = pool.take(target.key)
+            if conn is None:
+                async with asyncio.timeout_at(deadline):  # no extra task, unlike wait_for
+                    conn = await pool.connect(target.key)
+            # a whole small answer comes back with its body (one wake-up); the first-byte deadline is the
+            # request's one timer, the idle timeout bounds the wait for that body after the head
+            reader = await conn.request(head, body, deadline, self._idle_timeout)
+        except TimeoutError as exc:  # connecting took the whole first-byte deadline
+            raise UpstreamError(f"worker {worker.instance_id} sent no response within "
+                                f"{self._first_byte_timeout:g}s", status=504) from exc
+        except WireTimeout as exc:  # the request closed its connection (so for every failure below)
+            if exc.head_seen:  # as the first body read would have said it (_Body)
+                raise UpstreamError(f"worker {worker.instance_id} sent no first byte in time (first-byte timeout "
+                                    f"{self._first_byte_timeout:g}s, idle timeout {self._idle_timeout:g}s)",
+                                    status=504) from exc
             raise UpstreamError(f"worker {worker.instance_id} sent no response within "
                                 f"{self._first_byte_timeout:g}s", status=504) from exc
         except WireError as exc:
-            if conn is not None:
-                conn.abort()
             raise UpstreamError(f"worker {worker.instance_id} unreachable: {exc}") from exc
-        except BaseException:  # cancelled: the answer would arrive on a connection nobody reads
-            if conn is not None:
-                conn.abort()
-            raise
-        status = conn.status
+        status = reader.status  # not conn's: a whole answer's connection may be serving the next request already
         if status >= 500:
             text = (await _read_some(reader, conn))[:300].decode("utf-8", "replace")
             raise UpstreamError(f"worker {worker.instance_id} answered {status}: {text}")
         content = _Body(conn, reader, worker.instance_id, deadline, self._first_byte_timeout, self._idle_timeout)
-        ctype = conn.content_type.decode("latin-1") if conn.content_type else "application/json"
+        ctype = reader.content_type.decode("latin-1") if reader.content_type else "application/json"
         return UpstreamResponse(status=status, content_type=ctype, body=content, close=content.close,
                                 drain=content.drain)
 
@@ -204,7 +207,7 @@ class _Body:
                     self.close()
                     raise UpstreamError(f"worker {self._worker_id} sent no first byte in time (first-byte timeout "
                                         f"{self._timeout:g}s, idle timeout {self._idle:g}s)", status=504) from exc
-                if self._idle and chunk:
+                if self._idle and chunk and not self._content.at_eof():  # a whole answer needs no watch
                     self._watch = IdleWatch(self._loop, self._idle, self._content)
             elif (watch := self._watch) is not None:
                 watch.waiting_since = self._loop.time()

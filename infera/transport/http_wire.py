@@ -25,20 +25,34 @@ from urllib.parse import urlsplit
 import httptools
 
 PAUSE_BYTES = 4 << 20  # a reader holding more than this stops reading the socket until it is read
+WHOLE_BYTES = 256 << 10  # an answer with a Content-Length up to this is handed back whole (well below PAUSE_BYTES)
 
 
 class WireError(Exception):
     """The connection could not be made, broke, or carried something that is not HTTP/1.1."""
 
 
+class WireTimeout(WireError):
+    """The request's deadline passed before its answer was handed back; ``head_seen`` when its head had come
+    (a whole answer held for its body, :meth:`Connection.request`)."""
+
+    def __init__(self, head_seen: bool) -> None:
+        super().__init__("no body in time after the head" if head_seen else "no answer in time")
+        self.head_seen = head_seen
+
+
 class BodyReader:
     """A response body as it arrives: :meth:`readany` returns everything buffered (waiting when
-    there is nothing), b"" at the end; a failure is raised by the read after the bytes before it."""
+    there is nothing), b"" at the end; a failure is raised by the read after the bytes before it.
+    ``status`` and ``content_type`` are its answer's (set at the head: the connection may serve the
+    next request by the time its reader is read)."""
 
-    __slots__ = ("_buf", "_conn", "_eof", "_exc", "_size", "_waiter")
+    __slots__ = ("_buf", "_conn", "_eof", "_exc", "_size", "_waiter", "content_type", "status")
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
+        self.status = 0
+        self.content_type = b""
         self._buf: list[bytes] = []
         self._size = 0
         self._eof = False
@@ -95,6 +109,10 @@ class BodyReader:
         """What is buffered now (b"" when nothing)."""
         return self._take() if self._buf else b""
 
+    def at_eof(self) -> bool:
+        """True when the body is complete and everything in it has been read."""
+        return self._eof and not self._buf
+
 
 class Connection(asyncio.Protocol):
     """One keep-alive connection to one host; :meth:`request` starts an exchange on it."""
@@ -109,6 +127,11 @@ class Connection(asyncio.Protocol):
         self.status = 0
         self.content_type = b""
         self._framed = False  # the response has a length or is chunked (else it ends at EOF)
+        self._length = -1  # the answer's Content-Length (-1: none, or chunked)
+        self._held = False  # the head is in; the answer is handed back with its whole body
+        self._timer: asyncio.TimerHandle | None = None  # the request's deadline, while its answer is awaited
+        self._deadline: float | None = None
+        self._idle = 0.0
         self.closed = False
         self.idle_since = 0.0
 
@@ -147,11 +170,34 @@ class Connection(asyncio.Protocol):
         name = name.lower()
         if name == b"content-type":
             self.content_type = value
-        elif name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
+        elif name == b"content-length":
             self._framed = True
+            if self._length == -1 and value.isdigit():
+                self._length = int(value)
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            self._framed = True
+            self._length = -2  # chunked wins over a length (and a later length is not read)
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
+        if self.body is not None:
+            self.body.status = self.status
+            self.body.content_type = self.content_type
+        if 0 <= self._length <= WHOLE_BYTES and self._headers is not None:
+            # A small whole answer: its body is usually the engine's next write. The request's task is woken
+            # once, when the body is in (on_message_complete), not at the head and again for the body; the
+            # idle timeout still bounds the wait after the head (the timer is moved to it).
+            self._held = True
+            if self._idle:
+                by_idle = asyncio.get_running_loop().time() + self._idle
+                if self._deadline is None or by_idle < self._deadline:
+                    self._arm(by_idle)
+            return
+        self._hand_back()
+
+    def _hand_back(self) -> None:
+        self._held = False
+        self._disarm()
         headers, self._headers = self._headers, None
         if headers is not None and not headers.done():
             headers.set_result(None)
@@ -165,6 +211,8 @@ class Connection(asyncio.Protocol):
         if body is None:
             return
         body.feed_eof()
+        if self._held:
+            self._hand_back()
         if self._parser.should_keep_alive() and not self.closed:
             self._pool.release(self)
         else:
@@ -172,26 +220,67 @@ class Connection(asyncio.Protocol):
 
     # ---- use --------------------------------------------------------------------------------
 
-    async def request(self, head: bytes, body: bytes) -> BodyReader:
+    async def request(self, head: bytes, body: bytes, deadline: float | None = None, idle: float = 0.0) -> BodyReader:
         """Send a request (``head`` ends with the blank line) and wait for the answer's headers;
-        ``status`` and ``content_type`` are then set and the returned reader gets the body."""
+        the returned reader has the answer's ``status`` and ``content_type`` and gets the body.
+
+        An answer with a Content-Length of at most :data:`WHOLE_BYTES` is returned when its body is in
+        whole (one wake-up, not one for the head and one for the body): then ``idle`` seconds (0 = none)
+        bound the wait for the body after the head. ``deadline`` (loop time; None = none) bounds the whole
+        wait. Expiry is :class:`WireTimeout` (one timer, not an ``asyncio.timeout`` context)."""
         assert self._transport is not None and self.body is None
         self._framed = False
+        self._length = -1
+        self._held = False
+        self.status = 0
         self.content_type = b""
+        self._deadline = deadline
+        self._idle = idle
         reader = self.body = BodyReader(self)
         headers = self._headers = asyncio.get_running_loop().create_future()
         self._transport.write(head + body)
-        await headers
+        if deadline is not None:
+            self._arm(deadline)
+        try:
+            await headers
+        except BaseException:
+            # failed, timed out or cancelled: an exchange still in progress is abandoned and closes the connection
+            # (its answer must not reach the next request); one already received in full is not, as its
+            # connection may be serving the next request already (a whole answer is handed back after it)
+            if self.body is reader:
+                self._disarm()
+                self.abort()
+            raise
         return reader
+
+    def _arm(self, when: float) -> None:
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_at(when, self._expire)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        headers, self._headers = self._headers, None
+        if headers is not None and not headers.done():
+            headers.set_exception(WireTimeout(self._held))
 
     def done(self, reader: BodyReader) -> bool:
         """True when ``reader``'s response has been received in full (the connection is not its any more)."""
         return self.body is not reader
 
     def _fail(self, exc: WireError) -> None:
+        self._disarm()
         headers, self._headers = self._headers, None
         if headers is not None and not headers.done():
-            headers.set_exception(exc)
+            if self._held:  # the head was in: the answer is handed back and its body's read fails, as for any
+                self._held = False
+                headers.set_result(None)
+            else:
+                headers.set_exception(exc)
         body, self.body = self.body, None
         if body is not None:
             body.set_exception(exc)
@@ -245,6 +334,12 @@ class Pool:
 
     async def acquire(self, key: tuple[str, int, bool]) -> Connection:
         """An idle connection to ``key``'s host (the most recently used), else a new one."""
+        conn = self.take(key)
+        return conn if conn is not None else await self.connect(key)
+
+    def take(self, key: tuple[str, int, bool]) -> Connection | None:
+        """An idle connection to ``key``'s host (the most recently used), or None (no await: the usual case
+        costs no coroutine)."""
         idle = self._idle.get(key)
         if idle:
             now = asyncio.get_running_loop().time()
@@ -253,9 +348,9 @@ class Pool:
                 if not conn.closed and now - conn.idle_since <= self._keepalive:
                     return conn
                 conn.abort()
-        return await self._connect(key)
+        return None
 
-    async def _connect(self, key: tuple[str, int, bool]) -> Connection:
+    async def connect(self, key: tuple[str, int, bool]) -> Connection:
         host, port, tls = key
         loop = asyncio.get_running_loop()
         if tls and self._ssl is None:

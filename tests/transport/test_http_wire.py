@@ -14,6 +14,7 @@ from aiohttp import web
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import UpstreamError
 from infera.transport.http import HttpTransport
+from infera.transport.http_wire import Connection
 from tests.transport.test_http import serve, sse_of
 
 PATH = "/v1/chat/completions"
@@ -253,10 +254,129 @@ async def test_no_answer_within_the_first_byte_timeout_is_a_504_and_the_connecti
     assert exc.value.status == 504 and exc.value.before_first_byte
 
 
+WHOLE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
+
+
+async def until(condition: Callable[[], bool], bound: float = 2.0) -> None:
+    """Yield to the loop until ``condition`` holds (at most ``bound`` seconds)."""
+    async with asyncio.timeout(bound):
+        while not condition():  # noqa: ASYNC110 (a protocol callback's state: no event to wait on)
+            await asyncio.sleep(0)
+
+
+async def test_a_whole_answer_is_handed_back_once_with_its_body_not_at_its_head() -> None:
+    release = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(WHOLE_HEAD)  # the head and the body in two writes, as uvicorn engines send them
+        await writer.drain()
+        await release.wait()
+        writer.write(b'{"ok": true}'[:11])
+        await writer.drain()
+        await reader.read()
+
+    async for url in raw_server(handle):
+        transport = await started(idle=30)
+        try:
+            task = asyncio.ensure_future(transport.send(record(url), PATH, b"{}", {}))
+            pool = transport._pool
+            assert pool is not None
+            def head_in(conns: set[Connection] = pool._all) -> bool:
+                return any(conn.status == 200 for conn in conns)
+
+            await until(head_in)
+            for _ in range(5):
+                await asyncio.sleep(0)  # turns in which a send returning at the head would have returned
+            assert not task.done()
+            release.set()
+            resp = await task
+            assert resp.drain() == b'{"ok": true'  # all of it, with no further wait
+            assert [chunk async for chunk in resp.body] == []
+            resp.close()
+            assert len(pool._all) == 1 and not next(iter(pool._all)).closed  # read in full: kept for reuse
+        finally:
+            await transport.stop()
+
+
+async def test_a_whole_answer_whose_body_stalls_past_the_idle_timeout_is_a_504_before_the_first_byte() -> None:
+    gone = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(WHOLE_HEAD)
+        await writer.drain()
+        await reader.read()  # no body; returns when the client closes
+        gone.set()
+
+    async for url in raw_server(handle):
+        transport = await started(first_byte=600, idle=0.3)
+        try:
+            with pytest.raises(UpstreamError) as exc:
+                async with asyncio.timeout(5):  # the idle timeout, not the first-byte one, ends the wait
+                    await transport.send(record(url), PATH, b"{}", {})
+            await asyncio.wait_for(gone.wait(), 2)
+        finally:
+            await transport.stop()
+    assert exc.value.status == 504 and exc.value.before_first_byte and "idle timeout 0.3s" in str(exc.value)
+
+
+async def test_a_whole_answer_cut_after_its_head_fails_its_body_as_before() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(WHOLE_HEAD + b'{"ok"')
+        await writer.drain()
+        writer.close()
+
+    async for url in raw_server(handle):
+        transport = await started()
+        try:
+            resp = await transport.send(record(url), PATH, b"{}", {})  # the head came: the answer is the worker's
+            assert resp.status == 200
+            with pytest.raises(UpstreamError) as exc:
+                [chunk async for chunk in resp.body]
+            resp.close()
+        finally:
+            await transport.stop()
+    assert exc.value.status == 502 and not exc.value.before_first_byte
+
+
+async def test_whole_answers_keep_their_status_when_their_connection_serves_the_next_request_first() -> None:
+    """A whole answer's connection goes back to the pool before its task resumes; another request may take
+    it at once: each answer keeps its own status and type, and no connection is closed under another request."""
+    async def answer(request: web.Request) -> web.Response:
+        n = int((await request.read()) or b"0")
+        ctype = "text/plain" if n % 2 else "application/json"
+        return web.Response(status=200 + n % 3, body=b"x" * n, content_type=ctype)
+
+    async def client(transport: HttpTransport, url: str, k: int) -> list[tuple[int, int, str]]:
+        got = []
+        for i in range(30):
+            n = k * 30 + i
+            resp = await transport.send(record(url), PATH, str(n).encode(), {})
+            body = b"".join([chunk async for chunk in resp.body])
+            resp.close()
+            got.append((resp.status, len(body), resp.content_type))
+        return got
+
+    async for url in serve(answer):
+        transport = await started()
+        try:
+            results = await asyncio.gather(*(client(transport, url, k) for k in range(8)))
+        finally:
+            await transport.stop()
+    for k, got in enumerate(results):
+        for i, (status, size, ctype) in enumerate(got):
+            n = k * 30 + i
+            assert (status, size) == (200 + n % 3, n)
+            assert ctype.startswith("text/plain" if n % 2 else "application/json")
+
+
 def test_under_uvloop_as_the_frontend_runs() -> None:
     async def both() -> None:
         await test_sequential_answers_reuse_one_connection_and_carry_the_request()
         await test_a_streamed_answer_arrives_whole_and_in_order()
         await test_an_abandoned_answer_closes_its_connection_and_never_leaks_into_the_next()
+        await test_whole_answers_keep_their_status_when_their_connection_serves_the_next_request_first()
 
     uvloop.run(both())
