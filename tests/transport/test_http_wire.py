@@ -215,10 +215,12 @@ async def test_a_refused_connection_is_a_502_and_a_5xx_answer_names_its_status()
 
 
 async def test_a_request_cancelled_while_waiting_closes_its_connection() -> None:
+    arrived = asyncio.Event()
     gone = asyncio.Event()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
+        arrived.set()  # the request is written: the client now waits for an answer that never comes
         await reader.read()  # returns when the client closes
         gone.set()
 
@@ -226,7 +228,7 @@ async def test_a_request_cancelled_while_waiting_closes_its_connection() -> None
         transport = await started()
         try:
             task = asyncio.ensure_future(transport.send(record(url), PATH, b"{}", {}))
-            await asyncio.sleep(0.1)
+            await asyncio.wait_for(arrived.wait(), 2)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
