@@ -1739,6 +1739,60 @@ fail:
     return NULL;
 }
 
+/* refs_add(refs, hashes) / refs_release(refs, hashes) -> None
+ * infera.kv.load.LoadTracker's block references: each hash's count in ``refs`` (a dict) goes up by one / down by
+ * one, a count that reaches 0 leaving the dict (a hash missing from it on release: KeyError, as in Python). */
+static PyObject *refs_step(PyObject *const *args, Py_ssize_t nargs, int up) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "refs_add/refs_release take 2 arguments");
+        return NULL;
+    }
+    PyObject *refs = args[0];
+    if (!PyDict_CheckExact(refs)) {
+        PyErr_SetString(PyExc_TypeError, "refs must be a dict");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *h = items[i];
+        PyObject *count = PyDict_GetItemWithError(refs, h);
+        if (count == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            if (!up) {
+                PyErr_SetObject(PyExc_KeyError, h);
+                goto fail;
+            }
+            if (PyDict_SetItem(refs, h, ONE) < 0) goto fail;
+            continue;
+        }
+        long c = PyLong_AsLong(count);
+        if (c == -1 && PyErr_Occurred()) goto fail;
+        c += up ? 1 : -1;
+        if (c == 0) {
+            if (PyDict_DelItem(refs, h) < 0) goto fail;
+            continue;
+        }
+        PyObject *next = PyLong_FromLong(c);
+        if (next == NULL) goto fail;
+        int rc = PyDict_SetItem(refs, h, next);
+        Py_DECREF(next);
+        if (rc < 0) goto fail;
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *refs_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { return refs_step(args, nargs, 1); }
+static PyObject *refs_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return refs_step(args, nargs, 0);
+}
+
 static PyMethodDef methods[] = {
     {"chain_hashes", (PyCFunction)(void (*)(void))chain_hashes, METH_FASTCALL, NULL},
     {"chain_hashes_packed", (PyCFunction)(void (*)(void))chain_hashes_packed, METH_FASTCALL, NULL},
@@ -1750,6 +1804,8 @@ static PyMethodDef methods[] = {
     {"scan_column", (PyCFunction)(void (*)(void))scan_column, METH_FASTCALL, NULL},
     {"capture_rows", (PyCFunction)(void (*)(void))capture_rows, METH_FASTCALL, NULL},
     {"predict_add", (PyCFunction)(void (*)(void))predict_add, METH_FASTCALL, NULL},
+    {"refs_add", (PyCFunction)(void (*)(void))refs_add, METH_FASTCALL, NULL},
+    {"refs_release", (PyCFunction)(void (*)(void))refs_release, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
