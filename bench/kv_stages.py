@@ -6,7 +6,9 @@ request the stages of ``Router._place`` (topology + pool, context = render + tok
 cache, block hashes, pick = the policy's score, legs = load ticket + the index's prediction), the first token
 and the end of the request, and then the KV events the engine would publish for it (``BlockStored`` of the
 blocks it lacked) applied to the index. CPU time of this process (``process_time``), µs per request,
-after a warm-up; the caller's ``gc`` settings as the server's (frozen heap, young threshold 5000).
+after a warm-up; the caller's ``gc`` settings as the server's (frozen heap, young threshold 5000). The last
+column, ``gc``, is the part of the total the cyclic GC's collections took (timed by a ``gc.callbacks`` hook; a
+collection runs inside whichever stage allocated, mostly the context stage).
 
     .venv/bin/python bench/kv_stages.py                  # kv-aware and round-robin, this tree
     .venv/bin/python bench/kv_stages.py --ref main       # and the same at git ref main, interleaved rounds
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 STAGES = ("topology+pool", "context", "hashes", "pick", "legs", "first token", "end", "events apply")
+GC = "gc"  # within the stages, not added to the total
 
 
 def run_stages(policy: str, n: int, warmup: int) -> dict[str, float]:
@@ -53,8 +56,18 @@ def run_stages(policy: str, n: int, warmup: int) -> dict[str, float]:
     gc.set_threshold(5000, 10, 10)
     total = dict.fromkeys(STAGES, 0)
     clock = time.process_time_ns
+    collecting = [0, 0, False]  # start of the running collection, ns spent in measured collections, measuring
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collecting[0] = time.thread_time_ns()
+        elif collecting[2]:
+            collecting[1] += time.thread_time_ns() - collecting[0]
+
+    gc.callbacks.append(on_gc)
     mask = (1 << 48) - 1  # engine hashes: opaque ids, not the router's
     for i in range(warmup + n):
+        collecting[2] = i >= warmup
         req = RouteRequest(kind="chat", path="/v1/chat/completions", body=bodies[i % 4096],
                            payload=payloads[i % 4096], model="m", max_tokens=8)
         t0 = clock()
@@ -84,7 +97,8 @@ def run_stages(policy: str, n: int, warmup: int) -> dict[str, float]:
             for stage, d in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, t8 - t7),
                                 strict=True):
                 total[stage] += d
-    return {stage: v / n / 1e3 for stage, v in total.items()}
+    gc.callbacks.remove(on_gc)
+    return {**{stage: v / n / 1e3 for stage, v in total.items()}, GC: collecting[1] / n / 1e3}
 
 
 def _child(root: str, policy: str, n: int, warmup: int) -> dict[str, float]:
@@ -120,18 +134,22 @@ def main() -> None:
         for r in range(args.rounds):
             for name, policy in (cells if r % 2 == 0 else list(reversed(cells))):
                 runs[(name, policy)].append(_child(trees[name], policy, args.n, args.warmup))
-                print(f"round {r} {name} {policy}: {sum(runs[(name, policy)][-1].values()):.0f} µs/req", flush=True)
+                last = runs[(name, policy)][-1]
+                took = sum(last[s] for s in STAGES)
+                print(f"round {r} {name} {policy}: {took:.0f} µs/req, gc {last.get(GC, 0.0):.1f}", flush=True)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    print("\n| tree | policy | " + " | ".join(STAGES) + " | total |")
-    print("|---|---|" + "--:|" * (len(STAGES) + 1))
+    print("\n| tree | policy | " + " | ".join(STAGES) + " | total | of which gc |")
+    print("|---|---|" + "--:|" * (len(STAGES) + 2))
     summary: dict[str, Any] = {}
     for name, policy in cells:
         med = {s: statistics.median(x[s] for x in runs[(name, policy)]) for s in STAGES}
-        tot = statistics.median(sum(x.values()) for x in runs[(name, policy)])
-        summary[f"{name} {policy}"] = {**med, "total": tot}
-        print(f"| {name} | {policy} | " + " | ".join(f"{med[s]:.1f}" for s in STAGES) + f" | **{tot:.0f}** |")
+        tot = statistics.median(sum(x[s] for s in STAGES) for x in runs[(name, policy)])
+        collected = statistics.median(x.get(GC, 0.0) for x in runs[(name, policy)])  # a ref's copy may not time it
+        summary[f"{name} {policy}"] = {**med, "total": tot, GC: collected}
+        cells = " | ".join(f"{med[s]:.1f}" for s in STAGES)
+        print(f"| {name} | {policy} | {cells} | **{tot:.0f}** | {collected:.1f} |")
 
 
 if __name__ == "__main__":

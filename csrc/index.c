@@ -1688,6 +1688,111 @@ static PyObject *scan_column(PyObject *self, PyObject *const *args, Py_ssize_t n
     return PyLong_FromSsize_t(i);
 }
 
+/* ---- the router's per-request bookkeeping over a prompt's block hashes ---------------------------------- */
+
+/* predict_add(predicted, masks, bit, hashes, expiry) -> list
+ * infera.kv.index_tables.Predictions.add's loop: for each router hash in ``hashes``, a worker that did not predict
+ * it yet gains ``bit`` in ``masks`` (hash -> mask of predicting workers); its expiry in ``predicted`` (hash ->
+ * expiry) becomes ``expiry`` unless it is already as late. Returns the hashes whose expiry it set, in order. */
+static PyObject *predict_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "predict_add takes 5 arguments");
+        return NULL;
+    }
+    PyObject *predicted = args[0], *masks = args[1], *bit = args[2], *expiry = args[4];
+    if (!PyDict_CheckExact(predicted) || !PyDict_CheckExact(masks)) {
+        PyErr_SetString(PyExc_TypeError, "predict_add: predicted and masks must be dicts");
+        return NULL;
+    }
+    double until = PyFloat_AsDouble(expiry);
+    if (until == -1.0 && PyErr_Occurred()) return NULL;
+    PyObject *seq = PySequence_Fast(args[3], "predict_add: hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *h = items[i];
+        PyObject *old = PyDict_GetItemWithError(predicted, h);
+        if (old == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            PyObject *mask = PyDict_GetItemWithError(masks, h);
+            if (mask == NULL && PyErr_Occurred()) goto fail;
+            PyObject *joined = PyNumber_Or(mask != NULL ? mask : ZERO, bit);
+            if (joined == NULL) goto fail;
+            int rc = PyDict_SetItem(masks, h, joined);
+            Py_DECREF(joined);
+            if (rc < 0) goto fail;
+        } else {
+            double was = PyFloat_AsDouble(old);
+            if (was == -1.0 && PyErr_Occurred()) goto fail;
+            if (was >= until) continue;
+        }
+        if (PyDict_SetItem(predicted, h, expiry) < 0 || PyList_Append(fresh, h) < 0) goto fail;
+    }
+    Py_DECREF(seq);
+    return fresh;
+fail:
+    Py_XDECREF(fresh);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* refs_add(refs, hashes) / refs_release(refs, hashes) -> None
+ * infera.kv.load.LoadTracker's block references: each hash's count in ``refs`` (a dict) goes up by one / down by
+ * one, a count that reaches 0 leaving the dict (a hash missing from it on release: KeyError, as in Python). */
+static PyObject *refs_step(PyObject *const *args, Py_ssize_t nargs, int up) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "refs_add/refs_release take 2 arguments");
+        return NULL;
+    }
+    PyObject *refs = args[0];
+    if (!PyDict_CheckExact(refs)) {
+        PyErr_SetString(PyExc_TypeError, "refs must be a dict");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *h = items[i];
+        PyObject *count = PyDict_GetItemWithError(refs, h);
+        if (count == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            if (!up) {
+                PyErr_SetObject(PyExc_KeyError, h);
+                goto fail;
+            }
+            if (PyDict_SetItem(refs, h, ONE) < 0) goto fail;
+            continue;
+        }
+        long c = PyLong_AsLong(count);
+        if (c == -1 && PyErr_Occurred()) goto fail;
+        c += up ? 1 : -1;
+        if (c == 0) {
+            if (PyDict_DelItem(refs, h) < 0) goto fail;
+            continue;
+        }
+        PyObject *next = PyLong_FromLong(c);
+        if (next == NULL) goto fail;
+        int rc = PyDict_SetItem(refs, h, next);
+        Py_DECREF(next);
+        if (rc < 0) goto fail;
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *refs_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { return refs_step(args, nargs, 1); }
+static PyObject *refs_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return refs_step(args, nargs, 0);
+}
+
 static PyMethodDef methods[] = {
     {"chain_hashes", (PyCFunction)(void (*)(void))chain_hashes, METH_FASTCALL, NULL},
     {"chain_hashes_packed", (PyCFunction)(void (*)(void))chain_hashes_packed, METH_FASTCALL, NULL},
@@ -1698,6 +1803,9 @@ static PyMethodDef methods[] = {
     {"fill_rows", (PyCFunction)(void (*)(void))fill_rows, METH_FASTCALL, NULL},
     {"scan_column", (PyCFunction)(void (*)(void))scan_column, METH_FASTCALL, NULL},
     {"capture_rows", (PyCFunction)(void (*)(void))capture_rows, METH_FASTCALL, NULL},
+    {"predict_add", (PyCFunction)(void (*)(void))predict_add, METH_FASTCALL, NULL},
+    {"refs_add", (PyCFunction)(void (*)(void))refs_add, METH_FASTCALL, NULL},
+    {"refs_release", (PyCFunction)(void (*)(void))refs_release, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

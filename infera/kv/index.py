@@ -105,7 +105,7 @@ class PrefixIndex:
         # The C path's runs: their masks as rows, patched when one changes (Python's runs are forgotten).
         self._rows = None if self._native is None else RowRuns(self._native, self._slots.names, self._watched, RUNS_MAX,
                                                                     WATCHED_MAX)
-        self._guesses = Predictions()
+        self._guesses = Predictions(self._native)
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
         self._expiry_heap = self._guesses.heap
 

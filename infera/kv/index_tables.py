@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections.abc import Sequence
+from typing import Any
 
 
 @dataclasses.dataclass(slots=True)
@@ -32,9 +33,11 @@ class WorkerTable:
 
 class Predictions:
     """Unexpired predictions: per router hash a mask of the workers expected to hold it, and an
-    expiry heap with one entry per :meth:`add` (its router hashes), pruned lazily."""
+    expiry heap with one entry per :meth:`add` (its router hashes), pruned lazily. ``native``: the C module
+    (``infera.kv._native``) whose ``predict_add`` runs :meth:`add`'s per-hash loop, or None for Python's."""
 
-    def __init__(self) -> None:
+    def __init__(self, native: Any = None) -> None:
+        self._native = native
         self.masks: dict[int, int] = {}
         self.heap: list[tuple[float, int, str, list[int]]] = []  # (expiry, seq, worker id, router hashes)
         self._seq = 0
@@ -42,15 +45,19 @@ class Predictions:
     def add(self, worker_id: str, worker: WorkerTable, hashes: Sequence[int], expiry: float) -> None:
         """Expect ``worker`` to hold ``hashes`` until ``expiry``; a later expiry extends a prediction."""
         predicted, masks, bit = worker.predicted, self.masks, worker.bit
-        fresh: list[int] = []
-        for local in hashes:
-            old = predicted.get(local)
-            if old is None:
-                masks[local] = masks.get(local, 0) | bit
-            elif old >= expiry:
-                continue
-            predicted[local] = expiry
-            fresh.append(local)
+        fresh: list[int]
+        if self._native is not None:  # the same loop in C: one call per routed request instead of ~60 steps
+            fresh = self._native.predict_add(predicted, masks, bit, hashes, expiry)
+        else:
+            fresh = []
+            for local in hashes:
+                old = predicted.get(local)
+                if old is None:
+                    masks[local] = masks.get(local, 0) | bit
+                elif old >= expiry:
+                    continue
+                predicted[local] = expiry
+                fresh.append(local)
         if fresh:
             self._seq += 1
             heapq.heappush(self.heap, (expiry, self._seq, worker_id, fresh))

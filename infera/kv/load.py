@@ -17,6 +17,9 @@ import collections
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
+
+from infera.kv.native import load as load_native
 
 TTFT_SAMPLES = 32
 
@@ -59,9 +62,18 @@ class Ticket:
 
 
 class LoadTracker:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *, native: bool | None = None) -> None:
+        """``native``: count block references in C (``infera.kv._native``'s ``refs_add``/``refs_release``, one call
+        per ticket instead of a step per block), False: in Python, None: C if built (as the prefix index)."""
         self._load: dict[str, _WorkerLoad] = {}
         self._clock = clock
+        self._native: Any = None
+        if native is None:
+            self._native = load_native()
+        elif native:
+            from infera.kv import _native
+
+            self._native = _native
 
     def begin(self, worker_id: str, prefill_tokens: int, hashes: Sequence[int], tail_blocks: int) -> Ticket:
         load = self._load.get(worker_id)
@@ -75,8 +87,11 @@ class LoadTracker:
         load.prefill_tokens += prefill_tokens
         load.tail_blocks += tail_blocks
         refs = load.block_refs
-        for h in hashes:
-            refs[h] = refs.get(h, 0) + 1
+        if self._native is not None:
+            self._native.refs_add(refs, hashes)
+        else:
+            for h in hashes:
+                refs[h] = refs.get(h, 0) + 1
         return Ticket(worker_id, prefill_tokens, hashes, tail_blocks, load, self._clock(), met)
 
     def prefill_done(self, ticket: Ticket) -> None:
@@ -109,6 +124,9 @@ class LoadTracker:
         load.in_flight -= 1
         load.tail_blocks -= ticket.tail_blocks
         refs = load.block_refs
+        if self._native is not None:
+            self._native.refs_release(refs, ticket.hashes)
+            return
         for h in ticket.hashes:
             left = refs[h] - 1
             if left:

@@ -282,7 +282,7 @@ class PromptCache:
         keys = self._keys
         lru = self._lru
         first = 0
-        if superseded is not None and superseded.holder[0] is superseded and id(superseded) in lru:
+        if superseded is not None and id(superseded) in lru and superseded.holder[0] is superseded:
             del lru[id(superseded)]
             self._bytes -= superseded.size
             entry.holder = superseded.holder
@@ -299,3 +299,6 @@ class PromptCache:
                 hit = keys.get(key)
                 if hit is not None and hit[0] is victim.holder:
                     del keys[key]
+            # entry -> holder -> entry is a cycle: without this an evicted entry (its ids, ~1k ints) waited for
+            # the cyclic GC, and every young collection re-scanned them (bench/README.md, sixth round)
+            victim.holder = []

@@ -101,15 +101,16 @@ class ZmqEventSource:
             if replay:
                 expected = await self._replay(worker_id, replay, 0, None)
             while True:
+                # the descriptor signals a change of state, not a level: wait only when the socket itself says
+                # nothing is queued (a receive may have taken the signal of a later batch). Asked before the
+                # receive, not after a failed one: pyzmq's zmq.Again cost an exception per wake-up
+                if not cast(int, sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    await wake
+                    wake = loop.create_future()
+                    continue
                 try:
                     frames = sub.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
-                    # the descriptor signals a change of state, not a level: wait only when the socket
-                    # itself says nothing is queued (a receive may have taken the signal of a later batch)
-                    if cast(int, sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                        continue
-                    await wake
-                    wake = loop.create_future()
                     continue
                 expected = await self._take(worker_id, frames, expected, replay)
         except asyncio.CancelledError:

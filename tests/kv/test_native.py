@@ -386,3 +386,30 @@ def test_removing_one_of_two_engine_blocks_with_the_same_tokens_keeps_the_block(
         answers.append((_state(index), index.overlaps(hashing.pure_block_hashes(tokens, BLOCK))))
     assert answers[0] == answers[1]
     assert answers[0][1] == {"a": 2}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.lists(st.integers(0, 2**64 - 1), max_size=3),
+                          st.integers(0, 12)), max_size=40))
+def test_load_tickets_count_blocks_the_same(steps: list[tuple[bool, int, list[int], int]]) -> None:
+    """LoadTracker's block references in C (``refs_add``/``refs_release``) against Python's: the same counts and
+    the same distinct blocks per worker after every begin and end, shared prefixes and repeated hashes included."""
+    from infera.kv.load import LoadTracker
+
+    c, py = LoadTracker(clock=lambda: 1.0, native=True), LoadTracker(clock=lambda: 1.0, native=False)
+    assert c._native is not None and py._native is None
+    pool = [h for prompt in ROUTER for h in prompt]
+    open_: list[tuple[Any, Any]] = []
+    for begin, worker, extra, pick in steps:
+        if begin or not open_:
+            hashes = [*pool[pick: pick + 6], *extra]
+            open_.append((c.begin(WORKERS[worker], 10, hashes, 1), py.begin(WORKERS[worker], 10, hashes, 1)))
+        else:
+            tc, tp = open_.pop(pick % len(open_))
+            for load, ticket in ((c, tc), (py, tp)):
+                load.end(ticket)
+                load.end(ticket)  # idempotent
+        for w in WORKERS:
+            assert c.active_blocks(w) == py.active_blocks(w)
+            refs = [load._load[w].block_refs if w in load._load else None for load in (c, py)]
+            assert refs[0] == refs[1]

@@ -115,6 +115,29 @@ def test_memory_stays_within_the_bound(tiny_tokenizer_dir: Path) -> None:
     assert cache.entries < 60
 
 
+def test_evicted_prompts_are_freed_without_the_cyclic_gc(tiny_tokenizer_dir: Path) -> None:
+    """An evicted entry's ids go when it does (reference counting), not at the cyclic GC's next older-generation
+    collection: those collections re-scanned every evicted prompt's ids (bench/README.md, sixth round)."""
+    import gc
+
+    renderer = PromptRenderer.from_dir(tiny_tokenizer_dir)
+    cache = renderer.prompt_cache
+    assert cache is not None
+    cache.max_bytes = 100_000
+    cache.min_chars = 0
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(40):  # unrelated prompts (nothing supersedes another): each new one evicts an old one
+            messages = [{"role": "system", "content": f"session {i} " + "x y z " * 300},
+                        {"role": "user", "content": "hi"}]
+            renderer.chat_token_ids(messages)
+        assert cache.entries < 40
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
 def test_a_combining_mark_after_a_special_token_is_not_cut_there(qwen_tokenizer_dir: Path) -> None:
     # NFC composes ">" + U+0338 into one character, so "<|im_start|>" is no longer a token there
     renderer = PromptRenderer.from_dir(qwen_tokenizer_dir)
