@@ -207,3 +207,11 @@ def test_a_branch_off_an_earlier_turn_reuses_the_cuts_its_conversation_registere
     ids = renderer.chat_token_ids(third)
     assert list(ids) == renderer.encode(renderer.render_chat(third), add_special_tokens=False)
     assert len(ids) - (cache.reused_tokens - reused) < 20
+    # a session that shares the branch and then adds more turns than the lookup probes from the end: found
+    # by the whole-prefix keys alone, which the branch's entry computed past where it left the conversation
+    fourth = [*grown, *({"role": role, "content": f"new {i}"} for i in range(6) for role in ("user", "assistant")),
+              {"role": "user", "content": "last"}]
+    reused = cache.reused_tokens
+    ids = renderer.chat_token_ids(fourth)
+    assert list(ids) == renderer.encode(renderer.render_chat(fourth), add_special_tokens=False)
+    assert cache.reused_tokens - reused >= len(renderer.encode(renderer.render_chat(grown), add_special_tokens=False)) - 5
