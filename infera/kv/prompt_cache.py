@@ -19,7 +19,10 @@ comparing the prefix bytes, so a hash collision costs a miss, never a wrong id.
 Lookup: the utf-8 bytes of every cut point are keyed by xxh3-64 of the text before it.
 Every stored prompt registers all its cuts, so "this cut was seen" is monotone in the
 cut's position and a binary search finds the longest seen cut in about log2(cuts)
-hashes. Registration is one streaming pass over the text.
+hashes. Registration is one streaming pass over the new text: a prompt that extends a
+stored one from its last cut resumes that one's hash state. The next turn's probes from
+the end use a second key, the cut's offset and xxh3 of the 64 bytes before it, so each
+costs O(64), and a hit is confirmed by comparing the whole prefix (a memcmp).
 
 Block hashes ride along: the returned ``PromptIds`` carries the matched prompt's block
 hashes, so ``infera.kv.hashing.block_hashes`` hashes only the new blocks (the hash of
@@ -46,22 +49,25 @@ from infera.kv.hashing import PromptIds
 DEFAULT_MAX_BYTES = 64 << 20
 MIN_CHARS = 6000  # ~1.5k tokens: shorter prompts cost less encoded directly (bench/prompt_sweep.py)
 TAIL_PROBES = 8  # seen cuts looked for from the end before a full scan
+TAIL_WINDOW = 64  # bytes before a cut that, with its offset, key it in ``_ends``
 _BYTES_PER_ID = 40  # list slot + int object
 
 _xxh3 = xxhash.xxh3_64_intdigest
 
 
 class _Entry:
-    __slots__ = ("cuts", "data", "hashes", "holder", "ids", "size")
+    __slots__ = ("cuts", "data", "ends", "hashes", "holder", "ids", "size", "state")
 
-    def __init__(self, data: bytes, ids: list[int], cuts: list[tuple[int, int, int]]) -> None:
+    def __init__(self, data: bytes, ids: list[int], cuts: list[tuple[int, int, int, int]]) -> None:
         self.data = data
         self.ids = ids
-        self.cuts = cuts  # (byte offset, key, ids before it), ascending
+        self.cuts = cuts  # (byte offset, key, ids before it, xxh3 of the TAIL_WINDOW bytes before it), ascending
         self.hashes: dict[int, list[int]] = {}  # block size -> chained block hashes, filled by block_hashes
         # what the index's keys hold: a prompt that extends this one as a whole takes the
         # holder over, so the cuts they share move to it in O(1)
         self.holder = [self]
+        # xxh3 state after ``data[:cuts[-1][0]]``: a prompt extending this one hashes only its new bytes
+        self.state: xxhash.xxh3_64 | None = None
         self.size = len(data) + _BYTES_PER_ID * len(ids)
 
 
@@ -88,6 +94,9 @@ class PromptCache:
         self.max_bytes = max_bytes
         self.min_chars = MIN_CHARS  # shorter prompts are encoded directly
         self._keys: dict[int, tuple[list[_Entry], int]] = {}  # cut key -> (entry holder, index into its cuts)
+        # (offset, xxh3 of the TAIL_WINDOW bytes before it) of each cut -> as _keys: a probe from the end
+        # costs O(window), not a hash of the whole prefix (bench/README.md, "the prompt cache's reuse")
+        self._ends: dict[tuple[int, int], tuple[list[_Entry], int]] = {}
         self._lru: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry
         self._bytes = 0
         self._lock = threading.Lock()
@@ -128,17 +137,18 @@ class PromptCache:
             ids = self._encode(text)
         else:
             base, k = found
-            start, _, n_ids = base.cuts[k]
+            start, _, n_ids, _ = base.cuts[k]
             before = base.cuts[: k + 1]
             rest = self._encode(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
             ids = base.ids[:n_ids]  # one copy of the reused ids (``slice + rest`` made two)
             ids += rest
             hashes = {size: h[: n_ids // size] for size, h in base.hashes.items()}
         new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
-        entry = self._entry(data, ids, new, start, before)
+        at_end = base is not None and k == len(base.cuts) - 1  # the base's state is at its last cut only
+        entry = self._entry(data, ids, new, start, before, base.state if base is not None and at_end else None)
         if entry is not None:
             with self._lock:
-                self._store(entry, base if base is not None and k == len(base.cuts) - 1 else None)
+                self._store(entry, base if base is not None and at_end else None)
                 if base is not None:
                     self.hits += 1
                     self.reused_tokens += before[-1][2]
@@ -153,6 +163,7 @@ class PromptCache:
         """Forget every prompt (the counters stay)."""
         with self._lock:
             self._keys.clear()
+            self._ends.clear()
             self._lru.clear()
             self._bytes = 0
 
@@ -206,23 +217,33 @@ class PromptCache:
         names = self._names
         n = len(data)
         view = memoryview(data)
+        ends = self._ends
         hi = n
-        probes = 0
+        probes: list[int] = []
         for _ in range(4 * TAIL_PROBES):
             j = data.rfind(last, 0, hi)
             i = data.rfind(first, 0, j) if j > 0 else -1
             if i < 0:
-                return None
+                break
             hi = j
             end = j + 1
             if (end < n and data[end] >= 0x80) or data[i:end] not in names:
                 continue
+            got = ends.get((end, _xxh3(view[max(0, end - TAIL_WINDOW) : end])))
+            if got is not None and got[0]:
+                entry, k = got[0][0], got[1]
+                if entry.cuts[k][0] == end and entry.data.startswith(view[:end]):  # exact: a memcmp
+                    return entry, k
+                hit = self._hit(view, end)  # another prompt with those bytes there: the whole prefix's key
+                if hit is not None:
+                    return hit
+            probes.append(end)
+            if len(probes) == TAIL_PROBES:
+                break
+        for end in probes:  # a cut whose short key another prompt's overwrote, then lost (evicted)
             hit = self._hit(view, end)
             if hit is not None:
                 return hit
-            probes += 1
-            if probes == TAIL_PROBES:
-                return None
         return None
 
     def _hit(self, view: memoryview, end: int) -> tuple[_Entry, int] | None:
@@ -250,17 +271,22 @@ class PromptCache:
         return best
 
     def _entry(self, data: bytes, ids: list[int], matches: list[tuple[int, bytes]], start: int,
-               before: list[tuple[int, int, int]]) -> _Entry | None:
+               before: list[tuple[int, int, int, int]], state: xxhash.xxh3_64 | None) -> _Entry | None:
         """The entry for ``data``: cuts up to ``start`` copied from the base, the rest found here.
 
         The id after each boundary token past ``start`` is found by scanning ``ids`` for that
-        token's id in order (a boundary token's id comes only from its own text).
+        token's id in order (a boundary token's id comes only from its own text). ``state``: the
+        base's xxh3 state after its last cut, given only when that cut is ``start`` (the bytes it
+        covers equal ``data[:start]``, compared on the hit): those bytes are not hashed again.
         """
         n = len(data)
         cuts = list(before)
-        stream = xxhash.xxh3_64()
         view = memoryview(data)
-        stream.update(view[:start])
+        if state is not None:
+            stream = state.copy()  # the base keeps its own: another prompt may extend it too
+        else:
+            stream = xxhash.xxh3_64()
+            stream.update(view[:start])
         last = start
         pos = (before[-1][2] if before else 0) - 1
         id_of = self._id_of
@@ -274,8 +300,11 @@ class PromptCache:
             stream.update(view[last:end])
             last = end
             if end == n or data[end] < 0x80:
-                cuts.append((end, stream.intdigest(), pos + 1))
-        return _Entry(data, ids, cuts)
+                cuts.append((end, stream.intdigest(), pos + 1, _xxh3(view[max(0, end - TAIL_WINDOW) : end])))
+        entry = _Entry(data, ids, cuts)
+        if cuts and last == cuts[-1][0]:
+            entry.state = stream
+        return entry
 
     def _store(self, entry: _Entry, superseded: _Entry | None) -> None:
         """Index the cuts of ``entry``; ``superseded`` (whose cuts all start ``entry``'s) hands over."""
@@ -289,16 +318,22 @@ class PromptCache:
             entry.holder[0] = entry  # the shared cuts' keys now find ``entry``
             first = len(superseded.cuts)
         cuts = entry.cuts
-        keys.update(zip([cut[1] for cut in cuts[first:]], zip(repeat(entry.holder), count(first)), strict=False))
+        places = list(zip(repeat(entry.holder, len(cuts) - first), count(first)))
+        keys.update(zip([cut[1] for cut in cuts[first:]], places, strict=False))
+        self._ends.update(zip([(cut[0], cut[3]) for cut in cuts[first:]], places, strict=False))
         lru[id(entry)] = entry
         self._bytes += entry.size
         while self._bytes > self.max_bytes and len(lru) > 1:
             _, victim = lru.popitem(last=False)
             self._bytes -= victim.size
-            for _, key, _ in victim.cuts:
+            ends = self._ends
+            for end, key, _, tail in victim.cuts:
                 hit = keys.get(key)
                 if hit is not None and hit[0] is victim.holder:
                     del keys[key]
+                got = ends.get((end, tail))
+                if got is not None and got[0] is victim.holder:
+                    del ends[(end, tail)]
             # entry -> holder -> entry is a cycle: without this an evicted entry (its ids, ~1k ints) waited for
             # the cyclic GC, and every young collection re-scanned them (bench/README.md, sixth round)
             victim.holder = []

@@ -161,3 +161,58 @@ def test_edited_ids_are_hashed_from_scratch(tiny_tokenizer_dir: Path) -> None:
     ids = renderer.chat_token_ids(messages)
     ids[0] = ids[0] + 1  # a caller that edits the list in place gets hashes of what it holds
     assert block_hashes(ids, 4) == block_hashes(list(ids), 4)
+
+
+def test_a_prompt_like_a_stored_one_only_near_its_end_reuses_nothing_past_where_they_differ(
+        qwen_tokenizer_dir: Path) -> None:
+    """The next turn's lookup keys a stored prompt's last cut by its offset and the bytes just before it: a
+    prompt equal there but not earlier must be told apart by the full comparison, not take the other's ids."""
+    renderer = PromptRenderer.from_dir(qwen_tokenizer_dir)
+    cache = renderer.prompt_cache
+    assert cache is not None
+    tail = "<|im_end|>\n<|im_start|>user\nthe same last words, long enough to fill the window: 0123456789<|im_end|>\n"
+    first = "<|im_start|>system\n" + "alpha " * 1500 + tail + "<|im_start|>"
+    other = "<|im_start|>system\n" + "gamma " * 1500 + tail + "<|im_start|>"  # same length, same tail
+    assert len(first) == len(other) and first[-100:] == other[-100:]
+    assert list(cache.encode(first)) == renderer.encode(first, add_special_tokens=False)
+    nxt = other + "assistant\nsomething new<|im_end|>\n"
+    reused = cache.reused_tokens
+    assert list(cache.encode(nxt)) == renderer.encode(nxt, add_special_tokens=False)
+    assert cache.reused_tokens - reused <= 3  # at most "<|im_start|>system\n", the prefix both share
+
+
+def test_a_branch_off_an_earlier_turn_reuses_the_cuts_its_conversation_registered(qwen_tokenizer_dir: Path) -> None:
+    """Each turn's cuts are keyed from the previous turn's hash state (its prefix is not hashed again): those
+    keys must be the whole-prefix hashes, or another session sharing the first turns would find nothing."""
+    renderer = PromptRenderer.from_dir(qwen_tokenizer_dir)
+    cache = renderer.prompt_cache
+    assert cache is not None
+    cache.min_chars = 0
+    conversation = _conversation(8)
+    for k in range(2, len(conversation) + 1, 2):
+        renderer.chat_token_ids(conversation[:k])
+    assert cache.entries == 1
+    branch = [*conversation[:7], {"role": "user", "content": "a different question"}]
+    hits, reused = cache.hits, cache.reused_tokens
+    ids = renderer.chat_token_ids(branch)
+    assert list(ids) == renderer.encode(renderer.render_chat(branch), add_special_tokens=False)
+    assert cache.hits == hits + 1
+    assert cache.reused_tokens - reused > 0.8 * len(ids)
+    # the branch's own cuts (keyed from scratch past where it left the conversation) are found by a third
+    # session that shares it and then differs
+    grown = [*branch, {"role": "assistant", "content": "an answer " * 30}]
+    renderer.chat_token_ids([*grown, {"role": "user", "content": "one more"}])
+    third = [*grown, {"role": "user", "content": "another one"}]
+    reused = cache.reused_tokens
+    ids = renderer.chat_token_ids(third)
+    assert list(ids) == renderer.encode(renderer.render_chat(third), add_special_tokens=False)
+    assert len(ids) - (cache.reused_tokens - reused) < 20
+    # a session that shares the branch and then adds more turns than the lookup probes from the end: found
+    # by the whole-prefix keys alone, which the branch's entry computed past where it left the conversation
+    fourth = [*grown, *({"role": role, "content": f"new {i}"} for i in range(6) for role in ("user", "assistant")),
+              {"role": "user", "content": "last"}]
+    reused = cache.reused_tokens
+    ids = renderer.chat_token_ids(fourth)
+    assert list(ids) == renderer.encode(renderer.render_chat(fourth), add_special_tokens=False)
+    shared = renderer.encode(renderer.render_chat(grown), add_special_tokens=False)
+    assert cache.reused_tokens - reused >= len(shared) - 5
