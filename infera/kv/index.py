@@ -46,7 +46,7 @@ from infera.kv.bitmasks import Run, Slots, walk
 from infera.kv.hashing import pure_block_hashes
 from infera.kv.index_rows import RowRuns
 from infera.kv.index_tables import Predictions, WorkerTable
-from infera.kv.native import load
+from infera.kv.native import choose
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, TokenIds
 
 CACHE_VIEW_MAX_HASHES = 256
@@ -83,12 +83,7 @@ class PrefixIndex:
         False: in Python; None (default): C if built and ``INFERA_PURE_PYTHON`` is not set. Same results.
         """
         self.block_size = block_size
-        if native:
-            from infera.kv import _native
-
-            self._native: Any = _native
-        else:
-            self._native = load() if native is None else None
+        self._native: Any = choose(native)
         self.counters = IndexCounters()
         self._workers: dict[str, WorkerTable] = {}
         self._slots = Slots()

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infera.kv.native import load as load_native
+from infera.kv.native import choose
 
 TTFT_SAMPLES = 32
 
@@ -67,13 +67,7 @@ class LoadTracker:
         per ticket instead of a step per block), False: in Python, None: C if built (as the prefix index)."""
         self._load: dict[str, _WorkerLoad] = {}
         self._clock = clock
-        self._native: Any = None
-        if native is None:
-            self._native = load_native()
-        elif native:
-            from infera.kv import _native
-
-            self._native = _native
+        self._native: Any = choose(native)
 
     def begin(self, worker_id: str, prefill_tokens: int, hashes: Sequence[int], tail_blocks: int) -> Ticket:
         load = self._load.get(worker_id)

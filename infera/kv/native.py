@@ -23,3 +23,15 @@ def load() -> ModuleType | None:
     except ImportError:
         return None
     return _native
+
+
+def choose(native: bool | None) -> ModuleType | None:
+    """A component's choice of implementation: True the C module (ImportError if it is not built), False none
+    (Python), None :func:`load`'s default (C if built and ``INFERA_PURE_PYTHON`` is not set)."""
+    if native is None:
+        return load()
+    if native:
+        from infera.kv import _native
+
+        return _native
+    return None
