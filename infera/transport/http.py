@@ -126,14 +126,10 @@ class HttpTransport:
             # a whole small answer comes back with its body (one wake-up); the first-byte deadline is the
             # request's one timer, the idle timeout bounds the wait for that body after the head
             reader = await conn.request(head, body, deadline, self._idle_timeout)
-        except TimeoutError as exc:  # connecting took the whole first-byte deadline
-            raise UpstreamError(f"worker {worker.instance_id} sent no response within "
-                                f"{self._first_byte_timeout:g}s", status=504) from exc
-        except WireTimeout as exc:  # the request closed its connection (so for every failure below)
-            if exc.head_seen:  # as the first body read would have said it (_Body)
-                raise UpstreamError(f"worker {worker.instance_id} sent no first byte in time (first-byte timeout "
-                                    f"{self._first_byte_timeout:g}s, idle timeout {self._idle_timeout:g}s)",
-                                    status=504) from exc
+        except (TimeoutError, WireTimeout) as exc:  # connecting, or the answer, took the whole first-byte deadline
+            # (a WireTimeout: the request closed its connection, as for every failure below)
+            if isinstance(exc, WireTimeout) and exc.head_seen:  # as the first body read would have said it (_Body)
+                raise _no_first_byte(worker.instance_id, self._first_byte_timeout, self._idle_timeout) from exc
             raise UpstreamError(f"worker {worker.instance_id} sent no response within "
                                 f"{self._first_byte_timeout:g}s", status=504) from exc
         except WireError as exc:
@@ -161,6 +157,12 @@ async def _read_some(reader: BodyReader, conn: Connection, limit: int = 65536) -
     if not conn.done(reader):
         conn.abort()
     return b"".join(parts)
+
+
+def _no_first_byte(worker_id: str, first_byte: float, idle: float) -> UpstreamError:
+    """The 504 for an answer whose first body byte did not come in time (its head may have)."""
+    return UpstreamError(f"worker {worker_id} sent no first byte in time (first-byte timeout {first_byte:g}s, "
+                         f"idle timeout {idle:g}s)", status=504)
 
 
 class _Body:
@@ -205,8 +207,7 @@ class _Body:
                             chunk = await self._content.readany()
                 except TimeoutError as exc:
                     self.close()
-                    raise UpstreamError(f"worker {self._worker_id} sent no first byte in time (first-byte timeout "
-                                        f"{self._timeout:g}s, idle timeout {self._idle:g}s)", status=504) from exc
+                    raise _no_first_byte(self._worker_id, self._timeout, self._idle) from exc
                 if self._idle and chunk and not self._content.at_eof():  # a whole answer needs no watch
                     self._watch = IdleWatch(self._loop, self._idle, self._content)
             elif (watch := self._watch) is not None:
