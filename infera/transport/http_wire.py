@@ -332,11 +332,6 @@ class Pool:
                 for conn in [c for c in conns if now - c.idle_since > self._keepalive]:
                     conn.abort()
 
-    async def acquire(self, key: tuple[str, int, bool]) -> Connection:
-        """An idle connection to ``key``'s host (the most recently used), else a new one."""
-        conn = self.take(key)
-        return conn if conn is not None else await self.connect(key)
-
     def take(self, key: tuple[str, int, bool]) -> Connection | None:
         """An idle connection to ``key``'s host (the most recently used), or None (no await: the usual case
         costs no coroutine)."""
