@@ -171,7 +171,6 @@ class RequestRecord:
         if self.output_tokens >= 0:
             attributes["infera.output_tokens"] = self.output_tokens
         if self.status >= 500 or self.error:
-            root.description = self.error or f"status {self.status}"
-        if not root.end:
-            root.end = clock_ns()
+            root.error(self.error or f"status {self.status}")
+        root.close()
         tracing.emit(root, [c for c in self.children if type(c) is tuple or c.end])  # type: ignore[union-attr]
