@@ -1367,6 +1367,8 @@ done:
     return out;
 }
 
+static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  /* pick7's block, at the end */
+
 /* ---- remembered runs as rows of 64-bit words ------------------------------------------------------ */
 
 /* A remembered prefix keeps its blocks' masks as rows of ``width`` bytes (little-endian, width a multiple of
@@ -1799,6 +1801,7 @@ static PyMethodDef methods[] = {
     {"store_blocks", (PyCFunction)(void (*)(void))store_blocks, METH_FASTCALL, NULL},
     {"remove_blocks", (PyCFunction)(void (*)(void))remove_blocks, METH_FASTCALL, NULL},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL, NULL},
+    {"walk_both", (PyCFunction)(void (*)(void))walk_both, METH_FASTCALL, NULL},
     {"walk_rows", (PyCFunction)(void (*)(void))walk_rows, METH_FASTCALL, NULL},
     {"fill_rows", (PyCFunction)(void (*)(void))fill_rows, METH_FASTCALL, NULL},
     {"scan_column", (PyCFunction)(void (*)(void))scan_column, METH_FASTCALL, NULL},
@@ -1827,4 +1830,109 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     return mod;
+}
+
+/* ---- the kv-aware pick's one walk (helper pick7) --------------------------------------------------- */
+
+/* walk_both(hashes, shared, holders, names, guessed, allowed) -> (result, confirmed)
+ * walk(hashes, shared, holders, names, None, 0, guessed, allowed)'s result (per worker, the leading blocks it
+ * holds counting the allowed guesses) and, from the same pass, the longest prefix of ``hashes`` that a worker
+ * holds counting confirmed blocks only: max(walk(..., None, 0)[0].values(), default=0). A confirmed mask is a
+ * subset of the same block's mask with guesses, so the confirmed walk ends no later than the other. */
+static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "walk_both takes 6 arguments");
+        return NULL;
+    }
+    PyObject *shared = args[1], *holders = args[2], *names = args[3], *guessed = args[4];
+    if (!PyDict_Check(shared) || !(PyDict_Check(holders) || IS_MAP(holders)) || !PyList_Check(names) ||
+        !PyDict_Check(guessed)) {
+        PyErr_SetString(PyExc_TypeError, "walk_both: expected dicts and a list of names");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **hs = PySequence_Fast_ITEMS(seq);
+    Walk w;
+    w.nd = (PyList_GET_SIZE(names) + PyLong_SHIFT - 1) / PyLong_SHIFT + 1;
+    digit *mem = PyMem_Calloc((size_t)w.nd * 6, sizeof(digit));
+    w.bytes = PyMem_Calloc((size_t)w.nd * sizeof(digit) + 16, 1);
+    if (mem == NULL || w.bytes == NULL) {
+        PyMem_Free(mem);
+        PyMem_Free(w.bytes);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    w.active = mem;
+    w.gone = mem + w.nd;
+    w.mixed = mem + 2 * w.nd;
+    w.conv = mem + 3 * w.nd;
+    w.allowed = mem + 4 * w.nd;
+    digit *held = mem + 5 * w.nd;  /* the workers holding every block so far, confirmed blocks only */
+    PyObject *result = PyDict_New(), *out = NULL;
+    Py_ssize_t confirmed = 0, nd, k, top = w.nd, ctop = 0, i;
+    const digit *md;
+    if (result == NULL) goto done;
+    int all = PyObject_RichCompareBool(args[5], ZERO, Py_LT);
+    if (all < 0) goto done;
+    if (all) {
+        for (k = 0; k < w.nd; k++) w.allowed[k] = PyLong_MASK;
+    } else {
+        if (digits_of(args[5], &w, &md, &nd) < 0) goto done;
+        for (k = 0; k < nd; k++) w.allowed[k] = md[k];
+    }
+    for (i = 0; i < n; i++) {
+        /* the confirmed mask (shared first, as mask_of), then the same with the allowed guesses ORed in */
+        PyObject *m = PyDict_GetItemWithError(shared, hs[i]);
+        if (m == NULL) {
+            if (PyErr_Occurred()) goto done;
+            m = tab_get(holders, hs[i]);
+            if (m == NULL && PyErr_Occurred()) goto done;
+        }
+        if (digits_of(m, &w, &md, &nd) < 0) goto done;
+        for (k = 0; k < w.nd; k++) w.mixed[k] = k < nd ? md[k] : 0;
+        if (i == 0) {
+            for (k = 0; k < w.nd; k++) held[k] = w.mixed[k];
+            ctop = w.nd;
+        } else {
+            for (k = 0; k < ctop; k++) held[k] &= w.mixed[k];
+        }
+        while (ctop > 0 && !held[ctop - 1]) ctop--;
+        if (ctop > 0) confirmed = i + 1;
+        PyObject *g = PyDict_GetItemWithError(guessed, hs[i]);
+        if (g == NULL && PyErr_Occurred()) goto done;
+        if (g != NULL) {
+            const digit *gd;
+            Py_ssize_t gn;
+            if (digits_of(g, &w, &gd, &gn) < 0) goto done;
+            for (k = 0; k < gn; k++) w.mixed[k] |= gd[k] & w.allowed[k];
+        }
+        if (i == 0) {
+            int any = 0;
+            for (k = 0; k < w.nd; k++) any |= (w.active[k] = w.mixed[k]) != 0;
+            if (!any) goto finish;
+            while (top > 0 && !w.active[top - 1]) top--;
+            continue;
+        }
+        digit changed = 0;
+        for (k = 0; k < top; k++) {
+            digit still = w.active[k] & w.mixed[k];
+            changed |= w.gone[k] = w.active[k] ^ still;
+        }
+        if (!changed) continue;
+        if (record(result, w.gone, top, i, names) < 0) goto done;
+        for (k = 0; k < top; k++) w.active[k] ^= w.gone[k];
+        while (top > 0 && !w.active[top - 1]) top--;
+        if (top == 0) goto finish;  /* no worker holds block i, guessed or not */
+    }
+    if (n > 0 && record(result, w.active, top, n, names) < 0) goto done;
+finish:
+    out = Py_BuildValue("(On)", result, confirmed);
+done:
+    Py_XDECREF(result);
+    PyMem_Free(mem);
+    PyMem_Free(w.bytes);
+    Py_DECREF(seq);
+    return out;
 }

@@ -22,6 +22,10 @@ def walk(
     hashes: Sequence[int], shared: dict[int, int], holders: dict[int, int], names: list[str],
     resume: tuple[int, int, int, dict[str, int]] | None, capture: int, guessed: dict[int, int] | None, allowed: int,
 ) -> tuple[dict[str, int], tuple[int, int, int, dict[str, int]] | None]: ...
+def walk_both(
+    hashes: Sequence[int], shared: dict[int, int], holders: dict[int, int], names: list[str], guessed: dict[int, int],
+    allowed: int,
+) -> tuple[dict[str, int], int]: ...
 def walk_rows(
     rows: bytearray, n: int, width: int, names: list[str], finish: bool, hashes: Sequence[int] | None = None,
     guessed: dict[int, int] | None = None, allowed: int = 0,

@@ -504,6 +504,29 @@ class PrefixIndex:
             self._remember(first, run, hashes)
         return found
 
+    def overlaps_and_confirmed(self, hashes: Sequence[int], now: float | None = None) -> tuple[dict[str, int], int]:
+        """``(overlaps(hashes, now, use_predicted=True), longest confirmed prefix)``: the second is
+        ``max(overlaps(hashes, now).values(), default=0)``, the most leading blocks of ``hashes`` one worker holds
+        by its KV events alone (what the kv-aware cost's stay floor reads), and 0 when the first is empty.
+
+        On the C path, when no remembered run covers the prompt, one walk gives both (``_native.walk_both``);
+        otherwise, and in Python, it is those two queries."""
+        if hashes and self._native is not None and self._expiry_heap:
+            self._guesses.prune(time.monotonic() if now is None else now, self._workers)
+            if self._predicted:
+                names = self._slots.names
+                over_rows = None if self._rows is None else self._rows.guessed(
+                    hashes, self._shared, self._holders, names, RUN_MIN_BLOCKS, self._predicted, -1)
+                if over_rows is None:
+                    both: tuple[dict[str, int], int] = self._native.walk_both(hashes, self._shared, self._holders,
+                                                                              names, self._predicted, -1)
+                    return both
+                return over_rows, max(self.overlaps(hashes, now=now).values(), default=0) if over_rows else 0
+        found = self.overlaps(hashes, now=now, use_predicted=True)
+        if not found:
+            return found, 0
+        return found, max(self.overlaps(hashes, now=now).values(), default=0)
+
     def _remember(self, first: int, run: Run, hashes: Sequence[int]) -> None:
         runs, watched = self._runs, self._watched
         if len(watched) + run.end > WATCHED_MAX:
