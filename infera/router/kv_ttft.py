@@ -242,13 +242,15 @@ class KvTtftPolicy:
             found = by_size.get(size)
             if found is None:
                 now = self._clock()
-                found = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=True)
+                if self.duplication_weight or self.stay_floor:  # one walk for both (on the C path)
+                    found, best = self._index.overlaps_and_confirmed(ctx.hashes(size), now=now)
+                    if found:
+                        self._confirmed_best[size] = best
+                else:
+                    found = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=True)
                 by_size[size] = found
                 if not found and self.cold_wait:
                     self._cold.add(size)
-                if (self.duplication_weight or self.stay_floor) and found:
-                    confirmed = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=False)
-                    self._confirmed_best[size] = max(confirmed.values(), default=0)
             overlaps.append(found.get(cand.worker.instance_id, 0))
         self._occupancy = self.occupancy_weight
         self._busy = 1.0
