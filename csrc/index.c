@@ -8,6 +8,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -1367,7 +1368,10 @@ done:
     return out;
 }
 
-static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  /* pick7's block, at the end */
+/* pick7's block, at the end of the file */
+static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *kv_terms_model(PyObject *self, PyObject *unused);
 
 /* ---- remembered runs as rows of 64-bit words ------------------------------------------------------ */
 
@@ -1802,6 +1806,8 @@ static PyMethodDef methods[] = {
     {"remove_blocks", (PyCFunction)(void (*)(void))remove_blocks, METH_FASTCALL, NULL},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL, NULL},
     {"walk_both", (PyCFunction)(void (*)(void))walk_both, METH_FASTCALL, NULL},
+    {"kv_terms", (PyCFunction)(void (*)(void))kv_terms, METH_FASTCALL, NULL},
+    {"kv_terms_model", kv_terms_model, METH_NOARGS, NULL},
     {"walk_rows", (PyCFunction)(void (*)(void))walk_rows, METH_FASTCALL, NULL},
     {"fill_rows", (PyCFunction)(void (*)(void))fill_rows, METH_FASTCALL, NULL},
     {"scan_column", (PyCFunction)(void (*)(void))scan_column, METH_FASTCALL, NULL},
@@ -1935,4 +1941,110 @@ done:
     PyMem_Free(w.bytes);
     Py_DECREF(seq);
     return out;
+}
+
+/* kv_terms(prompt_tokens, credit, size, queued, active, decoding, capacity, max_tokens, weight, horizon,
+ *          eviction_weight, cached, occupancy) -> 8-tuple of floats
+ * KvTtftPolicy.terms (infera/router/kv_ttft.py) for one candidate of the plain cost (no cold wait, no progress
+ * credit, no stall, no duplication): (prefill, batch, memory, horizon, eviction, 0.0, occupancy, 0.0) in modelled
+ * ms, each computed with the same double operations in the same order as the Python (so to the bit: no
+ * contraction into fused multiply-adds; ints are exact in doubles here). The step model's constants are
+ * kv_ttft.py's PREFILL, DECODE, STEP_TOKENS, DECODE_FLOOR_MS and UNKNOWN_USAGE. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#define NO_FMA
+#elif defined(__GNUC__)
+#define NO_FMA __attribute__((optimize("fp-contract=off")))
+#else
+#define NO_FMA
+#endif
+
+static const double PRE_A = 4.21e-7, PRE_B = 0.0152, PRE_C = 16.5;
+static const double DEC_A = -25.74, DEC_B = 54.01, DEC_C = 5.74;
+static const double STEP_TOKENS = 8192.0, DECODE_FLOOR_MS = 1.0, UNKNOWN_USAGE = 0.5;
+
+/* Python's a // b for ints (b > 0) */
+static inline long long floor_div(long long a, long long b) {
+    long long q = a / b;
+    return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
+}
+
+static NO_FMA double step_prefill_ms(double t) { return PRE_A * t * t + PRE_B * t + PRE_C; }
+
+/* kv_ttft.prefill_ms: divmod(tokens, STEP_TOKENS) as Python's float divmod (exact for the ints it also takes) */
+static NO_FMA double py_prefill_ms(double tokens) {
+    if (tokens <= 0) return 0.0;
+    double rest = fmod(tokens, STEP_TOKENS);
+    double div = (tokens - rest) / STEP_TOKENS;
+    double full = floor(div);
+    if (div - full > 0.5) full += 1.0;
+    return full * step_prefill_ms(STEP_TOKENS) + (rest != 0.0 ? step_prefill_ms(rest) : 0.0);
+}
+
+/* kv_ttft.decode_ms */
+static NO_FMA double py_decode_ms(double tokens, long long decoding, long long active, long long capacity) {
+    if (decoding <= 0) return 0.0;
+    double usage = UNKNOWN_USAGE;
+    if (capacity > 0) {
+        double u = (double)active / (double)capacity;
+        usage = u < 1.0 ? u : 1.0;
+    }
+    long long steps = -floor_div(-(long long)tokens, (long long)STEP_TOKENS);
+    if (steps < 1) steps = 1;
+    double per = DEC_A * usage * usage + DEC_B * usage + DEC_C;
+    return (double)steps * (per > DECODE_FLOOR_MS ? per : DECODE_FLOOR_MS);
+}
+
+static NO_FMA double py_recompute_ms(double tokens) {
+    return tokens > 0 ? PRE_A * tokens * tokens + PRE_B * tokens : 0.0;
+}
+
+static inline long long ll_min(long long a, long long b) { return a < b ? a : b; }
+static inline long long ll_max(long long a, long long b) { return a > b ? a : b; }
+
+static NO_FMA PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "kv_terms takes 13 arguments");
+        return NULL;
+    }
+    long long prompt_tokens = PyLong_AsLongLong(args[0]);
+    double credit = PyFloat_AsDouble(args[1]);
+    long long size = PyLong_AsLongLong(args[2]), queued = PyLong_AsLongLong(args[3]);
+    long long active = PyLong_AsLongLong(args[4]), decoding = PyLong_AsLongLong(args[5]);
+    long long capacity = PyLong_AsLongLong(args[6]), max_tokens = PyLong_AsLongLong(args[7]);
+    double weight = PyFloat_AsDouble(args[8]), horizon_w = PyFloat_AsDouble(args[9]);
+    double eviction_w = PyFloat_AsDouble(args[10]);
+    long long cached = PyLong_AsLongLong(args[11]);
+    double occupancy_w = PyFloat_AsDouble(args[12]);
+    if (PyErr_Occurred()) return NULL;
+    if (size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "kv_terms: the block size must be positive");
+        return NULL;
+    }
+    double own = (double)prompt_tokens - credit * (double)size;
+    if (!(own > 0.0)) own = 0.0;
+    double tokens = (double)queued + own;
+    double prefill = py_prefill_ms(tokens) * weight;
+    double batch = py_decode_ms(tokens, decoding, active, capacity);
+    long long need = -floor_div(-(long long)own, size) + -floor_div(-max_tokens, size);
+    long long after = active + need;
+    double memory = 0.0;
+    if (capacity > 0 && after > capacity)
+        memory = (double)(after - capacity) / (double)capacity * (double)max_tokens * (DEC_A + DEC_B + DEC_C);
+    double horizon = horizon_w * py_decode_ms(1.0, 1, after, capacity);
+    double eviction = 0.0;
+    if (eviction_w != 0.0 && capacity > 0 && need > 0) {
+        long long occupied = ll_min(capacity, ll_max(cached, active));
+        long long evicted = ll_max(0, ll_min(need - (capacity - occupied), occupied - ll_min(active, occupied)));
+        eviction = eviction_w * weight * py_recompute_ms((double)(evicted * size));
+    }
+    double occupancy = occupancy_w != 0.0 ? occupancy_w * weight * py_recompute_ms(own) : 0.0;
+    return Py_BuildValue("(dddddddd)", prefill, batch, memory, horizon, eviction, 0.0, occupancy, 0.0);
+}
+
+/* kv_terms_model() -> ((PREFILL a, b, c), (DECODE a, b, c), STEP_TOKENS, DECODE_FLOOR_MS, UNKNOWN_USAGE): the step
+ * model kv_terms computes with; kv_ttft.py uses kv_terms only while its own constants are these */
+static PyObject *kv_terms_model(PyObject *self, PyObject *unused) {
+    return Py_BuildValue("((ddd)(ddd)idd)", PRE_A, PRE_B, PRE_C, DEC_A, DEC_B, DEC_C, (int)STEP_TOKENS,
+                         DECODE_FLOOR_MS, UNKNOWN_USAGE);
 }

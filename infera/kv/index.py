@@ -104,6 +104,12 @@ class PrefixIndex:
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
         self._expiry_heap = self._guesses.heap
 
+    @property
+    def native(self) -> Any:
+        """The C module this index runs its loops with (``infera.kv._native``), or None on the pure path: a reader
+        that has C parts of its own follows the index's choice."""
+        return self._native
+
     def _worker(self, worker_id: str) -> WorkerTable:
         worker = self._workers.get(worker_id)
         if worker is None:

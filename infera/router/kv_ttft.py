@@ -233,6 +233,12 @@ class KvTtftPolicy:
         self._confirmed_best: dict[int, int] = {}  # per block size: the longest confirmed prefix, this decision
         self._cold: set[int] = set()  # block sizes at which no worker holds any prefix of this prompt (this decision)
         self.stay_added: list[float] = []  # per candidate, what the stay floor added to its cost (diagnostics)
+        # the terms in C (one call per candidate, the same doubles to the bit) when the index runs in C, the cost
+        # has none of the studied knobs whose terms only Python computes, and C's step model is this module's
+        plain = not (self.cold_wait or self.progress or self.holder_progress or self._stall or self.duplication_weight)
+        native = deps.index.native
+        self._c_terms = native.kv_terms if native is not None and plain and native.kv_terms_model() == (
+            PREFILL, DECODE, STEP_TOKENS, DECODE_FLOOR_MS, UNKNOWN_USAGE) else None
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
         overlaps: list[int] = []
@@ -286,6 +292,12 @@ class KvTtftPolicy:
         wid = worker.instance_id
         size = worker.kv_block_size
         credit = cached_credit(self._index, wid, ctx.hashes(size), overlap) if overlap else 0
+        if self._c_terms is not None:
+            c_terms: tuple[float, float, float, float, float, float, float, float] = self._c_terms(
+                ctx.prompt_tokens, credit, size, cand.prefill_tokens, cand.active_blocks, self._load.decoding(wid),
+                worker.capacity.kv_blocks, ctx.max_tokens, self._weight, self.horizon, self.eviction_weight,
+                self._index.block_count(wid), self._occupancy)
+            return c_terms
         own = max(0.0, ctx.prompt_tokens - credit * size)
         decoding = self._load.decoding(wid)
         capacity = worker.capacity.kv_blocks

@@ -114,3 +114,66 @@ def test_every_decision_is_the_same_on_both_paths(policy: str, n_workers: int, c
                 side.index.apply(f"w{o[1]}", EventBatch(1.0, [AllBlocksCleared()]), now=1.0)
             elif o[0] == "tick":
                 side.now += o[1]
+
+
+class _Index:
+    """What the cost's terms read from the index: lower-tier blocks (a fractional credit) and the cached count."""
+
+    def __init__(self, native: Any, lower: int, cached: int) -> None:
+        self.native, self._lower, self._cached = native, lower, cached
+
+    def lower_tier_blocks(self, worker_id: str, hashes: Any, count: int) -> dict[str, int]:
+        return {"CPU": min(self._lower, count)} if self._lower else {}
+
+    def block_count(self, worker_id: str) -> int:
+        return self._cached
+
+
+class _Load:
+    def __init__(self, decoding: int) -> None:
+        self._decoding = decoding
+
+    def decoding(self, worker_id: str) -> int:
+        return self._decoding
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.integers(0, 40_000), st.integers(0, 3_000), st.integers(0, 50), st.sampled_from([1, 4, 16, 64]),
+       st.integers(0, 60_000), st.integers(0, 20_000), st.integers(0, 80), st.sampled_from([0, 1, 50, 700, 20_000]),
+       st.integers(1, 5_000), st.one_of(st.just(1), st.floats(0.05, 5.0)), st.integers(0, 30_000),
+       st.floats(1.0, 2.0), st.sampled_from(KV_POLICIES))
+def test_the_terms_in_c_are_the_same_doubles(prompt_tokens: int, overlap: int, lower: int, size: int, queued: int,
+                                             active: int, decoding: int, capacity: int, max_tokens: int,
+                                             weight: float, cached: int, busy: float, policy: str) -> None:
+    """Every term of every kv-aware cost on one candidate, C against Python, over the whole range the arithmetic
+    has branches for: prompts and queues past a step (8192 tokens), an overlap past the prompt, a fractional credit
+    from lower-tier blocks, a full cache (memory wait, eviction), unknown capacity, an int weight."""
+    cls = POLICIES[policy]
+    if cls is POLICIES["kv-aware-blocks"]:
+        return
+    worker = WorkerRecord(instance_id="w0", model="m", http_url="http://x", kv_block_size=size,
+                          capacity=Capacity(kv_blocks=capacity))
+    cand = Candidate(worker, decoding + 1, queued, active)
+    ctx = RoutingContext(model="m", token_ids=None, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+    sides = []
+    for native in (load_native(), None):
+        pol: Any = cls(PolicyDeps(_Index(native, lower, cached), weight, lambda w: False,  # type: ignore[arg-type]
+                                  _Load(decoding), lambda: 0.0))  # type: ignore[arg-type]
+        pol._occupancy = pol.occupancy_weight * busy  # as busy_occupancy moves it
+        sides.append(pol)
+    c, py = sides
+    if c._c_terms is None:  # a studied knob: Python's terms on both paths
+        assert type(c).terms is type(py).terms
+        return
+    got, want = c.terms(ctx, cand, overlap), py.terms(ctx, cand, overlap)
+    assert py._c_terms is None
+    assert got == want and [type(x) for x in got] == [float] * 8, (got, want)
+
+
+def test_the_c_terms_run_only_with_this_step_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kv_terms has the step model's constants compiled in: a cost whose constants differ computes in Python."""
+    index = PrefixIndex(native=True)
+    deps = PolicyDeps(index, 1.0, lambda w: False, LoadTracker(native=True))
+    assert POLICIES["kv-aware"](deps)._c_terms is not None  # type: ignore[attr-defined]
+    monkeypatch.setattr("infera.router.kv_ttft.PREFILL", (4.2e-7, 0.0152, 16.5))
+    assert POLICIES["kv-aware"](deps)._c_terms is None  # type: ignore[attr-defined]
