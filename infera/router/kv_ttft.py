@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from itertools import compress
 from operator import attrgetter
 
 from infera.kv.load import LoadTracker
@@ -355,24 +356,25 @@ class KvTtftPolicy:
         """The stay floor: a worker short of the longest *confirmed* prefix (blocks the engines reported, not
         predictions) gets no advantage from the decode terms over the best of the workers that hold it, unless
         those holders decode :attr:`stay_margin` or more requests than it does. Adds to ``sums`` in place."""
-        parts = (3,) if self.stay_floor == "horizon" else (1, 3)
-        holders = [i for i, c in enumerate(candidates)
-                   if overlaps[i] >= self._confirmed_best.get(c.worker.kv_block_size, 0) > 0]
+        best = self._confirmed_best
+        short = [overlaps[i] < best.get(c.worker.kv_block_size, 0) for i, c in enumerate(candidates)]
+        holders = [i for i, c in enumerate(candidates) if not short[i] and best.get(c.worker.kv_block_size, 0) > 0]
         if not holders:
             return
-        decoding = [self._load.decoding(c.worker.instance_id) for c in candidates]
+        decoding = list(map(self._load.decoding, [c.worker.instance_id for c in candidates]))
         if self.stay_fair:
             fair = max(1.0, self.stay_fair * sum(decoding) / len(candidates))
             if min(decoding[i] for i in holders) > fair:
                 return  # the holders carry more than their share of the fleet's decoding: balance may move it
-        floor = min(sum(terms[i][k] for k in parts) for i in holders)
+        # the decode terms: the batch's share (1) and the horizon (3), or the horizon alone; added as sum() adds
+        # them (0 + a is a), so the floor is the same to the bit
+        parts = [t[3] for t in terms] if self.stay_floor == "horizon" else [t[1] + t[3] for t in terms]
+        floor = min(parts[i] for i in holders)
         held = min(decoding[i] for i in holders)
-        for i, c in enumerate(candidates):
-            if overlaps[i] >= self._confirmed_best.get(c.worker.kv_block_size, 0):
-                continue
+        for i in compress(range(len(candidates)), short):
             if self.stay_margin and held - decoding[i] >= self.stay_margin:
                 continue  # the holders decode this many more requests than w: balance may move the request
-            mine = sum(terms[i][k] for k in parts)
+            mine = parts[i]
             if mine < floor:
                 sums[i] += floor - mine
                 self.stay_added[i] = floor - mine
