@@ -91,7 +91,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from itertools import compress
-from operator import attrgetter
 
 from infera.kv.load import LoadTracker
 from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores, cached_credit
@@ -123,7 +122,6 @@ STAY_MARGIN = 4  # decoding requests: the stay floor lets balance move a request
 # 4 kept the live-shaped multi-turn sessions put and still spread 24 agents gathered on 16 workers)
 STALL_WEIGHT = 0.0  # weight of the stall term (KvTtftPolicy.stall_ms): 0.05 and 0.2 changed no TTFT p90 and
 # cost 0.001-0.003 of hit ratio on the Mooncake trace at 16 and 64 workers (bench/README.md), so it is off
-_SECONDS = attrgetter("seconds")  # of a TtftSample
 
 
 def _step_prefill_ms(tokens: float) -> float:
@@ -432,7 +430,7 @@ class KvTtftPolicy:
             sums.source = samples
             sums.count = count
             sums.n = n
-            seconds = list(map(_SECONDS, samples))  # the same floats in the same order as a loop over them
+            seconds = self._load.ttft_seconds(wid)  # the samples' seconds, the same floats in the same order
             sums.observed = sum(seconds) * 1000.0
             sums.modelled = sum(sums.parts)
             sums.floor = min(seconds, default=0.0) * 1000.0
