@@ -1372,6 +1372,7 @@ done:
 static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *kv_terms_model(PyObject *self, PyObject *unused);
+static PyObject *kv_modelled(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* ---- remembered runs as rows of 64-bit words ------------------------------------------------------ */
 
@@ -1808,6 +1809,7 @@ static PyMethodDef methods[] = {
     {"walk_both", (PyCFunction)(void (*)(void))walk_both, METH_FASTCALL, NULL},
     {"kv_terms", (PyCFunction)(void (*)(void))kv_terms, METH_FASTCALL, NULL},
     {"kv_terms_model", kv_terms_model, METH_NOARGS, NULL},
+    {"kv_modelled", (PyCFunction)(void (*)(void))kv_modelled, METH_FASTCALL, NULL},
     {"walk_rows", (PyCFunction)(void (*)(void))walk_rows, METH_FASTCALL, NULL},
     {"fill_rows", (PyCFunction)(void (*)(void))fill_rows, METH_FASTCALL, NULL},
     {"scan_column", (PyCFunction)(void (*)(void))scan_column, METH_FASTCALL, NULL},
@@ -2047,4 +2049,18 @@ static NO_FMA PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize
 static PyObject *kv_terms_model(PyObject *self, PyObject *unused) {
     return Py_BuildValue("((ddd)(ddd)idd)", PRE_A, PRE_B, PRE_C, DEC_A, DEC_B, DEC_C, (int)STEP_TOKENS,
                          DECODE_FLOOR_MS, UNKNOWN_USAGE);
+}
+
+/* kv_modelled(tokens, decoding, active, capacity) -> float: kv_ttft.modelled_ms(1.0, ...), a TTFT sample's
+ * modelled ms (the speed scale's denominator), the same doubles as the Python */
+static NO_FMA PyObject *kv_modelled(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "kv_modelled takes 4 arguments");
+        return NULL;
+    }
+    double tokens = PyFloat_AsDouble(args[0]);
+    long long decoding = PyLong_AsLongLong(args[1]), active = PyLong_AsLongLong(args[2]);
+    long long capacity = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    return PyFloat_FromDouble(1.0 * py_prefill_ms(tokens) + py_decode_ms(tokens, decoding, active, capacity));
 }

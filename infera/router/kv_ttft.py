@@ -236,8 +236,10 @@ class KvTtftPolicy:
         # has none of the studied knobs whose terms only Python computes, and C's step model is this module's
         plain = not (self.cold_wait or self.progress or self.holder_progress or self._stall or self.duplication_weight)
         native = deps.index.native
-        self._c_terms = native.kv_terms if native is not None and plain and native.kv_terms_model() == (
-            PREFILL, DECODE, STEP_TOKENS, DECODE_FLOOR_MS, UNKNOWN_USAGE) else None
+        model = native is not None and native.kv_terms_model() == (PREFILL, DECODE, STEP_TOKENS, DECODE_FLOOR_MS,
+                                                                   UNKNOWN_USAGE)
+        self._c_terms = native.kv_terms if model and plain else None
+        self._c_modelled = native.kv_modelled if model else None  # a TTFT sample's modelled_ms(1.0, ...)
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
         overlaps: list[int] = []
@@ -424,8 +426,11 @@ class KvTtftPolicy:
             fresh = sums.source is not samples or sums.capacity != capacity or not 0 <= sums.count <= count
             new = n if fresh else min(n, count - sums.count)
             kept = sums.parts[len(sums.parts) - (n - new):] if n > new else []
-            sums.parts = kept + [modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks,
-                                             capacity) for x in itertools.islice(samples, n - new, n)]
+            c_model = self._c_modelled
+            sums.parts = kept + ([c_model(x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks, capacity)
+                                  for x in itertools.islice(samples, n - new, n)] if c_model is not None else
+                                 [modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks,
+                                              capacity) for x in itertools.islice(samples, n - new, n)])
             sums.capacity = capacity
             sums.source = samples
             sums.count = count

@@ -177,3 +177,16 @@ def test_the_c_terms_run_only_with_this_step_model(monkeypatch: pytest.MonkeyPat
     assert POLICIES["kv-aware"](deps)._c_terms is not None  # type: ignore[attr-defined]
     monkeypatch.setattr("infera.router.kv_ttft.PREFILL", (4.2e-7, 0.0152, 16.5))
     assert POLICIES["kv-aware"](deps)._c_terms is None  # type: ignore[attr-defined]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 60_000), st.integers(0, 80), st.integers(0, 30_000), st.sampled_from([0, 1, 50, 700, 20_000]))
+def test_a_samples_modelled_time_in_c_is_the_same_double(tokens: int, decoding: int, active: int,
+                                                         capacity: int) -> None:
+    """The speed scale's denominator: kv_modelled against kv_ttft.modelled_ms(1.0, ...)."""
+    from infera.router.kv_ttft import modelled_ms
+
+    native = load_native()
+    assert native is not None
+    assert native.kv_modelled(tokens, decoding, active, capacity) == modelled_ms(1.0, tokens, decoding, active,
+                                                                                 capacity)
