@@ -48,6 +48,7 @@ class _WorkerLoad:
     ttft_count: int = 0  # samples ever taken (a reader caches what it derived from them by this)
     ttft_seconds: collections.deque[float] = dataclasses.field(  # ``ttfts``' seconds, in the same order
         default_factory=lambda: collections.deque(maxlen=TTFT_SAMPLES))
+    ttft_fastest: float = 0.0  # min(ttft_seconds) (0.0 while empty)
 
 
 @dataclasses.dataclass(slots=True)
@@ -100,7 +101,16 @@ class LoadTracker:
             queued, decoding, active = ticket.met
             seconds = self._clock() - ticket.started
             load.ttfts.append(TtftSample(seconds, queued, ticket.prefill_tokens, decoding, active))
-            load.ttft_seconds.append(seconds)
+            window = load.ttft_seconds
+            leaving = window[0] if len(window) == window.maxlen else None
+            window.append(seconds)
+            # the window's minimum, kept exact: looked for again only when the minimum itself left the window
+            if len(window) == 1:
+                load.ttft_fastest = seconds
+            elif leaving is not None and leaving == load.ttft_fastest:
+                load.ttft_fastest = min(window)
+            elif seconds < load.ttft_fastest:
+                load.ttft_fastest = seconds
             load.ttft_count += 1
             load.busy_since = self._clock()
             self._settle(ticket)
@@ -160,6 +170,11 @@ class LoadTracker:
         """The ``seconds`` of :meth:`ttft_samples`' samples, in the same order (a cost sums them per decision)."""
         load = self._load.get(worker_id)
         return load.ttft_seconds if load else ()
+
+    def ttft_fastest(self, worker_id: str) -> float:
+        """The fastest of :meth:`ttft_seconds` (``min`` of them; 0.0 with none), kept as samples come and go."""
+        load = self._load.get(worker_id)
+        return load.ttft_fastest if load else 0.0
 
     def active_blocks(self, worker_id: str) -> int:
         """Distinct prompt blocks plus tail blocks held by the worker's active requests."""

@@ -438,7 +438,7 @@ class KvTtftPolicy:
             seconds = self._load.ttft_seconds(wid)  # the samples' seconds, the same floats in the same order
             sums.observed = sum(seconds) * 1000.0
             sums.modelled = sum(sums.parts)
-            sums.floor = min(seconds, default=0.0) * 1000.0
+            sums.floor = self._load.ttft_fastest(wid) * 1000.0  # min(seconds, default=0.0), kept by the tracker
         return sums
 
 
