@@ -521,7 +521,11 @@ class PrefixIndex:
             self._guesses.prune(time.monotonic() if now is None else now, self._workers)
             if self._predicted:
                 names = self._slots.names
-                over_rows = None if self._rows is None else self._rows.guessed(
+                # a prompt whose first block is neither shared nor a remembered run's has no run to resume or
+                # capture (RowRuns.guessed would answer None): straight to the one walk
+                first = hashes[0]
+                over_rows = None if self._rows is None or (first not in self._shared and first not in
+                                                            self._rows.runs) else self._rows.guessed(
                     hashes, self._shared, self._holders, names, RUN_MIN_BLOCKS, self._predicted, -1)
                 if over_rows is None:
                     both: tuple[dict[str, int], int] = self._native.walk_both(hashes, self._shared, self._holders,
