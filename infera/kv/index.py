@@ -521,12 +521,13 @@ class PrefixIndex:
             self._guesses.prune(time.monotonic() if now is None else now, self._workers)
             if self._predicted:
                 names = self._slots.names
-                # a prompt whose first block is neither shared nor a remembered run's has no run to resume or
-                # capture (RowRuns.guessed would answer None): straight to the one walk
-                first = hashes[0]
-                over_rows = None if self._rows is None or (first not in self._shared and first not in
-                                                            self._rows.runs) else self._rows.guessed(
-                    hashes, self._shared, self._holders, names, RUN_MIN_BLOCKS, self._predicted, -1)
+                # RowRuns.guessed answers None, changing nothing, unless a remembered run starts with the prompt's
+                # first block or its first RUN_MIN_BLOCKS blocks are all shared (capture_rows): when neither the
+                # first nor the last of those is shared and no run starts there, straight to the one walk
+                first, m, shared = hashes[0], max(RUN_MIN_BLOCKS, 1), self._shared
+                capturable = len(hashes) >= m and first in shared and hashes[m - 1] in shared
+                over_rows = None if self._rows is None or (not capturable and first not in self._rows.runs) else \
+                    self._rows.guessed(hashes, shared, self._holders, names, RUN_MIN_BLOCKS, self._predicted, -1)
                 if over_rows is None:
                     both: tuple[dict[str, int], int] = self._native.walk_both(hashes, self._shared, self._holders,
                                                                               names, self._predicted, -1)
