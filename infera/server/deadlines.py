@@ -13,6 +13,9 @@ a running handler) for as long as it likes. Two deadlines, per request:
 
 Neither applies once a request is complete: a long answer, a stream, or a graceful drain of
 requests in flight is never cut by them. ``0`` turns a deadline off.
+
+uvicorn's own idle deadline between requests (``--keep-alive-timeout``) is kept, with one timer per
+idle stretch instead of one armed at every response and cancelled at the next request.
 """
 
 from __future__ import annotations
@@ -52,13 +55,49 @@ class DeadlineHttpToolsProtocol(CoalescingHttpToolsProtocol):
     _in_headers = False  # a request has begun and its headers are not complete
     _in_body = False  # a request's headers are complete and its body is not
 
+    _idle_since: float | None = None  # loop time of the last response, while no request follows it
+    _idle_timer: asyncio.TimerHandle | None = None  # the keep-alive deadline: at or before _idle_since + timeout
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_headers()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         super().connection_lost(exc)
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None  # a request came: a pending keep-alive timer finds the connection busy
+
+    def on_response_complete(self) -> None:
+        # uvicorn's, but the keep-alive timer is not armed at every response and cancelled at the next request
+        # (~1 us each): one pending timer re-arms itself while requests keep coming, or closes the idle connection
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_since = None
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = now = self.loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_at(now + self.timeout_keep_alive, self._idle_late)
+
+    def _idle_late(self) -> None:
+        self._idle_timer = None
+        since = self._idle_since
+        if since is None:
+            return  # serving a request: its response arms the timer again
+        due = since + self.timeout_keep_alive
+        if self.loop.time() < due:
+            self._idle_timer = self.loop.call_at(due, self._idle_late)
+            return
+        self.timeout_keep_alive_handler()
 
     def data_received(self, data: bytes) -> None:
         # The timers are armed only for a request that did not arrive whole in one read (the usual

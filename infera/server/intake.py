@@ -26,6 +26,10 @@ Quick = Callable[[dict[str, Any]], Q | None]
 """``payload -> parsed | None``: a check without the schema's model that passes only valid payloads (None:
 not certainly valid; the schema then validates it and words the error)."""
 
+WHOLE_BODY = "infera.body"
+"""Scope key: the request's whole body, put there by the server's protocol when it had all of it before the
+handler ran (the lean path, :mod:`infera.server.lean`); :func:`read_body` takes it instead of ``receive()``."""
+
 Strip = Callable[[dict[str, Any], Any], bool]
 """``(payload, parsed) -> changed``: remove per-request nonces from the prompt; True when the
 payload changed (the forwarded body is then re-encoded from it)."""
@@ -49,14 +53,20 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refusing more than ``limit`` bytes without reading them all.
 
     Reads the ASGI messages directly (no stream generator); a body in one message, the usual
-    case, is returned as is."""
+    case, is returned as is; a body the protocol handed over whole (:data:`WHOLE_BODY`) without a message."""
+    scope = request.scope
     declared = None
-    for key, value in request.scope["headers"]:
+    for key, value in scope["headers"]:
         if key == b"content-length":
             declared = value
             break
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
+    whole: bytes | None = scope.pop(WHOLE_BODY, None)
+    if whole is not None:
+        if len(whole) > limit:
+            raise _too_large(limit)
+        return whole
     receive = request.receive
     chunks: list[bytes] = []
     size = 0

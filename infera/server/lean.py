@@ -20,8 +20,10 @@ instead, which does what those layers did, in one place:
   response's state kept on uvicorn's cycle (keep-alive, pipelining, flow control, the access log);
   a stream goes through the cycle's ``send`` with the same header and body effects.
 
-What stays uvicorn's: parsing (httptools), the request's cycle and its ``receive`` (chunked
-bodies, ``Expect: 100-continue``, the body deadline's 408, disconnects), keep-alive and pipelining.
+What stays uvicorn's: parsing (httptools), the request's cycle and its ``receive`` (a body still
+arriving, chunked or not, ``Expect: 100-continue``, the body deadline's 408, disconnects), keep-alive and
+pipelining. A body already whole when the request's task starts (the usual request, read in one piece) is
+handed to the handler's intake in the scope (``intake.WHOLE_BODY``), without a ``receive()`` round trip.
 The client watch needs no task here: the protocol tells the request's :class:`Disconnects`.
 An app with a middleware this module does not know gets no lean path (:meth:`LeanPath.of`), so
 it cannot skip a behaviour silently; nor does a request the concurrency limit refuses.
@@ -45,6 +47,7 @@ from infera.server.deadlines import DeadlineHttpToolsProtocol
 from infera.server.direct import DefaultWorkerHeader, with_default_worker
 from infera.server.drain import DrainState
 from infera.server.hot_routes import Endpoint, InferaApp
+from infera.server.intake import WHOLE_BODY
 from infera.server.observe import TRACED, Observation, Observe
 from infera.server.relay import DISCONNECTS, Disconnects
 from infera.server.request_id import ANTHROPIC_PREFIX, HEADER, RequestIdMiddleware, error_with_id, id_sender, take_id
@@ -130,6 +133,13 @@ class LeanPath:
         if headers is not None:
             scope["headers"] = headers
         scope["app"] = self.app
+        if not cycle.more_body and not cycle.waiting_for_100_continue and not cycle.disconnected:
+            # the whole body is in (the usual request, read in one piece): the handler's intake takes it as it
+            # is, without a receive() round trip; what receive() would have done to the cycle is done here
+            scope[WHOLE_BODY] = bytes(cycle.body)
+            cycle.body = bytearray()
+            cycle.message_event.clear()
+            cycle.flow.resume_reading()
         request = Request(scope, cast(Receive, cycle.receive))
         observation = Observation(self.telemetry, scope) if self.telemetry is not None else None
         try:

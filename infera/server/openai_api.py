@@ -36,8 +36,9 @@ from infera.server.relay import (
     dispatch_or_disconnect,
     read_headers,
     worker_headers,
+    worker_raw_headers,
 )
-from infera.server.responses import JsonResponse
+from infera.server.responses import JsonResponse, WholeResponse
 from infera.server.tally import StreamTally
 from infera.transport.base import UpstreamError
 
@@ -134,11 +135,10 @@ class OpenAIHandlers:
             if isinstance(routed, RoutingError):
                 return openai_routing_error(routed), None
             ttft = time.perf_counter() - started
-            out_headers = worker_headers(routed)
             if routed.content_type.startswith("text/event-stream"):
                 self.metrics.of(self.metrics.ttft, path).observe(ttft)
                 relayed = True  # the relay stops the watch when the stream ends
-                return SseRelay(routed, watch, path, started, out_headers, _error_event,
+                return SseRelay(routed, watch, path, started, worker_headers(routed), _error_event,
                                 self.metrics.of(self.metrics.itl, path).observe, self.complete), None
             try:
                 collected = await collect_or_disconnect(watch, routed)
@@ -149,8 +149,7 @@ class OpenAIHandlers:
                 watch.stop()
         if collected is None:
             return Response(status_code=499), ttft
-        return Response(collected, status_code=routed.status, media_type=routed.content_type,
-                        headers=out_headers), ttft
+        return WholeResponse(collected, routed.status, routed.content_type, worker_raw_headers(routed)), ttft
 
     def _strip(self, payload: dict[str, Any], parsed: Any) -> bool:
         return strip_system_nonces(payload, self.patterns)

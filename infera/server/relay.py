@@ -62,6 +62,14 @@ def worker_headers(routed: RoutedResponse) -> dict[str, str]:
     return out
 
 
+def worker_raw_headers(routed: RoutedResponse) -> list[tuple[bytes, bytes]]:
+    """:func:`worker_headers` as raw (name, value) bytes, for a whole answer."""
+    out = [(b"x-infera-worker", routed.worker_id.encode("latin-1"))]
+    if routed.prefill_worker_id:
+        out.append((b"x-infera-prefill-worker", routed.prefill_worker_id.encode("latin-1")))
+    return out
+
+
 class Disconnects:
     """A client's going away, told by the server's protocol instead of read from ``receive()``: the lean
     hot path (:mod:`infera.server.lean`) puts one in the request's scope under :data:`DISCONNECTS`, and

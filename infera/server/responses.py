@@ -19,6 +19,26 @@ class JsonResponse(Response):
         return orjson.dumps(content)
 
 
+class WholeResponse(Response):
+    """A worker's whole answer: its body, status and content type after ``headers`` (lower-case names, as bytes),
+    with the same raw headers as Starlette's ``Response(body, status, media_type=..., headers=...)`` (content
+    length unless 1xx/204/304; a ``text/`` type without a charset gets ``utf-8``), built in one step: Starlette's
+    ``init_headers`` encodes and scans every header (~5 µs against ~1.3, in process)."""
+
+    def __init__(self, body: bytes, status_code: int, media_type: str, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = status_code
+        self.media_type = media_type
+        self.background = None
+        self.body = body
+        raw = list(headers)
+        if not (status_code < 200 or status_code in (204, 304)):
+            raw.append((b"content-length", str(len(body)).encode()))
+        if media_type.startswith("text/") and "charset=" not in media_type.lower():
+            media_type += "; charset=" + self.charset
+        raw.append((b"content-type", media_type.encode("latin-1")))
+        self.raw_headers = raw
+
+
 class SseResponse(Response):
     """Server-sent events relayed from an async iterator of ready-framed bytes.
 

@@ -71,6 +71,7 @@ class HttpTransport:
         self._idle_timeout = idle_timeout
         self._session: aiohttp.ClientSession | None = None
         self._pool: Pool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # start()'s: get_running_loop() is a getpid() on 3.11
         self._targets: dict[str, Target] = {}
 
     async def start(self) -> None:
@@ -83,6 +84,7 @@ class HttpTransport:
         )
         self._pool = Pool(self._connect_timeout, keepalive=KEEPALIVE_S)
         self._pool.start()
+        self._loop = asyncio.get_running_loop()
 
     async def stop(self) -> None:
         if self._pool is not None:
@@ -111,9 +113,8 @@ class HttpTransport:
         self, worker: WorkerRecord, path: str, body: bytes, headers: Mapping[str, str],
         started: float | None = None,
     ) -> UpstreamResponse:
-        pool = self._pool
-        assert pool is not None, "transport not started"
-        loop = asyncio.get_running_loop()
+        pool, loop = self._pool, self._loop
+        assert pool is not None and loop is not None, "transport not started"
         deadline = loop.time() + self._first_byte_timeout if self._first_byte_timeout else None
         conn: Connection | None = None
         try:
@@ -138,7 +139,7 @@ class HttpTransport:
         if status >= 500:
             text = (await _read_some(reader, conn))[:300].decode("utf-8", "replace")
             raise UpstreamError(f"worker {worker.instance_id} answered {status}: {text}")
-        content = _Body(conn, reader, worker.instance_id, deadline, self._first_byte_timeout, self._idle_timeout)
+        content = _Body(conn, reader, worker.instance_id, deadline, self._first_byte_timeout, self._idle_timeout, loop)
         ctype = reader.content_type.decode("latin-1") if reader.content_type else "application/json"
         return UpstreamResponse(status=status, content_type=ctype, body=content, close=content.close,
                                 drain=content.drain)
@@ -178,11 +179,11 @@ class _Body:
     __slots__ = ("_conn", "_content", "_deadline", "_first", "_idle", "_loop", "_timeout", "_watch", "_worker_id")
 
     def __init__(self, conn: Connection, reader: BodyReader, worker_id: str, deadline: float | None,
-                 timeout: float, idle: float) -> None:
+                 timeout: float, idle: float, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
         self._content = reader
         self._worker_id = worker_id
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop
         self._idle = idle
         if idle:
             by_idle = self._loop.time() + idle

@@ -120,6 +120,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, pool: Pool, key: tuple[str, int, bool]) -> None:
         self._pool = pool
         self.key = key
+        self._loop = asyncio.get_running_loop()  # once: each get_running_loop() is a getpid() syscall on 3.11
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self._headers: asyncio.Future[None] | None = None
@@ -129,7 +130,9 @@ class Connection(asyncio.Protocol):
         self._framed = False  # the response has a length or is chunked (else it ends at EOF)
         self._length = -1  # the answer's Content-Length (-1: none, or chunked)
         self._held = False  # the head is in; the answer is handed back with its whole body
-        self._timer: asyncio.TimerHandle | None = None  # the request's deadline, while its answer is awaited
+        self._due: float | None = None  # the request's deadline (loop time), while its answer is awaited
+        self._timer: asyncio.TimerHandle | None = None  # fires at or before _due; outlives requests (see _arm)
+        self._timer_at = 0.0
         self._deadline: float | None = None
         self._idle = 0.0
         self.closed = False
@@ -156,6 +159,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._stop_timer()
         self._pool.forget(self)
         body = self.body
         if body is not None and self._headers is None and not self._framed:
@@ -189,7 +193,7 @@ class Connection(asyncio.Protocol):
             # idle timeout still bounds the wait after the head (the timer is moved to it).
             self._held = True
             if self._idle:
-                by_idle = asyncio.get_running_loop().time() + self._idle
+                by_idle = self._loop.time() + self._idle
                 if self._deadline is None or by_idle < self._deadline:
                     self._arm(by_idle)
             return
@@ -237,7 +241,7 @@ class Connection(asyncio.Protocol):
         self._deadline = deadline
         self._idle = idle
         reader = self.body = BodyReader(self)
-        headers = self._headers = asyncio.get_running_loop().create_future()
+        headers = self._headers = self._loop.create_future()
         self._transport.write(head + body)
         if deadline is not None:
             self._arm(deadline)
@@ -254,16 +258,35 @@ class Connection(asyncio.Protocol):
         return reader
 
     def _arm(self, when: float) -> None:
-        self._disarm()
-        self._timer = asyncio.get_running_loop().call_at(when, self._expire)
+        """Expire the exchange at ``when``. One timer serves the connection's requests in turn: it is left
+        pending when a request ends (no cancel, no new handle per request) and, firing before the current
+        request's deadline, re-arms itself for it; a new one is made only for a deadline before it."""
+        self._due = when
+        if self._timer is None or when < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = when
+            self._timer = self._loop.call_at(when, self._expire)
 
     def _disarm(self) -> None:
+        self._due = None
+
+    def _stop_timer(self) -> None:
+        self._due = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def _expire(self) -> None:
         self._timer = None
+        due = self._due
+        if due is None:
+            return  # no request waits: the next one arms it again
+        if self._loop.time() < due:  # an earlier request's timer (or the loop's timer granularity): wait on
+            self._timer_at = due
+            self._timer = self._loop.call_at(due, self._expire)
+            return
+        self._due = None
         headers, self._headers = self._headers, None
         if headers is not None and not headers.done():
             headers.set_exception(WireTimeout(self._held))
@@ -296,6 +319,7 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         """Close now; what is in flight fails (an abandoned response must not be read by the next one)."""
         self.closed = True
+        self._stop_timer()
         self._pool.forget(self)
         if self._transport is not None:
             self._transport.abort()
@@ -337,7 +361,7 @@ class Pool:
         costs no coroutine)."""
         idle = self._idle.get(key)
         if idle:
-            now = asyncio.get_running_loop().time()
+            now = idle[-1]._loop.time()
             while idle:
                 conn = idle.pop()
                 if not conn.closed and now - conn.idle_since <= self._keepalive:
@@ -362,7 +386,7 @@ class Pool:
         return conn
 
     def release(self, conn: Connection) -> None:
-        conn.idle_since = asyncio.get_running_loop().time()
+        conn.idle_since = conn._loop.time()
         self._idle.setdefault(conn.key, []).append(conn)
 
     def forget(self, conn: Connection) -> None:

@@ -28,8 +28,9 @@ def app() -> Starlette:
     return Starlette(routes=[Route("/ping", lambda request: PlainTextResponse("pong"))])
 
 
-async def idle_close_after(keep_alive: list[str], bound: float) -> float:
-    """Seconds from a kept-alive connection's first answer to the server closing it (inf: open after ``bound``)."""
+async def idle_close_after(keep_alive: list[str], bound: float, busy: float = 0.0) -> float:
+    """Seconds from a kept-alive connection's last answer to the server closing it (inf: open after ``bound``);
+    with ``busy``, requests follow one another on it for that many seconds after the first answer."""
     settings = load(ServerSettings, ["--host", "127.0.0.1", "--port", "0", "--router-policy", "round-robin",
                                      *keep_alive], {})
     server = server_for(app(), settings)
@@ -44,7 +45,12 @@ async def idle_close_after(keep_alive: list[str], bound: float) -> float:
         writer.write(REQUEST)
         head = await asyncio.wait_for(reader.readuntil(b"pong"), 5)
         assert head.startswith(b"HTTP/1.1 200")
-        answered = time.monotonic()
+        answered = first = time.monotonic()
+        while answered - first < busy:  # every answer on the same connection: it was not closed meanwhile
+            writer.write(REQUEST)
+            head = await asyncio.wait_for(reader.readuntil(b"pong"), 5)
+            assert head.startswith(b"HTTP/1.1 200")
+            answered = time.monotonic()
         try:
             rest = await asyncio.wait_for(reader.read(), bound)  # b"" once the server closes
         except TimeoutError:
@@ -63,6 +69,11 @@ def test_the_default_outlives_client_pools_idle_timeouts() -> None:
 async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout_and_not_before() -> None:
     closed = await idle_close_after(["--keep-alive-timeout", "1"], 10)
     assert 0.9 <= closed < 4  # the flag reaches uvicorn (its own default would close at 5 s)
+
+
+async def test_the_keep_alive_timeout_counts_from_the_last_answer_not_the_first() -> None:
+    closed = await idle_close_after(["--keep-alive-timeout", "1"], 10, busy=1.6)
+    assert 0.9 <= closed < 4
 
 
 @pytest.mark.e2e  # in process, but it waits out uvicorn's 5 s

@@ -17,6 +17,7 @@ import orjson
 import pytest
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from infera.router.router import Router, RouterOptions
 from infera.server.app import build_app, install_operations
@@ -145,6 +146,8 @@ CASES = [
     ("connection close", post("/v1/chat/completions", CHAT, b"connection: close")),
     ("chunked body", b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
      + b"%x\r\n" % 10 + CHAT[:10] + b"\r\n" + b"%x\r\n" % (len(CHAT) - 10) + CHAT[10:] + b"\r\n0\r\n\r\n"),
+    ("too large, chunked", b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+     + b"%x\r\n" % (1 << 17) + b"x" * (1 << 17) + b"\r\n0\r\n\r\n"),
     ("not hot: get", b"GET /v1/chat/completions HTTP/1.1\r\nhost: x\r\n\r\n"),
 ]
 
@@ -164,6 +167,34 @@ async def test_every_answer_is_the_asgi_stacks(mode: str) -> None:
     assert by_name["client id kept"][1][b"x-request-id"] == b"mine-1"
     assert by_name["anthropic error gets the id"][2]["request_id"] == "mine-2"
     assert by_name["http/1.0"][1][b"connection"] == b"close"
+
+
+async def test_a_whole_body_is_taken_without_receive_and_a_late_one_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    receives = 0
+    receive = RequestResponseCycle.receive
+
+    async def counted(self: RequestResponseCycle) -> Any:
+        nonlocal receives
+        receives += 1
+        return await receive(self)
+
+    monkeypatch.setattr(RequestResponseCycle, "receive", counted)
+    app, _, transport = make()
+    async with serve(app, True) as port:
+        [(status, _, body)] = await exchange(port, post("/v1/chat/completions", CHAT))
+        assert (status, receives) == (200, 0) and b"hello there" in body
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        raw = post("/v1/chat/completions", CHAT)
+        writer.write(raw[:-10])
+        deadline = time.monotonic() + 10
+        while not receives:  # the handler waits for the rest of its body in receive()
+            assert time.monotonic() < deadline, "the handler did not start"
+            await asyncio.sleep(0.01)
+        writer.write(raw[-10:])
+        status, _, body = await read_response(reader)
+        writer.close()
+    assert status == 200 and b"hello there" in body
+    assert [call.body for call in transport.calls] == [orjson.loads(CHAT)] * 2
 
 
 async def test_the_default_worker_and_the_forwarded_id() -> None:

@@ -14,7 +14,7 @@ from aiohttp import web
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import UpstreamError
 from infera.transport.http import HttpTransport
-from infera.transport.http_wire import Connection
+from infera.transport.http_wire import Connection, Pool, Target, WireTimeout
 from tests.transport.test_http import serve, sse_of
 
 PATH = "/v1/chat/completions"
@@ -256,6 +256,37 @@ async def test_no_answer_within_the_first_byte_timeout_is_a_504_and_the_connecti
     assert exc.value.status == 504 and exc.value.before_first_byte
 
 
+async def test_each_request_on_a_connection_expires_at_its_own_deadline() -> None:
+    """The connection's one deadline timer outlives requests: a later deadline than the pending timer's waits
+    for its own time (the timer re-arms), an earlier one is not held to the pending timer's."""
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    plan = [True, False, True, False]  # answer, stay silent, ...
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while plan:
+            await read_request(reader)
+            if plan.pop(0):
+                writer.write(answer)
+        await reader.read()
+
+    loop = asyncio.get_running_loop()
+    async for url in raw_server(handle):
+        pool = Pool(connect_timeout=2)
+        key = Target(url).key
+        elapsed: list[float] = []
+        for first, second in ((0.1, 0.5), (30.0, 0.2)):
+            conn = await pool.connect(key)
+            reader = await conn.request(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n", b"{}", loop.time() + first)
+            assert await reader.readany() == b"{}"
+            start = loop.time()
+            with pytest.raises(WireTimeout):
+                await conn.request(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n", b"{}", start + second)
+            elapsed.append(loop.time() - start)
+            assert conn.closed
+        await pool.close()
+    assert 0.45 <= elapsed[0] < 2 and 0.15 <= elapsed[1] < 2
+
+
 WHOLE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
 
 
@@ -380,5 +411,6 @@ def test_under_uvloop_as_the_frontend_runs() -> None:
         await test_a_streamed_answer_arrives_whole_and_in_order()
         await test_an_abandoned_answer_closes_its_connection_and_never_leaks_into_the_next()
         await test_whole_answers_keep_their_status_when_their_connection_serves_the_next_request_first()
+        await test_each_request_on_a_connection_expires_at_its_own_deadline()
 
     uvloop.run(both())
