@@ -1900,27 +1900,35 @@ static PyObject *u32_fill(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_NONE;
 }
 
-/* u32_equal(seq, ids) -> bool: ``list(seq) == ids.tolist()`` for a list ``seq``: same length, and each item an int
- * equal to the id at its place (an int subclass or a bool compares by value, as list equality does). */
+/* u32_equal(seq, ids, table) -> bool | None: ``list(seq) == ids.tolist()`` for a list ``seq``: same length, and each
+ * item an int equal to the id at its place (an int subclass or a bool compares by value, as list equality does);
+ * None when an item is not an int (a float 1.0 equals 1 in a list compare: the caller's Python says). An item that is
+ * table[id] itself (u32_fill put it there) is equal without reading it: the pointers alone, as the list compare this
+ * replaces did (reading every int object made it ~3x slower at 16k tokens). */
 static PyObject *u32_equal(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyList_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "u32_equal(seq: list, ids: array('I'))");
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "u32_equal(seq: list, ids: array('I'), table: tuple)");
         return NULL;
     }
     Py_buffer view;
     if (u32_view(args[1], &view) < 0) return NULL;
     Py_ssize_t n = view.len / 4;
     const uint32_t *ids = (const uint32_t *)view.buf;
+    PyObject *table = args[2];
+    Py_ssize_t known = PyTuple_GET_SIZE(table);
+    PyObject **items = ((PyListObject *)args[0])->ob_item;
     int same = PyList_GET_SIZE(args[0]) == n;
     for (Py_ssize_t i = 0; same && i < n; i++) {
-        PyObject *t = PyList_GET_ITEM(args[0], i);
-        if (!PyLong_Check(t)) {  /* a float 1.0 equals 1 in a list compare: let Python say */
+        PyObject *t = items[i];
+        uint32_t v = ids[i];
+        if ((Py_ssize_t)v < known && t == PyTuple_GET_ITEM(table, v)) continue;
+        if (!PyLong_Check(t)) {
             PyBuffer_Release(&view);
             Py_RETURN_NONE;
         }
         int overflow;
-        long long v = PyLong_AsLongLongAndOverflow(t, &overflow);
-        same = overflow == 0 && v == (long long)ids[i];
+        long long x = PyLong_AsLongLongAndOverflow(t, &overflow);
+        same = overflow == 0 && x == (long long)v;
     }
     PyBuffer_Release(&view);
     if (PyErr_Occurred()) return NULL;

@@ -33,15 +33,18 @@ class PromptIds(list[int]):
     plain hashing).
     ``known_hashes``: block size -> hashes of leading full blocks of ``origin`` (chain from 0).
     ``sink``: where ``block_hashes`` stores the full result for later prompts.
+    ``ints``: the int objects the cache filled the list with (``ints[i]`` is the int ``i``): an item
+    that is still that object equals its origin's id without being read.
     """
 
-    __slots__ = ("known_hashes", "origin", "sink")
+    __slots__ = ("ints", "known_hashes", "origin", "sink")
 
     def __init__(self, ids: Sequence[int] = ()) -> None:
         super().__init__(ids)
         self.origin: array[int] | None = None
         self.known_hashes: dict[int, list[int]] | None = None
         self.sink: dict[int, list[int]] | None = None
+        self.ints: tuple[int, ...] = ()
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> list[int]:
@@ -79,7 +82,7 @@ def _same(ids: PromptIds) -> bool:
     origin = ids.origin
     assert origin is not None
     if _native is not None:
-        same: bool | None = _native.u32_equal(ids, origin)
+        same: bool | None = _native.u32_equal(ids, origin, ids.ints)
         if same is not None:  # None: an item that is not an int
             return same
     return len(ids) == len(origin) and list(ids) == origin.tolist()

@@ -184,6 +184,7 @@ class PromptCache:
                     self.reused_tokens += before[-1][2]
                 self.encoded_tokens += len(ids) - (before[-1][2] if before else 0)
         out.origin = ids
+        out.ints = self._ints
         out.known_hashes = hashes
         out.sink = entry.hashes if entry is not None else None
         return out

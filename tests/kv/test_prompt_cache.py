@@ -327,7 +327,12 @@ def test_the_c_helpers_equal_their_python_lines() -> None:
         out = PromptIds()
         native.u32_fill(out, ids, table)
         assert out == values and type(out) is PromptIds
-        assert native.u32_equal(out, ids) is True
+        assert native.u32_equal(out, ids, table) is True
+        assert native.u32_equal(list(values), ids, ()) is True  # not the table's objects: compared by value
+        if values:
+            changed = list(out)
+            changed[-1] = (changed[-1] + 1) % 2**32
+            assert native.u32_equal(changed, ids, table) is False
         for size in (1, 4, 16):
             for first in range(0, len(values) // size + 2, 3):
                 got = native.chain_hashes_u32(ids, first, len(values) // size, size, 7)
@@ -337,4 +342,4 @@ def test_the_c_helpers_equal_their_python_lines() -> None:
     with pytest.raises(ValueError, match="empty"):
         native.u32_fill([1], array("I", [2]), table)  # fills only an empty list
     with pytest.raises(TypeError):
-        native.u32_equal([1], array("Q", [1]))  # uint32 only
+        native.u32_equal([1], array("Q", [1]), table)  # uint32 only
