@@ -281,7 +281,7 @@ def test_an_edited_list_is_told_apart_from_its_origin(edit: str) -> None:
     if edit == "bool":
         ids[0] = True  # 1 != 5
     elif edit == "float":
-        ids[1] = 300.0  # equal in a list compare
+        ids[1] = 300.0  # type: ignore[call-overload]  # equal in a list compare
     elif edit == "negative":
         ids[2] = -1
     elif edit == "wide":
