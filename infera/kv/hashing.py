@@ -35,9 +35,13 @@ class PromptIds(list[int]):
     ``sink``: where ``block_hashes`` stores the full result for later prompts.
     ``ints``: the int objects the cache filled the list with (``ints[i]`` is the int ``i``): an item
     that is still that object equals its origin's id without being read.
+    ``complete``: block size -> hashes of every full block of ``origin``, made by the cache from it
+    for the block sizes it has seen: the hashes of this list as it was handed out, for a caller
+    that takes them before anything could change it (the router's context); ``block_hashes``
+    does not read them.
     """
 
-    __slots__ = ("ints", "known_hashes", "origin", "sink")
+    __slots__ = ("complete", "ints", "known_hashes", "origin", "sink")
 
     def __init__(self, ids: Sequence[int] = ()) -> None:
         super().__init__(ids)
@@ -45,6 +49,7 @@ class PromptIds(list[int]):
         self.known_hashes: dict[int, list[int]] | None = None
         self.sink: dict[int, list[int]] | None = None
         self.ints: tuple[int, ...] = ()
+        self.complete: dict[int, list[int]] | None = None
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> list[int]:
@@ -75,6 +80,14 @@ def pure_block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     return _chain_py(token_ids, 0, len(token_ids) // block_size, block_size, parent)
+
+
+def extend_hashes(ids: array[int], known: list[int], block_size: int) -> list[int]:
+    """Hashes of every full block of ``ids`` (uint32), given ``known``: hashes of its leading full blocks (any
+    number; extra ones past the full blocks are dropped)."""
+    n_blocks = len(ids) // block_size
+    k = min(len(known), n_blocks)
+    return known[:k] + _chain_u32(ids, k, n_blocks, block_size, known[k - 1] if k else 0)
 
 
 def _same(ids: PromptIds) -> bool:

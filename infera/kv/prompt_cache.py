@@ -53,7 +53,7 @@ from itertools import count, repeat
 
 import xxhash
 
-from infera.kv.hashing import PromptIds
+from infera.kv.hashing import PromptIds, extend_hashes
 from infera.kv.native import load
 
 DEFAULT_MAX_BYTES = 64 << 20
@@ -115,6 +115,7 @@ class PromptCache:
         # costs O(window), not a hash of the whole prefix (bench/README.md, "the prompt cache's reuse")
         self._ends: dict[tuple[int, int], tuple[list[_Entry], int]] = {}
         self._lru: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry
+        self._sizes: set[int] = set()  # block sizes whose hashes callers asked for: made with the ids from now on
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0  # prompts that reused a prefix
@@ -173,6 +174,10 @@ class PromptCache:
             else:
                 out += ids.tolist()
             hashes = {size: h[: n_ids // size] for size, h in base.hashes.items()}
+            self._sizes.update(hashes)
+        # every full block's hash for the sizes seen, from the array: the context takes them at once (no check that the
+        # list still equals the array, no second pass), and the entry keeps its own copy for later prompts
+        complete = {size: extend_hashes(ids, hashes.get(size, []) if hashes else [], size) for size in self._sizes}
         new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
         at_end = base is not None and k == len(base.cuts) - 1  # the base's state is at its last cut only
         entry = self._entry(data, ids, out, new, start, before, base.state if base is not None and at_end else None)
@@ -187,6 +192,9 @@ class PromptCache:
         out.ints = self._ints
         out.known_hashes = hashes
         out.sink = entry.hashes if entry is not None else None
+        out.complete = complete
+        if entry is not None:
+            entry.hashes.update((size, list(h)) for size, h in complete.items())
         return out
 
     def clear(self) -> None:

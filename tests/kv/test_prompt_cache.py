@@ -70,6 +70,8 @@ def _check(renderer: PromptRenderer, messages: list[dict[str, Any]], tools: list
     got = renderer.chat_token_ids(messages, tools)
     assert list(got) == want
     assert type(got) is not PromptIds or got.origin is None or got.origin.tolist() == want
+    for size, made in (got.complete or {}).items() if type(got) is PromptIds else ():
+        assert made == block_hashes(want, size)  # made with the ids, handed to the router's context as they are
     for size in (4, 16):
         assert block_hashes(got, size) == block_hashes(want, size)
         assert block_hashes(got, size) == block_hashes(want, size)  # second call: from the stored hashes
@@ -343,3 +345,32 @@ def test_the_c_helpers_equal_their_python_lines() -> None:
         native.u32_fill([1], array("I", [2]), table)  # fills only an empty list
     with pytest.raises(TypeError):
         native.u32_equal([1], array("Q", [1]), table)  # uint32 only
+
+
+def test_the_routing_context_takes_the_caches_block_hashes_and_they_are_exact(qwen_tokenizer_dir: Path) -> None:
+    """The context of a prompt the cache extended carries the hashes the cache made from its ids (no list compare,
+    no second pass): equal to hashing the plain ids, turn after turn, and for a second session and an edited one."""
+    from infera.router.context import ContextBuilder, RouteRequest
+
+    renderer = PromptRenderer.from_dir(qwen_tokenizer_dir)
+    cache = renderer.prompt_cache
+    assert cache is not None
+    cache.min_chars = 0
+    builder = ContextBuilder(renderer, tokenize=True)
+    conversation = _conversation(6)
+    other = [conversation[0], {"role": "user", "content": "another session"}]
+    edited = [dict(m) for m in conversation]
+    edited[3]["content"] = "edited"
+    prompts = [conversation[:k] for k in range(2, len(conversation) + 1, 2)] + [other, edited, conversation]
+    prefilled = 0
+    for messages in prompts:
+        req = RouteRequest(kind="chat", path="/v1/chat/completions", body=b"{}", payload={"messages": messages},
+                           model="m")
+        ctx = builder.build(req)
+        plain = renderer.encode(renderer.render_chat(messages))
+        assert ctx.token_ids is not None and list(ctx.token_ids) == plain
+        ids = ctx.token_ids
+        prefilled += type(ids) is PromptIds and bool(ids.complete) and 16 in ids.complete
+        for size in (16, 4):
+            assert ctx.hashes(size) == pure_block_hashes(plain, size)
+    assert prefilled >= len(prompts) - 2  # all but the first prompt (and the first with size 4 seen): made at once
