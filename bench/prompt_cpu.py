@@ -4,10 +4,10 @@ bench/prompt_sweep.py's conversations (a ~500-token system prompt, then ~150-tok
 length needs), ``SESSIONS`` of them: per repeat both caches are cleared, each session's previous turn is routed
 (untimed), then its next turn is timed in three parts, as the kv-aware router runs them: *render* (the chat
 template, through the render cache), *encode* (the prompt cache: the reused prefix's ids plus the new turn's
-tokens), *hash* (``block_hashes``, block 16, from the known hashes). CPU time of this process (``process_time``)
-with the cyclic GC off in the timed loop (the GC's share is kv_stages.py's ``gc`` column); medians over repeats.
-Trees run in alternating subprocesses (``--ref``: ``git archive REF infera`` with this tree's C extension), so
-both see the same load; read the ratio per round.
+tokens), *hash* (the routing context built from the ids and its block hashes, block 16: ``ctx.hashes(16)``). CPU
+time of this process (``process_time``) with the cyclic GC off in the timed loop (the GC's share is kv_stages.py's
+``gc`` column); medians over repeats. Trees run in alternating subprocesses (``--ref``: ``git archive REF infera``
+with this tree's C extension), so both see the same load; read the ratio per round.
 
     .venv/bin/python bench/prompt_cpu.py --ref main --rounds 3 --lengths 4000,16000
 """
@@ -36,6 +36,7 @@ def measure(target: int, repeats: int) -> dict[str, Any]:
     from bench.prompt_sweep import _session, _turns_for
     from infera.kv.hashing import block_hashes
     from infera.kv.tokenizer import PromptRenderer
+    from infera.router.context import ContextBuilder, RouteRequest
 
     renderer = PromptRenderer.from_dir(default_tokenizer_dir())
     turns = _turns_for(renderer, target)
@@ -43,6 +44,7 @@ def measure(target: int, repeats: int) -> dict[str, Any]:
     cache = renderer.prompt_cache
     assert cache is not None
     clock = time.process_time_ns
+    req = RouteRequest(kind="chat", path="/v1/chat/completions", body=b"{}", payload={}, model="m", max_tokens=8)
     per: dict[str, list[float]] = {p: [] for p in PARTS}
     for _ in range(repeats):
         cache.clear()
@@ -59,7 +61,7 @@ def measure(target: int, repeats: int) -> dict[str, Any]:
             t1 = clock()
             ids = renderer.encode_chat(text)
             t2 = clock()
-            block_hashes(ids, 16)
+            ContextBuilder._context(req, ids).hashes(16)
             t3 = clock()
             spent["render"] += t1 - t0
             spent["encode"] += t2 - t1
