@@ -177,7 +177,8 @@ class PromptCache:
             self._sizes.update(hashes)
         # every full block's hash for the sizes seen, from the array: the context takes them at once (no check that the
         # list still equals the array, no second pass), and the entry keeps its own copy for later prompts
-        complete = {size: extend_hashes(ids, hashes.get(size, []) if hashes else [], size) for size in self._sizes}
+        sizes = tuple(self._sizes)  # one C call: another thread may add a size meanwhile (encode runs off the loop too)
+        complete = {size: extend_hashes(ids, hashes.get(size, []) if hashes else [], size) for size in sizes}
         new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
         at_end = base is not None and k == len(base.cuts) - 1  # the base's state is at its last cut only
         entry = self._entry(data, ids, out, new, start, before, base.state if base is not None and at_end else None)
