@@ -12,6 +12,8 @@ collection runs inside whichever stage allocated, mostly the context stage).
 
     .venv/bin/python bench/kv_stages.py                  # kv-aware and round-robin, this tree
     .venv/bin/python bench/kv_stages.py --ref main       # and the same at git ref main, interleaved rounds
+    .venv/bin/python bench/kv_stages.py --ref main --score-ab   # the kv-aware score alone, main's vs this tree's,
+                                                                # alternating decision by decision in one process
 """
 
 from __future__ import annotations
@@ -101,6 +103,53 @@ def run_stages(policy: str, n: int, warmup: int) -> dict[str, float]:
     return {**{stage: v / n / 1e3 for stage, v in total.items()}, GC: collecting[1] / n / 1e3}
 
 
+def score_ab(ref: str, n: int, warmup: int) -> dict[str, Any]:
+    """``KvTtftPolicy.score`` of git ``ref``'s kv_ttft.py against this tree's, decision by decision on run_stages'
+    router (the same index, load and candidates; the order alternating), with the cost compared: wall ns per
+    call (gc as the server's), medians over the decisions, and how many decisions' scores differed."""
+    import importlib.util
+
+    from infera.router import kv_ttft
+    from infera.router.base import PolicyDeps
+
+    repo = Path(__file__).resolve().parent.parent
+    source = subprocess.run(["git", "-C", str(repo), "show", f"{ref}:infera/router/kv_ttft.py"], check=True,
+                            capture_output=True).stdout
+    with tempfile.NamedTemporaryFile("wb", suffix=".py", delete=False) as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("ref_kv_ttft", f.name)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    Path(f.name).unlink()
+    times: dict[str, list[int]] = {ref: [], "this tree": []}
+    refs: dict[int, Any] = {}
+    mismatches = [0]
+    ours = kv_ttft.KvTtftPolicy.score
+
+    def both(self: Any, ctx: Any, cands: Any) -> Any:
+        other = refs.get(id(self))
+        if other is None:
+            other = refs[id(self)] = module.KvTtftPolicy(PolicyDeps(self._index, self._weight, lambda w: False,
+                                                                    self._load, self._clock))
+        out = {}
+        for name in (ref, "this tree") if len(times[ref]) % 2 else ("this tree", ref):
+            t = time.perf_counter_ns()
+            out[name] = ours(self, ctx, cands) if name == "this tree" else other.score(ctx, cands)
+            times[name].append(time.perf_counter_ns() - t)
+        mismatches[0] += out[ref] != out["this tree"]
+        return out["this tree"]
+
+    kv_ttft.KvTtftPolicy.score = both  # type: ignore[method-assign,assignment]
+    try:
+        run_stages("kv-aware", n, warmup)
+    finally:
+        kv_ttft.KvTtftPolicy.score = ours  # type: ignore[method-assign]
+    med = {name: statistics.median(v) / 1e3 for name, v in times.items()}
+    return {"decisions": len(times[ref]), "mismatches": mismatches[0], **{f"{k} µs": v for k, v in med.items()},
+            "ratio": med["this tree"] / med[ref]}
+
+
 def _child(root: str, policy: str, n: int, warmup: int) -> dict[str, float]:
     """run_stages in a fresh process with ``root``'s infera first on the path."""
     repo = str(Path(__file__).resolve().parent.parent)
@@ -116,7 +165,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--score-ab", action="store_true",
+                    help="instead: the kv-aware policy's score at --ref against this tree's, decision by decision")
     args = ap.parse_args()
+    if args.score_ab:
+        for r in range(args.rounds):
+            print(f"round {r}: {json.dumps(score_ab(args.ref or 'main', args.n, args.warmup))}", flush=True)
+        return
     repo = Path(__file__).resolve().parent.parent
     trees = {"this tree": str(repo)}
     tmp = None

@@ -8,6 +8,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -1367,6 +1368,12 @@ done:
     return out;
 }
 
+/* pick7's block, at the end of the file */
+static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *kv_terms_model(PyObject *self, PyObject *unused);
+static PyObject *kv_modelled(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 /* ---- remembered runs as rows of 64-bit words ------------------------------------------------------ */
 
 /* A remembered prefix keeps its blocks' masks as rows of ``width`` bytes (little-endian, width a multiple of
@@ -1799,6 +1806,10 @@ static PyMethodDef methods[] = {
     {"store_blocks", (PyCFunction)(void (*)(void))store_blocks, METH_FASTCALL, NULL},
     {"remove_blocks", (PyCFunction)(void (*)(void))remove_blocks, METH_FASTCALL, NULL},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL, NULL},
+    {"walk_both", (PyCFunction)(void (*)(void))walk_both, METH_FASTCALL, NULL},
+    {"kv_terms", (PyCFunction)(void (*)(void))kv_terms, METH_FASTCALL, NULL},
+    {"kv_terms_model", kv_terms_model, METH_NOARGS, NULL},
+    {"kv_modelled", (PyCFunction)(void (*)(void))kv_modelled, METH_FASTCALL, NULL},
     {"walk_rows", (PyCFunction)(void (*)(void))walk_rows, METH_FASTCALL, NULL},
     {"fill_rows", (PyCFunction)(void (*)(void))fill_rows, METH_FASTCALL, NULL},
     {"scan_column", (PyCFunction)(void (*)(void))scan_column, METH_FASTCALL, NULL},
@@ -1999,3 +2010,228 @@ static PyMethodDef prompt_ids_methods[] = {
 };
 
 static int add_prompt_ids(PyObject *mod) { return PyModule_AddFunctions(mod, prompt_ids_methods); }
+
+/* ---- the kv-aware pick's one walk (helper pick7) --------------------------------------------------- */
+
+/* walk_both(hashes, shared, holders, names, guessed, allowed) -> (result, confirmed)
+ * walk(hashes, shared, holders, names, None, 0, guessed, allowed)'s result (per worker, the leading blocks it
+ * holds counting the allowed guesses) and, from the same pass, the longest prefix of ``hashes`` that a worker
+ * holds counting confirmed blocks only: max(walk(..., None, 0)[0].values(), default=0). A confirmed mask is a
+ * subset of the same block's mask with guesses, so the confirmed walk ends no later than the other. */
+static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "walk_both takes 6 arguments");
+        return NULL;
+    }
+    PyObject *shared = args[1], *holders = args[2], *names = args[3], *guessed = args[4];
+    if (!PyDict_Check(shared) || !(PyDict_Check(holders) || IS_MAP(holders)) || !PyList_Check(names) ||
+        !PyDict_Check(guessed)) {
+        PyErr_SetString(PyExc_TypeError, "walk_both: expected dicts and a list of names");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **hs = PySequence_Fast_ITEMS(seq);
+    Walk w;
+    w.nd = (PyList_GET_SIZE(names) + PyLong_SHIFT - 1) / PyLong_SHIFT + 1;
+    digit *mem = PyMem_Calloc((size_t)w.nd * 6, sizeof(digit));
+    w.bytes = PyMem_Calloc((size_t)w.nd * sizeof(digit) + 16, 1);
+    if (mem == NULL || w.bytes == NULL) {
+        PyMem_Free(mem);
+        PyMem_Free(w.bytes);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    w.active = mem;
+    w.gone = mem + w.nd;
+    w.mixed = mem + 2 * w.nd;
+    w.conv = mem + 3 * w.nd;
+    w.allowed = mem + 4 * w.nd;
+    digit *held = mem + 5 * w.nd;  /* the workers holding every block so far, confirmed blocks only */
+    PyObject *result = PyDict_New(), *out = NULL;
+    Py_ssize_t confirmed = 0, nd, k, top = w.nd, ctop = 0, i;
+    const digit *md;
+    if (result == NULL) goto done;
+    int all = PyObject_RichCompareBool(args[5], ZERO, Py_LT);
+    if (all < 0) goto done;
+    if (all) {
+        for (k = 0; k < w.nd; k++) w.allowed[k] = PyLong_MASK;
+    } else {
+        if (digits_of(args[5], &w, &md, &nd) < 0) goto done;
+        for (k = 0; k < nd; k++) w.allowed[k] = md[k];
+    }
+    for (i = 0; i < n; i++) {
+        /* the confirmed mask (shared first, as mask_of), then the same with the allowed guesses ORed in */
+        PyObject *m = PyDict_GetItemWithError(shared, hs[i]);
+        if (m == NULL) {
+            if (PyErr_Occurred()) goto done;
+            m = tab_get(holders, hs[i]);
+            if (m == NULL && PyErr_Occurred()) goto done;
+        }
+        if (digits_of(m, &w, &md, &nd) < 0) goto done;
+        for (k = 0; k < w.nd; k++) w.mixed[k] = k < nd ? md[k] : 0;
+        if (i == 0) {
+            for (k = 0; k < w.nd; k++) held[k] = w.mixed[k];
+            ctop = w.nd;
+        } else {
+            for (k = 0; k < ctop; k++) held[k] &= w.mixed[k];
+        }
+        while (ctop > 0 && !held[ctop - 1]) ctop--;
+        if (ctop > 0) confirmed = i + 1;
+        PyObject *g = PyDict_GetItemWithError(guessed, hs[i]);
+        if (g == NULL && PyErr_Occurred()) goto done;
+        if (g != NULL) {
+            const digit *gd;
+            Py_ssize_t gn;
+            if (digits_of(g, &w, &gd, &gn) < 0) goto done;
+            for (k = 0; k < gn; k++) w.mixed[k] |= gd[k] & w.allowed[k];
+        }
+        if (i == 0) {
+            int any = 0;
+            for (k = 0; k < w.nd; k++) any |= (w.active[k] = w.mixed[k]) != 0;
+            if (!any) goto finish;
+            while (top > 0 && !w.active[top - 1]) top--;
+            continue;
+        }
+        digit changed = 0;
+        for (k = 0; k < top; k++) {
+            digit still = w.active[k] & w.mixed[k];
+            changed |= w.gone[k] = w.active[k] ^ still;
+        }
+        if (!changed) continue;
+        if (record(result, w.gone, top, i, names) < 0) goto done;
+        for (k = 0; k < top; k++) w.active[k] ^= w.gone[k];
+        while (top > 0 && !w.active[top - 1]) top--;
+        if (top == 0) goto finish;  /* no worker holds block i, guessed or not */
+    }
+    if (n > 0 && record(result, w.active, top, n, names) < 0) goto done;
+finish:
+    out = Py_BuildValue("(On)", result, confirmed);
+done:
+    Py_XDECREF(result);
+    PyMem_Free(mem);
+    PyMem_Free(w.bytes);
+    Py_DECREF(seq);
+    return out;
+}
+
+/* kv_terms(prompt_tokens, credit, size, queued, active, decoding, capacity, max_tokens, weight, horizon,
+ *          eviction_weight, cached, occupancy) -> 8-tuple of floats
+ * KvTtftPolicy.terms (infera/router/kv_ttft.py) for one candidate of the plain cost (no cold wait, no progress
+ * credit, no stall, no duplication): (prefill, batch, memory, horizon, eviction, 0.0, occupancy, 0.0) in modelled
+ * ms, each computed with the same double operations in the same order as the Python (so to the bit: no
+ * contraction into fused multiply-adds; ints are exact in doubles here). The step model's constants are
+ * kv_ttft.py's PREFILL, DECODE, STEP_TOKENS, DECODE_FLOOR_MS and UNKNOWN_USAGE. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#define NO_FMA
+#elif defined(__GNUC__)
+#define NO_FMA __attribute__((optimize("fp-contract=off")))
+#else
+#define NO_FMA
+#endif
+
+static const double PRE_A = 4.21e-7, PRE_B = 0.0152, PRE_C = 16.5;
+static const double DEC_A = -25.74, DEC_B = 54.01, DEC_C = 5.74;
+static const double STEP_TOKENS = 8192.0, DECODE_FLOOR_MS = 1.0, UNKNOWN_USAGE = 0.5;
+
+/* Python's a // b for ints (b > 0) */
+static inline long long floor_div(long long a, long long b) {
+    long long q = a / b;
+    return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
+}
+
+static NO_FMA double step_prefill_ms(double t) { return PRE_A * t * t + PRE_B * t + PRE_C; }
+
+/* kv_ttft.prefill_ms: divmod(tokens, STEP_TOKENS) as Python's float divmod (exact for the ints it also takes) */
+static NO_FMA double py_prefill_ms(double tokens) {
+    if (tokens <= 0) return 0.0;
+    double rest = fmod(tokens, STEP_TOKENS);
+    double div = (tokens - rest) / STEP_TOKENS;
+    double full = floor(div);
+    if (div - full > 0.5) full += 1.0;
+    return full * step_prefill_ms(STEP_TOKENS) + (rest != 0.0 ? step_prefill_ms(rest) : 0.0);
+}
+
+/* kv_ttft.decode_ms */
+static NO_FMA double py_decode_ms(double tokens, long long decoding, long long active, long long capacity) {
+    if (decoding <= 0) return 0.0;
+    double usage = UNKNOWN_USAGE;
+    if (capacity > 0) {
+        double u = (double)active / (double)capacity;
+        usage = u < 1.0 ? u : 1.0;
+    }
+    long long steps = -floor_div(-(long long)tokens, (long long)STEP_TOKENS);
+    if (steps < 1) steps = 1;
+    double per = DEC_A * usage * usage + DEC_B * usage + DEC_C;
+    return (double)steps * (per > DECODE_FLOOR_MS ? per : DECODE_FLOOR_MS);
+}
+
+static NO_FMA double py_recompute_ms(double tokens) {
+    return tokens > 0 ? PRE_A * tokens * tokens + PRE_B * tokens : 0.0;
+}
+
+static inline long long ll_min(long long a, long long b) { return a < b ? a : b; }
+static inline long long ll_max(long long a, long long b) { return a > b ? a : b; }
+
+static NO_FMA PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "kv_terms takes 13 arguments");
+        return NULL;
+    }
+    long long prompt_tokens = PyLong_AsLongLong(args[0]);
+    double credit = PyFloat_AsDouble(args[1]);
+    long long size = PyLong_AsLongLong(args[2]), queued = PyLong_AsLongLong(args[3]);
+    long long active = PyLong_AsLongLong(args[4]), decoding = PyLong_AsLongLong(args[5]);
+    long long capacity = PyLong_AsLongLong(args[6]), max_tokens = PyLong_AsLongLong(args[7]);
+    double weight = PyFloat_AsDouble(args[8]), horizon_w = PyFloat_AsDouble(args[9]);
+    double eviction_w = PyFloat_AsDouble(args[10]);
+    long long cached = PyLong_AsLongLong(args[11]);
+    double occupancy_w = PyFloat_AsDouble(args[12]);
+    if (PyErr_Occurred()) return NULL;
+    if (size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "kv_terms: the block size must be positive");
+        return NULL;
+    }
+    double own = (double)prompt_tokens - credit * (double)size;
+    if (!(own > 0.0)) own = 0.0;
+    double tokens = (double)queued + own;
+    double prefill = py_prefill_ms(tokens) * weight;
+    double batch = py_decode_ms(tokens, decoding, active, capacity);
+    long long need = -floor_div(-(long long)own, size) + -floor_div(-max_tokens, size);
+    long long after = active + need;
+    double memory = 0.0;
+    if (capacity > 0 && after > capacity)
+        memory = (double)(after - capacity) / (double)capacity * (double)max_tokens * (DEC_A + DEC_B + DEC_C);
+    double horizon = horizon_w * py_decode_ms(1.0, 1, after, capacity);
+    double eviction = 0.0;
+    if (eviction_w != 0.0 && capacity > 0 && need > 0) {
+        long long occupied = ll_min(capacity, ll_max(cached, active));
+        long long evicted = ll_max(0, ll_min(need - (capacity - occupied), occupied - ll_min(active, occupied)));
+        eviction = eviction_w * weight * py_recompute_ms((double)(evicted * size));
+    }
+    double occupancy = occupancy_w != 0.0 ? occupancy_w * weight * py_recompute_ms(own) : 0.0;
+    return Py_BuildValue("(dddddddd)", prefill, batch, memory, horizon, eviction, 0.0, occupancy, 0.0);
+}
+
+/* kv_terms_model() -> ((PREFILL a, b, c), (DECODE a, b, c), STEP_TOKENS, DECODE_FLOOR_MS, UNKNOWN_USAGE): the step
+ * model kv_terms computes with; kv_ttft.py uses kv_terms only while its own constants are these */
+static PyObject *kv_terms_model(PyObject *self, PyObject *unused) {
+    return Py_BuildValue("((ddd)(ddd)idd)", PRE_A, PRE_B, PRE_C, DEC_A, DEC_B, DEC_C, (int)STEP_TOKENS,
+                         DECODE_FLOOR_MS, UNKNOWN_USAGE);
+}
+
+/* kv_modelled(tokens, decoding, active, capacity) -> float: kv_ttft.modelled_ms(1.0, ...), a TTFT sample's
+ * modelled ms (the speed scale's denominator), the same doubles as the Python */
+static NO_FMA PyObject *kv_modelled(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "kv_modelled takes 4 arguments");
+        return NULL;
+    }
+    double tokens = PyFloat_AsDouble(args[0]);
+    long long decoding = PyLong_AsLongLong(args[1]), active = PyLong_AsLongLong(args[2]);
+    long long capacity = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    return PyFloat_FromDouble(1.0 * py_prefill_ms(tokens) + py_decode_ms(tokens, decoding, active, capacity));
+}

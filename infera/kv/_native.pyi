@@ -22,6 +22,16 @@ def walk(
     hashes: Sequence[int], shared: dict[int, int], holders: dict[int, int], names: list[str],
     resume: tuple[int, int, int, dict[str, int]] | None, capture: int, guessed: dict[int, int] | None, allowed: int,
 ) -> tuple[dict[str, int], tuple[int, int, int, dict[str, int]] | None]: ...
+def walk_both(
+    hashes: Sequence[int], shared: dict[int, int], holders: dict[int, int], names: list[str], guessed: dict[int, int],
+    allowed: int,
+) -> tuple[dict[str, int], int]: ...
+def kv_terms(
+    prompt_tokens: int, credit: float, size: int, queued: int, active: int, decoding: int, capacity: int,
+    max_tokens: int, weight: float, horizon: float, eviction_weight: float, cached: int, occupancy: float,
+) -> tuple[float, float, float, float, float, float, float, float]: ...
+def kv_modelled(tokens: float, decoding: int, active: int, capacity: int) -> float: ...
+def kv_terms_model() -> tuple[tuple[float, float, float], tuple[float, float, float], int, float, float]: ...
 def walk_rows(
     rows: bytearray, n: int, width: int, names: list[str], finish: bool, hashes: Sequence[int] | None = None,
     guessed: dict[int, int] | None = None, allowed: int = 0,

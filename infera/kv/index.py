@@ -104,6 +104,12 @@ class PrefixIndex:
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
         self._expiry_heap = self._guesses.heap
 
+    @property
+    def native(self) -> Any:
+        """The C module this index runs its loops with (``infera.kv._native``), or None on the pure path: a reader
+        that has C parts of its own follows the index's choice."""
+        return self._native
+
     def _worker(self, worker_id: str) -> WorkerTable:
         worker = self._workers.get(worker_id)
         if worker is None:
@@ -503,6 +509,34 @@ class PrefixIndex:
         if run is not None:
             self._remember(first, run, hashes)
         return found
+
+    def overlaps_and_confirmed(self, hashes: Sequence[int], now: float | None = None) -> tuple[dict[str, int], int]:
+        """``(overlaps(hashes, now, use_predicted=True), longest confirmed prefix)``: the second is
+        ``max(overlaps(hashes, now).values(), default=0)``, the most leading blocks of ``hashes`` one worker holds
+        by its KV events alone (what the kv-aware cost's stay floor reads), and 0 when the first is empty.
+
+        On the C path, when no remembered run covers the prompt, one walk gives both (``_native.walk_both``);
+        otherwise, and in Python, it is those two queries."""
+        if hashes and self._native is not None and self._expiry_heap:
+            self._guesses.prune(time.monotonic() if now is None else now, self._workers)
+            if self._predicted:
+                names = self._slots.names
+                # RowRuns.guessed answers None, changing nothing, unless a remembered run starts with the prompt's
+                # first block or its first RUN_MIN_BLOCKS blocks are all shared (capture_rows): when neither the
+                # first nor the last of those is shared and no run starts there, straight to the one walk
+                first, m, shared = hashes[0], max(RUN_MIN_BLOCKS, 1), self._shared
+                capturable = len(hashes) >= m and first in shared and hashes[m - 1] in shared
+                over_rows = None if self._rows is None or (not capturable and first not in self._rows.runs) else \
+                    self._rows.guessed(hashes, shared, self._holders, names, RUN_MIN_BLOCKS, self._predicted, -1)
+                if over_rows is None:
+                    both: tuple[dict[str, int], int] = self._native.walk_both(hashes, self._shared, self._holders,
+                                                                              names, self._predicted, -1)
+                    return both
+                return over_rows, max(self.overlaps(hashes, now=now).values(), default=0) if over_rows else 0
+        found = self.overlaps(hashes, now=now, use_predicted=True)
+        if not found:
+            return found, 0
+        return found, max(self.overlaps(hashes, now=now).values(), default=0)
 
     def _remember(self, first: int, run: Run, hashes: Sequence[int]) -> None:
         runs, watched = self._runs, self._watched

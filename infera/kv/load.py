@@ -46,6 +46,9 @@ class _WorkerLoad:
     ttfts: collections.deque[TtftSample] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=TTFT_SAMPLES))
     ttft_count: int = 0  # samples ever taken (a reader caches what it derived from them by this)
+    ttft_seconds: collections.deque[float] = dataclasses.field(  # ``ttfts``' seconds, in the same order
+        default_factory=lambda: collections.deque(maxlen=TTFT_SAMPLES))
+    ttft_fastest: float = 0.0  # min(ttft_seconds) (0.0 while empty)
 
 
 @dataclasses.dataclass(slots=True)
@@ -96,8 +99,18 @@ class LoadTracker:
         if ticket.open and ticket.prefilling:
             load = ticket.load
             queued, decoding, active = ticket.met
-            load.ttfts.append(TtftSample(self._clock() - ticket.started, queued, ticket.prefill_tokens,
-                                         decoding, active))
+            seconds = self._clock() - ticket.started
+            load.ttfts.append(TtftSample(seconds, queued, ticket.prefill_tokens, decoding, active))
+            window = load.ttft_seconds
+            leaving = window[0] if len(window) == window.maxlen else None
+            window.append(seconds)
+            # the window's minimum, kept exact: looked for again only when the minimum itself left the window
+            if len(window) == 1:
+                load.ttft_fastest = seconds
+            elif leaving is not None and leaving == load.ttft_fastest:
+                load.ttft_fastest = min(window)
+            elif seconds < load.ttft_fastest:
+                load.ttft_fastest = seconds
             load.ttft_count += 1
             load.busy_since = self._clock()
             self._settle(ticket)
@@ -152,6 +165,16 @@ class LoadTracker:
         """(samples ever taken, the last :data:`TTFT_SAMPLES` of them, oldest first)."""
         load = self._load.get(worker_id)
         return (load.ttft_count, load.ttfts) if load else (0, ())
+
+    def ttft_seconds(self, worker_id: str) -> Sequence[float]:
+        """The ``seconds`` of :meth:`ttft_samples`' samples, in the same order (a cost sums them per decision)."""
+        load = self._load.get(worker_id)
+        return load.ttft_seconds if load else ()
+
+    def ttft_fastest(self, worker_id: str) -> float:
+        """The fastest of :meth:`ttft_seconds` (``min`` of them; 0.0 with none), kept as samples come and go."""
+        load = self._load.get(worker_id)
+        return load.ttft_fastest if load else 0.0
 
     def active_blocks(self, worker_id: str) -> int:
         """Distinct prompt blocks plus tail blocks held by the worker's active requests."""

@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from itertools import compress
 
 from infera.kv.load import LoadTracker
 from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores, cached_credit
@@ -231,6 +232,14 @@ class KvTtftPolicy:
         self._confirmed_best: dict[int, int] = {}  # per block size: the longest confirmed prefix, this decision
         self._cold: set[int] = set()  # block sizes at which no worker holds any prefix of this prompt (this decision)
         self.stay_added: list[float] = []  # per candidate, what the stay floor added to its cost (diagnostics)
+        # the terms in C (one call per candidate, the same doubles to the bit) when the index runs in C, the cost
+        # has none of the studied knobs whose terms only Python computes, and C's step model is this module's
+        plain = not (self.cold_wait or self.progress or self.holder_progress or self._stall or self.duplication_weight)
+        native = deps.index.native
+        model = native is not None and native.kv_terms_model() == (PREFILL, DECODE, STEP_TOKENS, DECODE_FLOOR_MS,
+                                                                   UNKNOWN_USAGE)
+        self._c_terms = native.kv_terms if model and plain else None
+        self._c_modelled = native.kv_modelled if model else None  # a TTFT sample's modelled_ms(1.0, ...)
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
         overlaps: list[int] = []
@@ -242,13 +251,15 @@ class KvTtftPolicy:
             found = by_size.get(size)
             if found is None:
                 now = self._clock()
-                found = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=True)
+                if self.duplication_weight or self.stay_floor:  # one walk for both (on the C path)
+                    found, best = self._index.overlaps_and_confirmed(ctx.hashes(size), now=now)
+                    if found:
+                        self._confirmed_best[size] = best
+                else:
+                    found = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=True)
                 by_size[size] = found
                 if not found and self.cold_wait:
                     self._cold.add(size)
-                if (self.duplication_weight or self.stay_floor) and found:
-                    confirmed = self._index.overlaps(ctx.hashes(size), now=now, use_predicted=False)
-                    self._confirmed_best[size] = max(confirmed.values(), default=0)
             overlaps.append(found.get(cand.worker.instance_id, 0))
         self._occupancy = self.occupancy_weight
         self._busy = 1.0
@@ -282,6 +293,12 @@ class KvTtftPolicy:
         wid = worker.instance_id
         size = worker.kv_block_size
         credit = cached_credit(self._index, wid, ctx.hashes(size), overlap) if overlap else 0
+        if self._c_terms is not None:
+            c_terms: tuple[float, float, float, float, float, float, float, float] = self._c_terms(
+                ctx.prompt_tokens, credit, size, cand.prefill_tokens, cand.active_blocks, self._load.decoding(wid),
+                worker.capacity.kv_blocks, ctx.max_tokens, self._weight, self.horizon, self.eviction_weight,
+                self._index.block_count(wid), self._occupancy)
+            return c_terms
         own = max(0.0, ctx.prompt_tokens - credit * size)
         decoding = self._load.decoding(wid)
         capacity = worker.capacity.kv_blocks
@@ -339,24 +356,25 @@ class KvTtftPolicy:
         """The stay floor: a worker short of the longest *confirmed* prefix (blocks the engines reported, not
         predictions) gets no advantage from the decode terms over the best of the workers that hold it, unless
         those holders decode :attr:`stay_margin` or more requests than it does. Adds to ``sums`` in place."""
-        parts = (3,) if self.stay_floor == "horizon" else (1, 3)
-        holders = [i for i, c in enumerate(candidates)
-                   if overlaps[i] >= self._confirmed_best.get(c.worker.kv_block_size, 0) > 0]
+        best = self._confirmed_best
+        short = [overlaps[i] < best.get(c.worker.kv_block_size, 0) for i, c in enumerate(candidates)]
+        holders = [i for i, c in enumerate(candidates) if not short[i] and best.get(c.worker.kv_block_size, 0) > 0]
         if not holders:
             return
-        decoding = [self._load.decoding(c.worker.instance_id) for c in candidates]
+        decoding = list(map(self._load.decoding, [c.worker.instance_id for c in candidates]))
         if self.stay_fair:
             fair = max(1.0, self.stay_fair * sum(decoding) / len(candidates))
             if min(decoding[i] for i in holders) > fair:
                 return  # the holders carry more than their share of the fleet's decoding: balance may move it
-        floor = min(sum(terms[i][k] for k in parts) for i in holders)
+        # the decode terms: the batch's share (1) and the horizon (3), or the horizon alone; added as sum() adds
+        # them (0 + a is a), so the floor is the same to the bit
+        parts = [t[3] for t in terms] if self.stay_floor == "horizon" else [t[1] + t[3] for t in terms]
+        floor = min(parts[i] for i in holders)
         held = min(decoding[i] for i in holders)
-        for i, c in enumerate(candidates):
-            if overlaps[i] >= self._confirmed_best.get(c.worker.kv_block_size, 0):
-                continue
+        for i in compress(range(len(candidates)), short):
             if self.stay_margin and held - decoding[i] >= self.stay_margin:
                 continue  # the holders decode this many more requests than w: balance may move the request
-            mine = sum(terms[i][k] for k in parts)
+            mine = parts[i]
             if mine < floor:
                 sums[i] += floor - mine
                 self.stay_added[i] = floor - mine
@@ -408,15 +426,19 @@ class KvTtftPolicy:
             fresh = sums.source is not samples or sums.capacity != capacity or not 0 <= sums.count <= count
             new = n if fresh else min(n, count - sums.count)
             kept = sums.parts[len(sums.parts) - (n - new):] if n > new else []
-            sums.parts = kept + [modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks,
-                                             capacity) for x in itertools.islice(samples, n - new, n)]
+            c_model = self._c_modelled
+            sums.parts = kept + ([c_model(x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks, capacity)
+                                  for x in itertools.islice(samples, n - new, n)] if c_model is not None else
+                                 [modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks,
+                                              capacity) for x in itertools.islice(samples, n - new, n)])
             sums.capacity = capacity
             sums.source = samples
             sums.count = count
             sums.n = n
-            sums.observed = sum(x.seconds for x in samples) * 1000.0
+            seconds = self._load.ttft_seconds(wid)  # the samples' seconds, the same floats in the same order
+            sums.observed = sum(seconds) * 1000.0
             sums.modelled = sum(sums.parts)
-            sums.floor = min((x.seconds for x in samples), default=0.0) * 1000.0
+            sums.floor = self._load.ttft_fastest(wid) * 1000.0  # min(seconds, default=0.0), kept by the tracker
         return sums
 
 

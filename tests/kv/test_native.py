@@ -97,9 +97,47 @@ def test_random_streams_give_the_same_state_and_answers(ops: list[tuple[Any, ...
                     for use in (False, True, {"a", "c"}, set()):
                         assert c.overlaps(hashes[:n], now=now, use_predicted=use) == \
                             py.overlaps(hashes[:n], now=now, use_predicted=use), (hashes, n, use)
+                    assert c.overlaps_and_confirmed(hashes[:n], now=now) == _both(py, hashes[:n], now)
             for w in WORKERS:
                 assert c.cache_view(w) == py.cache_view(w)
                 assert c.lower_tier_blocks(w, ROUTER[0], 6) == py.lower_tier_blocks(w, ROUTER[0], 6)
+
+
+def _both(index: PrefixIndex, hashes: list[int], now: float | None = None) -> tuple[dict[str, int], int]:
+    """What ``overlaps_and_confirmed`` answers, by its definition: two queries."""
+    found = index.overlaps(hashes, now=now, use_predicted=True)
+    return found, max(index.overlaps(hashes, now=now).values(), default=0) if found else 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 80), st.lists(st.integers(0, 79), max_size=3)), min_size=1, max_size=100),
+       st.lists(st.tuples(st.integers(0, 120), st.integers(0, 80), st.integers(0, 79)), min_size=1, max_size=12),
+       st.lists(st.integers(0, 80), min_size=1, max_size=4))
+def test_one_walk_gives_the_predicted_and_the_confirmed_overlap(holds: list[tuple[int, list[int]]],
+                                                                guesses: list[tuple[int, int, int]],
+                                                                lengths: list[int]) -> None:
+    """Up to 120 workers (masks of several words) holding a prompt to staggered depths with holes, predictions for
+    some of them (some from a later block on, so a guess fills a hole or extends a depth): the C path's one walk
+    answers what the two queries answer, on both paths."""
+    long = [t % 50_000 + 1 for t in range(0, 80 * BLOCK * 7, 7)]
+    hashes = hashing.pure_block_hashes(long, BLOCK)
+    c, py = PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
+    for index in (c, py):
+        for k, (depth, holes) in enumerate(holds):
+            engine = [k * 10_000 + j for j in range(depth)]
+            events: list[KvEvent] = [BlockStored(engine, None, long[: depth * BLOCK], BLOCK)] if depth else []
+            events += [BlockRemoved([engine[j]]) for j in sorted(set(holes)) if j < depth]
+            index.apply(f"w{k}", EventBatch(1.0, events or [AllBlocksCleared()]))
+        for k, start, n in guesses:
+            index.predict(f"w{k}", hashes[start : start + n], ttl=10.0, now=1.0)
+    for n in lengths:
+        want = _both(py, hashes[:n], 2.0)
+        assert c.overlaps_and_confirmed(hashes[:n], now=2.0) == want
+        assert py.overlaps_and_confirmed(hashes[:n], now=2.0) == want
+        assert c._native is not None
+        if n:
+            assert c._native.walk_both(hashes[:n], c._shared, c._holders, c._slots.names, c._predicted, -1) == want
+    assert c.overlaps_and_confirmed(hashes, now=20.0) == _both(py, hashes, 20.0)  # every guess expired
 
 
 @settings(max_examples=100, deadline=None)

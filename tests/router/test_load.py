@@ -43,3 +43,23 @@ def test_prefill_age_counts_from_the_request_that_found_the_queue_empty_or_the_l
     assert abs(load.prefill_age("w") - 0.05) < 1e-9
     load.prefill_done(b)
     assert load.prefill_age("w") == 0.0  # nothing queued
+
+
+def test_ttft_seconds_are_the_samples_seconds_in_order_through_the_window() -> None:
+    from infera.kv.load import TTFT_SAMPLES
+
+    now = [0.0]
+    load = LoadTracker(clock=lambda: now[0])
+    assert list(load.ttft_seconds("w")) == [] and load.ttft_fastest("w") == 0.0
+    for k in range(3 * TTFT_SAMPLES):
+        ticket = load.begin("w", 10, [k], 1)
+        now[0] += 0.001 * (k % 7 + 1) * (1 if k < TTFT_SAMPLES else 3)  # the fastest leaves the window, ties too
+        load.prefill_done(ticket)
+        load.prefill_done(ticket)  # once only
+        load.end(ticket)
+        count, samples = load.ttft_samples("w")
+        assert list(load.ttft_seconds("w")) == [x.seconds for x in samples] and count == k + 1
+        assert load.ttft_fastest("w") == min(x.seconds for x in samples)
+    assert len(load.ttft_seconds("w")) == TTFT_SAMPLES
+    load.forget("w")
+    assert list(load.ttft_seconds("w")) == [] and load.ttft_fastest("w") == 0.0
