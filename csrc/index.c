@@ -1824,6 +1824,8 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native", "The prefix index's per-block loops in C (see csrc/index.c).", -1, methods,
 };
 
+static int add_prompt_ids(PyObject *mod); /* the prompt cache's uint32 ids: the block at the end of this file */
+
 PyMODINIT_FUNC PyInit__native(void) {
     ONE = PyLong_FromLong(1);
     ZERO = PyLong_FromLong(0);
@@ -1837,8 +1839,177 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(mod);
         return NULL;
     }
+    if (add_prompt_ids(mod) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
     return mod;
 }
+
+/* ==== The prompt cache's token ids as uint32 (infera/kv/prompt_cache.py, infera/kv/hashing.py) ====================
+ *
+ * The prompt cache keeps each prompt's ids in an array('I') (4 bytes an id, no object per id, nothing for the cyclic
+ * GC to visit, freed in one piece) and hands each caller its own list. These three stand in for the Python lines
+ * noted at each; the pure path (INFERA_PURE_PYTHON, or no compiler) runs those lines with the same results
+ * (tests/kv/test_prompt_cache.py runs both). */
+
+/* A uint32 buffer's items: 0 with *view filled (release it), -1 with an exception for anything else. */
+static int u32_view(PyObject *obj, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (view->itemsize != 4 || view->format == NULL || (strcmp(view->format, "I") != 0 && strcmp(view->format, "=I")
+                                                        != 0 && strcmp(view->format, "<I") != 0)) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_TypeError, "token ids must be a buffer of uint32 (array('I'))");
+        return -1;
+    }
+    return 0;
+}
+
+/* u32_fill(out, ids, table) -> None: ``out += ids.tolist()`` for an empty list ``out`` (any list subclass), each
+ * id < len(table) as the int object table[id] (a tuple of ints: no int allocated, none freed with the list), any
+ * other as a new int. */
+static PyObject *u32_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "u32_fill(out: list, ids: array('I'), table: tuple)");
+        return NULL;
+    }
+    PyListObject *out = (PyListObject *)args[0];
+    if (Py_SIZE(out) != 0) {
+        PyErr_SetString(PyExc_ValueError, "u32_fill fills an empty list");
+        return NULL;
+    }
+    Py_buffer view;
+    if (u32_view(args[1], &view) < 0) return NULL;
+    Py_ssize_t n = view.len / 4;
+    const uint32_t *ids = (const uint32_t *)view.buf;
+    PyObject *table = args[2];
+    Py_ssize_t known = PyTuple_GET_SIZE(table);
+    PyObject **items = n ? PyMem_New(PyObject *, (size_t)n) : NULL;
+    if (n && items == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t v = ids[i];
+        PyObject *o;
+        if ((Py_ssize_t)v < known) {
+            o = PyTuple_GET_ITEM(table, v);
+            Py_INCREF(o);
+        } else if ((o = PyLong_FromUnsignedLong(v)) == NULL) {
+            while (i--) Py_DECREF(items[i]);
+            PyMem_Free(items);
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        items[i] = o;
+    }
+    PyBuffer_Release(&view);
+    PyMem_Free(out->ob_item);  /* an empty list's, NULL or spare room */
+    out->ob_item = items;
+    out->allocated = n;
+    Py_SET_SIZE(out, n);
+    Py_RETURN_NONE;
+}
+
+/* u32_equal(seq, ids, table) -> bool | None: ``list(seq) == ids.tolist()`` for a list ``seq``: same length, and each
+ * item an int equal to the id at its place (an int subclass or a bool compares by value, as list equality does);
+ * None when an item is not an int (a float 1.0 equals 1 in a list compare: the caller's Python says). An item that is
+ * table[id] itself (u32_fill put it there) is equal without reading it: the pointers alone, as the list compare this
+ * replaces did (reading every int object made it ~3x slower at 16k tokens). */
+static PyObject *u32_equal(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "u32_equal(seq: list, ids: array('I'), table: tuple)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (u32_view(args[1], &view) < 0) return NULL;
+    Py_ssize_t n = view.len / 4;
+    const uint32_t *ids = (const uint32_t *)view.buf;
+    PyObject *table = args[2];
+    Py_ssize_t known = PyTuple_GET_SIZE(table);
+    PyObject **items = ((PyListObject *)args[0])->ob_item;
+    int same = PyList_GET_SIZE(args[0]) == n;
+    for (Py_ssize_t i = 0; same && i < n; i++) {
+        PyObject *t = items[i];
+        uint32_t v = ids[i];
+        if ((Py_ssize_t)v < known && t == PyTuple_GET_ITEM(table, v)) continue;
+        if (!PyLong_Check(t)) {
+            PyBuffer_Release(&view);
+            Py_RETURN_NONE;
+        }
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(t, &overflow);
+        same = overflow == 0 && x == (long long)v;
+    }
+    PyBuffer_Release(&view);
+    if (PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(same);
+}
+
+/* chain_hashes_u32(ids, first, n_blocks, block_size, parent) -> list[int]: chain_hashes over a uint32 buffer, read in
+ * place (the Python path: block_hashes of ids.tolist()). */
+static PyObject *chain_hashes_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "chain_hashes_u32 takes 5 arguments");
+        return NULL;
+    }
+    Py_ssize_t first = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t n_blocks = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t bs = PyLong_AsSsize_t(args[3]);
+    unsigned long long h = PyLong_AsUnsignedLongLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    if (bs <= 0 || first < 0) {
+        PyErr_SetString(PyExc_ValueError, "block_size must be positive");
+        return NULL;
+    }
+    Py_buffer view;
+    if (u32_view(args[0], &view) < 0) return NULL;
+    Py_ssize_t len = view.len / 4;
+    if (n_blocks > len / bs) n_blocks = len / bs;
+    if (n_blocks < first) n_blocks = first;
+    const uint32_t *ids = (const uint32_t *)view.buf;
+    PyObject *out = PyList_New(n_blocks - first);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    uint32_t *swapped = PyMem_Malloc(sizeof(uint32_t) * (size_t)bs);
+    if (swapped == NULL) {
+        Py_DECREF(out);
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+#endif
+    for (Py_ssize_t b = first; b < n_blocks; b++) {
+        const uint32_t *block = ids + b * bs;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        for (Py_ssize_t j = 0; j < bs; j++) swapped[j] = __builtin_bswap32(block[j]);
+        block = swapped;
+#endif
+        h = XXH3_64bits_withSeed(block, (size_t)bs * 4, h);
+        PyObject *o = PyLong_FromUnsignedLongLong(h);
+        if (o == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, b - first, o);
+    }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    PyMem_Free(swapped);
+#endif
+    PyBuffer_Release(&view);
+    return out;
+}
+
+static PyMethodDef prompt_ids_methods[] = {
+    {"u32_fill", (PyCFunction)(void (*)(void))u32_fill, METH_FASTCALL, NULL},
+    {"u32_equal", (PyCFunction)(void (*)(void))u32_equal, METH_FASTCALL, NULL},
+    {"chain_hashes_u32", (PyCFunction)(void (*)(void))chain_hashes_u32, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_prompt_ids(PyObject *mod) { return PyModule_AddFunctions(mod, prompt_ids_methods); }
 
 /* ---- the kv-aware pick's one walk (helper pick7) --------------------------------------------------- */
 

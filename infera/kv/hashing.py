@@ -14,6 +14,7 @@ router rebuilds its own from the token ids carried by ``BlockStored`` events.
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Sequence
 
 import xxhash
@@ -27,19 +28,28 @@ _native = load()  # the C loop (same hashes), or None: see infera.kv.native
 class PromptIds(list[int]):
     """Token ids that know the block hashes of a leading part already hashed (see kv.prompt_cache).
 
-    ``origin``: the ids as the cache holds them; both fields below are trusted only while
-    these ids still equal it (a caller that edits the list in place gets a plain hashing).
+    ``origin``: the ids as the cache holds them (a uint32 ``array``); both fields below are
+    trusted only while these ids still equal it (a caller that edits the list in place gets a
+    plain hashing).
     ``known_hashes``: block size -> hashes of leading full blocks of ``origin`` (chain from 0).
     ``sink``: where ``block_hashes`` stores the full result for later prompts.
+    ``ints``: the int objects the cache filled the list with (``ints[i]`` is the int ``i``): an item
+    that is still that object equals its origin's id without being read.
+    ``complete``: block size -> hashes of every full block of ``origin``, made by the cache from it
+    for the block sizes it has seen: the hashes of this list as it was handed out, for a caller
+    that takes them before anything could change it (the router's context); ``block_hashes``
+    does not read them.
     """
 
-    __slots__ = ("known_hashes", "origin", "sink")
+    __slots__ = ("complete", "ints", "known_hashes", "origin", "sink")
 
     def __init__(self, ids: Sequence[int] = ()) -> None:
         super().__init__(ids)
-        self.origin: list[int] | None = None
+        self.origin: array[int] | None = None
         self.known_hashes: dict[int, list[int]] | None = None
         self.sink: dict[int, list[int]] | None = None
+        self.ints: tuple[int, ...] = ()
+        self.complete: dict[int, list[int]] | None = None
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> list[int]:
@@ -54,11 +64,11 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> 
     n_blocks = len(token_ids) // block_size
     if n_blocks == 0:
         return []
-    if parent == 0 and type(token_ids) is PromptIds and token_ids.origin == token_ids:
+    if parent == 0 and type(token_ids) is PromptIds and token_ids.origin is not None and _same(token_ids):
         known = token_ids.known_hashes.get(block_size, []) if token_ids.known_hashes else []
         k = min(len(known), n_blocks)
-        # hash ``origin``, the equal plain list: the C loop reads a list subclass through a copy of it
-        out = known[:k] + _chain(token_ids.origin, k, n_blocks, block_size, known[k - 1] if k else 0)
+        # the new blocks hashed from ``origin``, the equal uint32 array, in place
+        out = known[:k] + _chain_u32(token_ids.origin, k, n_blocks, block_size, known[k - 1] if k else 0)
         if token_ids.sink is not None:
             token_ids.sink[block_size] = list(out)  # the caller may keep and change ``out``
         return out
@@ -70,6 +80,35 @@ def pure_block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     return _chain_py(token_ids, 0, len(token_ids) // block_size, block_size, parent)
+
+
+def extend_hashes(ids: array[int], known: list[int], block_size: int) -> list[int]:
+    """Hashes of every full block of ``ids`` (uint32), given ``known``: hashes of its leading full blocks (any
+    number; extra ones past the full blocks are dropped)."""
+    n_blocks = len(ids) // block_size
+    k = min(len(known), n_blocks)
+    return known[:k] + _chain_u32(ids, k, n_blocks, block_size, known[k - 1] if k else 0)
+
+
+def _same(ids: PromptIds) -> bool:
+    """``ids`` still holds what its ``origin`` holds (a caller may have edited it): C, or the same in Python."""
+    origin = ids.origin
+    assert origin is not None
+    if _native is not None:
+        same: bool | None = _native.u32_equal(ids, origin, ids.ints)
+        if same is not None:  # None: an item that is not an int
+            return same
+    return len(ids) == len(origin) and list(ids) == origin.tolist()
+
+
+def _chain_u32(ids: array[int], first: int, n_blocks: int, block_size: int, parent: int) -> list[int]:
+    """:func:`_chain` of a uint32 array."""
+    if first >= n_blocks:
+        return []
+    if _native is not None:
+        out: list[int] = _native.chain_hashes_u32(ids, first, n_blocks, block_size, parent)
+        return out
+    return _chain_py(ids.tolist(), first, n_blocks, block_size, parent)
 
 
 def _chain(token_ids: Sequence[int], first: int, n_blocks: int, block_size: int, parent: int) -> list[int]:

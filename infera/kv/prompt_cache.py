@@ -29,36 +29,50 @@ hashes, so ``infera.kv.hashing.block_hashes`` hashes only the new blocks (the ha
 block k depends only on tokens 0..k).
 
 Memory is bounded by ``max_bytes`` (default 64 MiB, least recently used prompts go
-first), counted as text bytes + 40 bytes a token id (block hashes, one per 16+ tokens,
-add under 10%); a prompt that a later one extends as a whole is dropped at once, so a
-growing conversation holds one entry.
+first), counted as text bytes + 4 bytes a token id (block hashes, one per 16+ tokens,
+and the cut keys add ~10-20%); a prompt that a later one extends as a whole is dropped at
+once, so a growing conversation holds one entry.
+
+An entry keeps its ids as an ``array('I')``, not a list: no int object per id, nothing for
+the cyclic GC to visit (a young collection visited every id of every prompt stored since
+the last one: ~10 µs a request at 1k tokens), and an evicted prompt is freed in one piece.
+Each caller gets its own list, built in C from the array with the vocabulary's int objects
+(``vocab_size``: ids below it are shared objects, not allocated per request); the list's
+``origin`` is the entry's array, which ``infera.kv.hashing`` compares it with (C) before
+trusting the known block hashes, and hashes new blocks from (in place).
 """
 
 from __future__ import annotations
 
 import re
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from itertools import count, repeat
 
 import xxhash
 
-from infera.kv.hashing import PromptIds
+from infera.kv.hashing import PromptIds, extend_hashes
+from infera.kv.native import load
 
 DEFAULT_MAX_BYTES = 64 << 20
 MIN_CHARS = 6000  # ~1.5k tokens: shorter prompts cost less encoded directly (bench/prompt_sweep.py)
 TAIL_PROBES = 8  # seen cuts looked for from the end before a full scan
 TAIL_WINDOW = 64  # bytes before a cut that, with its offset, key it in ``_ends``
-_BYTES_PER_ID = 40  # list slot + int object
+_BYTES_PER_ID = 4  # array('I')
+IDS = "I"  # the entries' array type: uint32 (4 bytes on every platform CPython supports; checked below)
 
 _xxh3 = xxhash.xxh3_64_intdigest
+_native = load()  # u32_fill (C), or None: see infera.kv.native
+if array(IDS).itemsize != 4:
+    raise ImportError("array('I') is not 4 bytes here")
 
 
 class _Entry:
     __slots__ = ("cuts", "data", "ends", "hashes", "holder", "ids", "size", "state")
 
-    def __init__(self, data: bytes, ids: list[int], cuts: list[tuple[int, int, int, int]]) -> None:
+    def __init__(self, data: bytes, ids: array[int], cuts: list[tuple[int, int, int, int]]) -> None:
         self.data = data
         self.ids = ids
         self.cuts = cuts  # (byte offset, key, ids before it, xxh3 of the TAIL_WINDOW bytes before it), ascending
@@ -75,14 +89,17 @@ class PromptCache:
     """Encode prompts through ``encode``, reusing the ids of the longest prefix seen before.
 
     ``encode(text)`` must be a codec call without added special tokens, and ``boundaries``
-    (token -> id) added tokens it splits on before anything else. Thread-safe.
+    (token -> id) added tokens it splits on before anything else. ``vocab_size``: ids below
+    it reach callers as shared int objects (a tuple of them, ~36 bytes an id, made here).
+    Thread-safe.
     """
 
     def __init__(self, encode: Callable[[str], list[int]], boundaries: Mapping[str, int],
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 max_bytes: int = DEFAULT_MAX_BYTES, vocab_size: int = 0) -> None:
         if not boundaries:
             raise ValueError("a prompt cache needs the codec's boundary tokens")
         self._encode = encode
+        self._ints = tuple(range(vocab_size)) if _native is not None else ()
         names = sorted((t.encode("utf-8") for t in boundaries), key=len, reverse=True)
         self._regex = re.compile(b"|".join(map(re.escape, names)))  # longest first, as the codecs match
         self._names = frozenset(names)
@@ -98,6 +115,7 @@ class PromptCache:
         # costs O(window), not a hash of the whole prefix (bench/README.md, "the prompt cache's reuse")
         self._ends: dict[tuple[int, int], tuple[list[_Entry], int]] = {}
         self._lru: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry
+        self._sizes: set[int] = set()  # block sizes whose hashes callers asked for: made with the ids from now on
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0  # prompts that reused a prefix
@@ -132,20 +150,38 @@ class PromptCache:
             if found is not None and id(found[0]) in self._lru:
                 self._lru.move_to_end(id(found[0]))
         k = -1
+        out = PromptIds()
         if found is None:
             base, start, before, hashes = None, 0, [], None
-            ids = self._encode(text)
+            out += self._encode(text)
+            try:
+                ids = array(IDS, out)
+            except (OverflowError, TypeError):  # not uint32: the caller gets its ids, nothing is stored
+                return out
         else:
             base, k = found
             start, _, n_ids, _ = base.cuts[k]
             before = base.cuts[: k + 1]
             rest = self._encode(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
-            ids = base.ids[:n_ids]  # one copy of the reused ids (``slice + rest`` made two)
-            ids += rest
+            ids = base.ids[:n_ids]  # a memcpy
+            try:
+                ids.extend(rest)
+            except (OverflowError, TypeError):
+                out += self._encode(text)
+                return out
+            if _native is not None:
+                _native.u32_fill(out, ids, self._ints)
+            else:
+                out += ids.tolist()
             hashes = {size: h[: n_ids // size] for size, h in base.hashes.items()}
+            self._sizes.update(hashes)
+        # every full block's hash for the sizes seen, from the array: the context takes them at once (no check that the
+        # list still equals the array, no second pass), and the entry keeps its own copy for later prompts
+        sizes = tuple(self._sizes)  # one C call: another thread may add a size meanwhile (encode runs off the loop too)
+        complete = {size: extend_hashes(ids, hashes.get(size, []) if hashes else [], size) for size in sizes}
         new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
         at_end = base is not None and k == len(base.cuts) - 1  # the base's state is at its last cut only
-        entry = self._entry(data, ids, new, start, before, base.state if base is not None and at_end else None)
+        entry = self._entry(data, ids, out, new, start, before, base.state if base is not None and at_end else None)
         if entry is not None:
             with self._lock:
                 self._store(entry, base if base is not None and at_end else None)
@@ -153,10 +189,13 @@ class PromptCache:
                     self.hits += 1
                     self.reused_tokens += before[-1][2]
                 self.encoded_tokens += len(ids) - (before[-1][2] if before else 0)
-        out = PromptIds(ids)
         out.origin = ids
+        out.ints = self._ints
         out.known_hashes = hashes
         out.sink = entry.hashes if entry is not None else None
+        out.complete = complete
+        if entry is not None:
+            entry.hashes.update((size, list(h)) for size, h in complete.items())
         return out
 
     def clear(self) -> None:
@@ -270,11 +309,12 @@ class PromptCache:
                 hi = mid
         return best
 
-    def _entry(self, data: bytes, ids: list[int], matches: list[tuple[int, bytes]], start: int,
+    def _entry(self, data: bytes, ids: array[int], listed: list[int], matches: list[tuple[int, bytes]], start: int,
                before: list[tuple[int, int, int, int]], state: xxhash.xxh3_64 | None) -> _Entry | None:
-        """The entry for ``data``: cuts up to ``start`` copied from the base, the rest found here.
+        """The entry for ``data`` (``ids``, and the same as a list, ``listed``): cuts up to ``start`` copied from
+        the base, the rest found here.
 
-        The id after each boundary token past ``start`` is found by scanning ``ids`` for that
+        The id after each boundary token past ``start`` is found by scanning ``listed`` for that
         token's id in order (a boundary token's id comes only from its own text). ``state``: the
         base's xxh3 state after its last cut, given only when that cut is ``start`` (the bytes it
         covers equal ``data[:start]``, compared on the hit): those bytes are not hashed again.
@@ -294,7 +334,7 @@ class PromptCache:
             if end <= start:
                 continue
             try:
-                pos = ids.index(id_of[token], pos + 1)
+                pos = listed.index(id_of[token], pos + 1)  # a list's index: no int made per item
             except ValueError:
                 return None  # the codec did not split where expected: do not remember this prompt
             stream.update(view[last:end])

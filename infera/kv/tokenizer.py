@@ -137,7 +137,7 @@ class PromptRenderer:
     ) -> None:
         self._codec = codec
         self._prompts = (
-            PromptCache(self._encode_plain, codec.boundaries, prompt_cache_bytes)
+            PromptCache(self._encode_plain, codec.boundaries, prompt_cache_bytes, codec.vocab_size)
             if codec.boundaries and prompt_cache_bytes > 0 else None
         )
         self._env = make_env()

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from infera.kv.hashing import PromptIds
 from infera.kv.tokenizer import PromptRenderer
 from infera.router.base import RoutingContext
 
@@ -75,8 +76,11 @@ class ContextBuilder:
         """The request's context: its prompt's length from ``token_ids``, else guessed from the body."""
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
         prompt_tokens = len(token_ids) if token_ids is not None else max(1, len(req.body) // 4)
+        # the prompt cache's block hashes of these very ids (nothing has touched the list since): ctx.hashes() need not
+        # compare the list with the cache's copy first
+        known = token_ids.complete if type(token_ids) is PromptIds and token_ids.complete else None
         return RoutingContext(model=req.model, token_ids=token_ids, prompt_tokens=prompt_tokens,
-                              max_tokens=max_tokens)
+                              max_tokens=max_tokens, _hashes=dict(known) if known else {})
 
     async def prompt_tokens_off_loop(self, kind: Literal["chat", "completion"], payload: Mapping[str, Any],
                                      size: int, off_loop: int) -> list[int]:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import gc
 import random
+import struct
+from array import array
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infera.kv.hashing import block_hashes
+from infera.kv import hashing, prompt_cache
+from infera.kv.hashing import PromptIds, block_hashes, pure_block_hashes
+from infera.kv.native import ENV, choose, load
 from infera.kv.tokenizer import PromptRenderer
 
 PIECES = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</tool_call>", "<", ">", "<|", "|>",
@@ -25,9 +32,26 @@ CONTENT = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=12)), max
 ROLE = st.sampled_from(["user", "assistant", "user", "tool", "system"])
 
 
+@pytest.fixture(scope="module", params=["pure", "native"])
+def ids_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The cache's uint32 ids turned into lists, compared and hashed in C, or by the Python lines they stand in for."""
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param == "native":
+            mp.delenv(ENV, raising=False)
+            native = load()
+            if native is None:
+                pytest.skip("the C extension infera.kv._native is not built")
+        else:
+            mp.setenv(ENV, "1")
+            native = None
+        mp.setattr(hashing, "_native", native)
+        mp.setattr(prompt_cache, "_native", native)
+        yield str(request.param)
+
+
 @pytest.fixture(scope="module", params=["qwen-tiktoken", "qwen-hf", "tiny"])
-def renderer(request: pytest.FixtureRequest, qwen_tokenizer_dir: Path,
-              tiny_tokenizer_dir: Path) -> PromptRenderer:
+def renderer(request: pytest.FixtureRequest, qwen_tokenizer_dir: Path, tiny_tokenizer_dir: Path,
+             ids_path: str) -> PromptRenderer:
     path = tiny_tokenizer_dir if request.param == "tiny" else qwen_tokenizer_dir
     cached = PromptRenderer.from_dir(path, fast=request.param != "qwen-hf")
     assert cached.uses_tiktoken == (request.param == "qwen-tiktoken")
@@ -45,6 +69,9 @@ def _check(renderer: PromptRenderer, messages: list[dict[str, Any]], tools: list
     want = renderer.encode(text, add_special_tokens=False)  # from scratch, no prompt cache
     got = renderer.chat_token_ids(messages, tools)
     assert list(got) == want
+    assert type(got) is not PromptIds or got.origin is None or got.origin.tolist() == want
+    for size, made in (got.complete or {}).items() if type(got) is PromptIds else ():
+        assert made == block_hashes(want, size)  # made with the ids, handed to the router's context as they are
     for size in (4, 16):
         assert block_hashes(got, size) == block_hashes(want, size)
         assert block_hashes(got, size) == block_hashes(want, size)  # second call: from the stored hashes
@@ -216,3 +243,134 @@ def test_a_branch_off_an_earlier_turn_reuses_the_cuts_its_conversation_registere
     assert list(ids) == renderer.encode(renderer.render_chat(fourth), add_special_tokens=False)
     shared = renderer.encode(renderer.render_chat(grown), add_special_tokens=False)
     assert cache.reused_tokens - reused >= len(shared) - 5
+
+
+def test_stored_ids_are_out_of_the_cyclic_gcs_sight(qwen_tokenizer_dir: Path) -> None:
+    """A stored prompt's ids are one uint32 array, not a list of ints that every young collection walks (it did: ~10
+    µs a request at 1k tokens, bench/README.md, seventh round); the caller still gets a list of its own."""
+    renderer = PromptRenderer.from_dir(qwen_tokenizer_dir)
+    cache = renderer.prompt_cache
+    assert cache is not None
+    cache.min_chars = 0
+    conversation = _conversation(6)
+    for k in range(2, len(conversation) + 1, 2):
+        ids = renderer.chat_token_ids(conversation[:k])
+        block_hashes(ids, 16)
+    assert type(ids) is PromptIds and len(ids) > 1000
+    n, head = len(ids), tuple(ids[:8])
+    del ids
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) is list and len(o) >= n and tuple(o[:8]) == head]
+    again = renderer.chat_token_ids(conversation)  # a full hit: the ids come from the array
+    assert type(again) is PromptIds and list(again) == renderer.encode(renderer.render_chat(conversation))
+    again.append(1)  # the caller's own list
+    assert list(renderer.chat_token_ids(conversation)) == list(again[:-1])
+
+
+@pytest.mark.parametrize("edit", ["bool", "float", "negative", "wide", "subclass", "shorter", "longer", "same"])
+def test_an_edited_list_is_told_apart_from_its_origin(edit: str) -> None:
+    """``block_hashes`` trusts the known hashes only while the list equals its uint32 origin (C and Python agree)."""
+
+    class Int(int):
+        pass
+
+    base = [5, 300, 70_000, 151_643, 2**32 - 1] * 8
+    ids = PromptIds(base)
+    ids.origin = array("I", base)
+    ids.known_hashes = {4: [1, 2, 3]}  # wrong on purpose: used only while ids == origin
+    want_same = {"bool": False, "float": True, "negative": False, "wide": False, "subclass": True, "shorter": False,
+                 "longer": False, "same": True}[edit]
+    if edit == "bool":
+        ids[0] = True  # 1 != 5
+    elif edit == "float":
+        ids[1] = 300.0  # type: ignore[call-overload]  # equal in a list compare
+    elif edit == "negative":
+        ids[2] = -1
+    elif edit == "wide":
+        ids[3] = 2**32 + 151_643
+    elif edit == "subclass":
+        ids[4] = Int(2**32 - 1)
+    elif edit == "shorter":
+        ids.pop()
+    elif edit == "longer":
+        ids.append(1)
+    native = _built()
+    for impl in [None] + ([native] if native is not None else []):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(hashing, "_native", impl)
+            if edit in ("negative", "wide"):  # not a uint32: what hashing any such list raises
+                with pytest.raises(struct.error):
+                    block_hashes(ids, 4)
+                continue
+            got = block_hashes(ids, 4)
+        if want_same:
+            assert got[:3] == [1, 2, 3]
+        else:
+            assert got == pure_block_hashes([int(t) for t in ids], 4)
+
+
+def _built() -> ModuleType | None:
+    """The C extension whatever ``INFERA_PURE_PYTHON`` says, or None when it is not built."""
+    try:
+        return choose(True)
+    except ImportError:
+        return None
+
+
+def test_the_c_helpers_equal_their_python_lines() -> None:
+    native = _built()
+    if native is None:
+        pytest.skip("the C extension infera.kv._native is not built")
+    rng = random.Random(3)
+    table = tuple(range(1000))
+    for _ in range(200):
+        values = [rng.choice([rng.randrange(1000), rng.randrange(2**32)]) for _ in range(rng.randrange(0, 70))]
+        ids = array("I", values)
+        out = PromptIds()
+        native.u32_fill(out, ids, table)
+        assert out == values and type(out) is PromptIds
+        assert native.u32_equal(out, ids, table) is True
+        assert native.u32_equal(list(values), ids, ()) is True  # not the table's objects: compared by value
+        if values:
+            changed = list(out)
+            changed[-1] = (changed[-1] + 1) % 2**32
+            assert native.u32_equal(changed, ids, table) is False
+        for size in (1, 4, 16):
+            for first in range(0, len(values) // size + 2, 3):
+                got = native.chain_hashes_u32(ids, first, len(values) // size, size, 7)
+                assert got == native.chain_hashes(values, first, len(values) // size, size, 7)
+                if first == 0:
+                    assert got == pure_block_hashes(values, size, 7)
+    with pytest.raises(ValueError, match="empty"):
+        native.u32_fill([1], array("I", [2]), table)  # fills only an empty list
+    with pytest.raises(TypeError):
+        native.u32_equal([1], array("Q", [1]), table)  # uint32 only
+
+
+def test_the_routing_context_takes_the_caches_block_hashes_and_they_are_exact(qwen_tokenizer_dir: Path) -> None:
+    """The context of a prompt the cache extended carries the hashes the cache made from its ids (no list compare,
+    no second pass): equal to hashing the plain ids, turn after turn, and for a second session and an edited one."""
+    from infera.router.context import ContextBuilder, RouteRequest
+
+    renderer = PromptRenderer.from_dir(qwen_tokenizer_dir)
+    cache = renderer.prompt_cache
+    assert cache is not None
+    cache.min_chars = 0
+    builder = ContextBuilder(renderer, tokenize=True)
+    conversation = _conversation(6)
+    other = [conversation[0], {"role": "user", "content": "another session"}]
+    edited = [dict(m) for m in conversation]
+    edited[3]["content"] = "edited"
+    prompts = [conversation[:k] for k in range(2, len(conversation) + 1, 2)] + [other, edited, conversation]
+    prefilled = 0
+    for messages in prompts:
+        req = RouteRequest(kind="chat", path="/v1/chat/completions", body=b"{}", payload={"messages": messages},
+                           model="m")
+        ctx = builder.build(req)
+        plain = renderer.encode(renderer.render_chat(messages))
+        assert ctx.token_ids is not None and list(ctx.token_ids) == plain
+        ids = ctx.token_ids
+        prefilled += type(ids) is PromptIds and bool(ids.complete) and 16 in ids.complete
+        for size in (16, 4):
+            assert ctx.hashes(size) == pure_block_hashes(plain, size)
+    assert prefilled >= len(prompts) - 2  # all but the first prompt (and the first with size 4 seen): made at once
