@@ -184,6 +184,11 @@ def _unique_variants() -> None:
         tolerant(eps)
     # kv-aware without ``cold_wait`` (the default: the live check did not confirm it; the variants above were
     # measured on this base), named for the sweeps' tables
+    # the seventh round (bench/README.md "Seventh round"): eviction priced by the recency of what is evicted
+    from infera.router.kv_evict import KvEvictPolicy
+
+    for e in (1.0, 2.0):
+        POLICIES[f"kv-aware-evict-e{e:g}"] = type(f"KvEvict_e{e:g}", (KvEvictPolicy,), {"eviction_weight": e})
     POLICIES["kv-aware-warm"] = type("KvTtft_warm", (KvTtftPolicy,), {"cold_wait": False})
     POLICIES["kv-aware-busy-warm"] = type("KvTtft_busy_warm", (KvTtftBusyPolicy,), {"cold_wait": False})
 

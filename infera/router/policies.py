@@ -5,6 +5,7 @@ from __future__ import annotations
 from infera.router.approx_prefix import ApproxPrefixPolicy
 from infera.router.base import PolicyFactory
 from infera.router.kv_aware import KvAwarePolicy
+from infera.router.kv_evict import KvEvictPolicy
 from infera.router.kv_ttft import (
     KvTtftBusyPolicy,
     KvTtftColdPolicy,
@@ -21,6 +22,7 @@ POLICIES: dict[str, PolicyFactory] = {
     "kv-aware": KvTtftPolicy,  # predicted time to first token (chosen by measurement: bench/README.md)
     "kv-aware-busy": KvTtftBusyPolicy,  # the occupancy weight rises while the fleet computes prompts (candidate)
     "kv-aware-hold": KvTtftHoldPolicy,  # kv-aware-busy, and a prefix holder's queue counts what it computed (candidate)
+    "kv-aware-evict": KvEvictPolicy,  # the eviction term weighted by the recency of what is evicted (candidate)
     "kv-aware-cold": KvTtftColdPolicy,  # a prompt nothing caches waits for the next step, no horizon (candidate)
     "kv-aware-occupancy": KvTtftOccupancyPolicy,  # the same without the stay floor (the default before)
     "kv-aware-eviction": KvTtftEvictionPolicy,  # the same without the occupancy term either (the default before that)
