@@ -95,10 +95,10 @@ class KvEvictPolicy(KvTtftPolicy):
         if tau is None or blocks <= 0:
             return 1.0
         lru = self._recency.get(wid)
-        known = min(blocks, len(lru)) if lru else 0
-        if not known:
+        if not lru:
             return 1.0
-        last = next(itertools.islice(lru.values(), known // 2, None))  # type: ignore[union-attr]
+        known = min(blocks, len(lru))
+        last: float = next(itertools.islice(lru.values(), known // 2, None))
         return (known * tau / (tau + max(0.0, self._now - last)) + (blocks - known)) / blocks
 
     def terms(self, ctx: RoutingContext, cand: Candidate, overlap: int) -> tuple[float, float, float, float, float,
