@@ -188,6 +188,7 @@ def _unique_variants() -> None:
     from infera.router.kv_evict import KvEvictPolicy
     from infera.router.kv_ttft import BUSY_OCCUPANCY_WEIGHT
 
+    POLICIES["kv-aware-evict"] = KvEvictPolicy  # the candidate's name in the sweeps (now the default, kv-aware)
     for e in (1.0, 2.0):
         POLICIES[f"kv-aware-evict-e{e:g}"] = type(f"KvEvict_e{e:g}", (KvEvictPolicy,), {"eviction_weight": e})
     POLICIES["kv-aware-evict-busy"] = type("KvEvict_busy", (KvEvictPolicy,), {"busy_occupancy": BUSY_OCCUPANCY_WEIGHT})

@@ -1,6 +1,7 @@
-"""Eviction-aware kv-aware: price what a worker would evict by how recently it was used (issue 14, seventh round).
+"""``kv-aware`` (the default): the predicted-TTFT cost, evictions priced by how recently the evicted blocks were used
+(issue 14, seventh round; the cost pricing every evicted block alike, the default before, is ``kv-aware-flat``).
 
-``kv-aware`` charges a request for the cached blocks of other prefixes it makes a full worker evict, as
+``kv-aware-flat`` charges a request for the cached blocks of other prefixes it makes a full worker evict, as
 :data:`~infera.router.kv_ttft.EVICTION_WEIGHT` of recomputing them, whatever those blocks are. Once every
 worker's cache is full (the Mooncake trace over 64 workers) that term is the same on every worker, so a new
 conversation lands wherever the other terms say, and the fleet's memory is not used as one LRU would use it: one
@@ -12,9 +13,9 @@ shadow of the engine's LRU: the index's prediction for the worker chosen tells i
 to the blocks the worker reports cached), and values a block last used ``a`` seconds ago at ``tau / (tau + a)``,
 where ``tau`` is the typical age at which a prompt found its prefix again on its worker (a geometric running mean
 of the reuse ages it sees). Evicting blocks nobody touched for many ``tau`` costs almost nothing; evicting blocks
-used just now costs what ``kv-aware`` charges. So new prefixes go where the coldest blocks are -- the fleet
-evicts as one LRU would -- and everything else is ``kv-aware``'s cost. Until a reuse has been seen, the
-values are 1 (``kv-aware`` exactly).
+used just now costs what ``kv-aware-flat`` charges. So new prefixes go where the coldest blocks are -- the fleet
+evicts as one LRU would -- and everything else is ``kv-aware-flat``'s cost. Until a reuse has been seen,
+the values are 1 (``kv-aware-flat`` exactly).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ REUSE_EMA = 0.02  # weight of each new reuse age in the running mean of log ages
 
 
 class KvEvictPolicy(KvTtftPolicy):
-    """``kv-aware-evict``: ``kv-aware`` whose eviction term is weighted by the recency of the blocks evicted."""
+    """``kv-aware`` (in the sweeps ``kv-aware-evict``): ``kv-aware-flat`` (:class:`KvTtftPolicy`) whose eviction term is
+    weighted by the recency of the blocks evicted."""
 
     def __init__(self, deps: PolicyDeps) -> None:
         super().__init__(deps)
@@ -72,8 +74,8 @@ class KvEvictPolicy(KvTtftPolicy):
         lru = self._recency.get(wid)
         if lru is None:
             lru = self._recency[wid] = OrderedDict()
-        # C-level passes (a Python step per block cost ~2x kv-aware's CPU per decision at 16-token blocks): take the
-        # prompt's blocks out, note their oldest last use, put them back at the young end
+        # C-level passes (a Python step per block cost ~2x kv-aware-flat's CPU per decision at 16-token blocks): take
+        # the prompt's blocks out, note their oldest last use, put them back at the young end
         oldest = min(map(lru.pop, hashes, itertools.repeat(math.inf)), default=math.inf)
         lru.update(zip(hashes, itertools.repeat(when)))
         if oldest < when:  # one sample per request: the age of its prefix's last use here

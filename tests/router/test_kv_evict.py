@@ -1,6 +1,6 @@
-"""kv-aware-evict: a new prefix goes where the blocks it evicts are the least recently used of the fleet.
+"""kv-aware (KvEvictPolicy): a new prefix goes where the blocks it evicts are the least recently used of the fleet.
 
-Once every worker's cache is full, ``kv-aware``'s eviction term is the same everywhere; ``kv-aware-evict`` weights
+Once every worker's cache is full, ``kv-aware-flat``'s eviction term is the same everywhere; ``kv-aware`` weights
 it by the recency of the blocks the worker's LRU would give up (bench/README.md, "Seventh round (helper place7)"),
 so the fleet evicts as one LRU would.
 """
@@ -15,6 +15,7 @@ from infera.protocols.worker import Capacity, WorkerRecord
 from infera.router.base import Candidate, RoutingContext, Scores
 from infera.router.kv_evict import KvEvictPolicy
 from infera.router.kv_ttft import KvTtftPolicy
+from infera.router.policies import POLICIES
 from tests.router.test_kv_ttft import BS, Fleet, tokens
 
 CAPACITY = 64  # blocks per worker: two 32-block sessions fill it
@@ -65,8 +66,8 @@ def full_fleet(policy: type[KvTtftPolicy]) -> Fleet:
 
 
 def test_a_new_prefix_evicts_the_fleets_least_recently_used_blocks() -> None:
-    """Both caches full, both workers idle: kv-aware's eviction term is equal and the tie goes to w0, which
-    evicts blocks used 5 s ago; kv-aware-evict sends the prompt to w1, whose LRU gives up blocks unused for 100 s."""
+    """Both caches full, both workers idle: kv-aware-flat's eviction term is equal and the tie goes to w0, which
+    evicts blocks used 5 s ago; kv-aware sends the prompt to w1, whose LRU gives up blocks unused for 100 s."""
     new = tokens(9, 20 * BS)
     assert full_fleet(KvTtftPolicy).pick(new) == "w0"
     fleet = full_fleet(KvEvictPolicy)
@@ -82,7 +83,7 @@ def test_a_new_prefix_evicts_the_fleets_least_recently_used_blocks() -> None:
 
 
 def test_without_a_reuse_seen_the_cost_is_kv_awares() -> None:
-    """Until a prompt has found its prefix again, every block's value is 1: the costs are kv-aware's to the bit."""
+    """Until a prompt has found its prefix again, every block's value is 1: the costs are kv-aware-flat's to the bit."""
     costs = []
     for policy in (KvTtftPolicy, KvEvictPolicy):
         fleet = Fleet(policy, SMALL)
@@ -91,6 +92,10 @@ def test_without_a_reuse_seen_the_cost_is_kv_awares() -> None:
         fleet.now = 50.0
         costs.append(_score(fleet, tokens(3, 30 * BS))[1].costs)
     assert costs[0] == costs[1]
+
+
+def test_kv_aware_is_the_eviction_aware_cost_and_the_flat_one_keeps_its_name() -> None:
+    assert POLICIES["kv-aware"] is KvEvictPolicy and POLICIES["kv-aware-flat"] is KvTtftPolicy
 
 
 def test_the_recency_shadow_follows_where_requests_went_and_what_the_engine_keeps() -> None:
