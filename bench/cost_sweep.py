@@ -184,16 +184,41 @@ def _unique_variants() -> None:
         tolerant(eps)
     # kv-aware without ``cold_wait`` (the default: the live check did not confirm it; the variants above were
     # measured on this base), named for the sweeps' tables
+    # the seventh round (bench/README.md "Seventh round"): eviction priced by the recency of what is evicted
+    from infera.router.kv_evict import KvEvictPolicy
+    from infera.router.kv_ttft import BUSY_OCCUPANCY_WEIGHT
+
+    POLICIES["kv-aware-evict"] = KvEvictPolicy  # the candidate's name in the sweeps (now the default, kv-aware)
+    for e in (1.0, 2.0):
+        POLICIES[f"kv-aware-evict-e{e:g}"] = type(f"KvEvict_e{e:g}", (KvEvictPolicy,), {"eviction_weight": e})
+    POLICIES["kv-aware-evict-busy"] = type("KvEvict_busy", (KvEvictPolicy,), {"busy_occupancy": BUSY_OCCUPANCY_WEIGHT})
     POLICIES["kv-aware-warm"] = type("KvTtft_warm", (KvTtftPolicy,), {"cold_wait": False})
     POLICIES["kv-aware-busy-warm"] = type("KvTtft_busy_warm", (KvTtftBusyPolicy,), {"cold_wait": False})
 
 
-def run(w: Any, policy: str, workers: int, engine: EngineConfig, weight: float) -> dict[str, Any]:
+def run(w: Any, policy: str, workers: int, engine: EngineConfig, weight: float,
+        split: bool = False) -> dict[str, Any]:
     sim = Simulation(w, FleetConfig(workers=workers, engine=engine, policy=policy, kv_overlap_weight=weight))
     t0, c0 = time.perf_counter(), time.process_time()
-    row = summarize(sim.run())
+    result = sim.run()
+    row = summarize(result)
     row["wall_seconds"] = time.perf_counter() - t0
     row["cpu_seconds"] = time.process_time() - c0
+    if split:  # where the TTFT goes (bench/oracle_ttft.py --split): own prefill alone, queue, shared steps
+        from bench.oracle_ttft import split as split_ttft
+        from infera.sim.metrics import percentile
+
+        parts = split_ttft(result, engine.timing)
+        row["split"] = {k: (sum(v) / max(len(v), 1), percentile(v, 0.5), percentile(v, 0.9))
+                        for k, v in parts.items() if k != "all_decoding"}
+        # the requests at or above the TTFT p90: what their TTFT is made of (means, ms)
+        cut = percentile(parts["ttft"], 0.9)
+        top = [i for i, t in enumerate(parts["ttft"]) if t >= cut]
+        row["split_top"] = {k: sum(parts[k][i] for i in top) / max(len(top), 1) for k in ("own", "queue", "shared")}
+        print(f"{policy}: split ms (mean, p50, p90): " + "; ".join(f"{k} {m:.1f}, {a:.1f}, {b:.1f}"
+                                                                  for k, (m, a, b) in row["split"].items())
+              + f"; the slowest tenth (TTFT >= p90 {cut:.0f} ms), means: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in row["split_top"].items()), flush=True)
     return row
 
 
@@ -214,6 +239,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="workloads: cut every output to this many tokens (the live bench runs 32; the prompts'"
                          " histories keep the workload's replies, as the live bench's synthetic ones)")
     ap.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival times by this")
+    ap.add_argument("--split", action="store_true",
+                    help="split each policy's TTFT into its own prefill alone, queue and shared steps (oracle_ttft)")
     ap.add_argument("--live", action="store_true",
                     help="the live bench's own requests (bench/oracle_ttft.py: its prompts, arrivals and KV blocks per"
                          " engine, 32-token outputs); --kv-blocks, --quick and --max-tokens are then ignored")
@@ -243,12 +270,13 @@ def main(argv: list[str] | None = None) -> None:
             for s in w.sessions:
                 for t in s.turns:
                     t.output = t.output[:args.max_tokens]
-        rows = [run(w, p, args.workers, engine, args.kv_overlap_weight) for p in policies]
+        rows = [run(w, p, args.workers, engine, args.kv_overlap_weight, args.split) for p in policies]
         doc = {"name": w.name, "label": w.label, "workers": args.workers, "requests": w.n_requests,
                "engine": {"num_blocks": engine.num_blocks, "block_size": engine.block_size},
                "limits": limits(w, engine.block_size, (engine.num_blocks - 1) * args.workers), "policies": rows}
         print(report.table(doc) + "\n")
-        for r in rows:  # the table rounds to 3 places; a target of 90 % of the capacity limit needs more
+        for r in rows if doc["limits"]["capacity"] > 0 else ():  # the table rounds to 3 places; a target of
+            # 90 % of the capacity limit needs more (no limit, as with unique prompts: nothing to say)
             print(f"{r['policy']}: hit {r['hit_ratio']:.5f} = {r['hit_ratio'] / doc['limits']['capacity']:.2%} of the "
                   f"capacity limit {doc['limits']['capacity']:.5f} (infinite {doc['limits']['infinite']:.5f})")
         base = next((r for r in rows if r["policy"] == "round-robin"), rows[0])

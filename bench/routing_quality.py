@@ -53,7 +53,8 @@ ROUTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "infera kv-eviction": ("infera", "kv-aware-eviction", ()),
     "infera kv-occupancy": ("infera", "kv-aware-occupancy", ()),
     "infera kv-busy": ("infera", "kv-aware-busy", ()),
-    "infera kv-hold": ("infera", "kv-aware-hold", ())}
+    "infera kv-hold": ("infera", "kv-aware-hold", ()),
+    "infera kv-flat": ("infera", "kv-aware-flat", ())}
 DEFAULT_ROUTERS = ("round-robin", "infera kv-aware", "sglang cache_aware", "vllm cache_aware")
 FIT = 0.7  # share of the hot working set one engine's KV cache holds
 

@@ -14,11 +14,13 @@ OTEL_EXPORTERS = ("none", "otlp", "console")
 LOG_FORMATS = ("text", "json")
 # kv-aware-busy: kv-aware with an occupancy weight that rises while the fleet computes prompts (a candidate);
 # kv-aware-hold: kv-aware-busy crediting a prefix holder's queue with the time it has computed it (a candidate);
+# kv-aware (the default) prices an eviction by how recently the evicted blocks were used; kv-aware-flat prices every
+# evicted block alike (the default before; kv-aware-busy and kv-aware-hold build on it);
 # kv-aware-cold: kv-aware pricing a prompt nothing caches by the wait for a worker's next step (a candidate);
 # kv-aware-occupancy: kv-aware without its stay floor (the default before); kv-aware-eviction: without the
 # occupancy term too; kv-aware-ttft: without the eviction term too; kv-aware-blocks: the cost before those;
 # approx-prefix: sglang-router's cache_aware tree, for engines that publish no KV events
-ROUTER_POLICIES = ("kv-aware", "round-robin", "kv-aware-busy", "kv-aware-hold", "kv-aware-cold",
+ROUTER_POLICIES = ("kv-aware", "round-robin", "kv-aware-busy", "kv-aware-hold", "kv-aware-flat", "kv-aware-cold",
                    "kv-aware-occupancy", "kv-aware-eviction", "kv-aware-ttft", "kv-aware-blocks", "approx-prefix")
 
 # A per-request nonce that Claude Code puts in the first system block; left in, it makes every

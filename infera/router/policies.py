@@ -5,6 +5,7 @@ from __future__ import annotations
 from infera.router.approx_prefix import ApproxPrefixPolicy
 from infera.router.base import PolicyFactory
 from infera.router.kv_aware import KvAwarePolicy
+from infera.router.kv_evict import KvEvictPolicy
 from infera.router.kv_ttft import (
     KvTtftBusyPolicy,
     KvTtftColdPolicy,
@@ -18,8 +19,10 @@ from infera.router.least_load import LeastLoadPolicy
 from infera.router.round_robin import RoundRobinPolicy
 
 POLICIES: dict[str, PolicyFactory] = {
-    "kv-aware": KvTtftPolicy,  # predicted time to first token (chosen by measurement: bench/README.md)
-    "kv-aware-busy": KvTtftBusyPolicy,  # the occupancy weight rises while the fleet computes prompts (candidate)
+    "kv-aware": KvEvictPolicy,  # predicted time to first token, evictions priced by recency (chosen by measurement:
+    # bench/README.md, "Seventh round")
+    "kv-aware-flat": KvTtftPolicy,  # the same with every evicted block priced alike (the default before)
+    "kv-aware-busy": KvTtftBusyPolicy,  # kv-aware-flat, its occupancy weight rising while the fleet computes prompts
     "kv-aware-hold": KvTtftHoldPolicy,  # kv-aware-busy, and a prefix holder's queue counts what it computed (candidate)
     "kv-aware-cold": KvTtftColdPolicy,  # a prompt nothing caches waits for the next step, no horizon (candidate)
     "kv-aware-occupancy": KvTtftOccupancyPolicy,  # the same without the stay floor (the default before)
