@@ -1248,6 +1248,65 @@ static PyObject *run_tuple(Py_ssize_t end, PyObject *last, Walk *w, PyObject *re
  * bitmasks.walk, one block at a time: ``resume`` and the returned run are (end, last, active, result)
  * tuples; ``guessed`` a dict or None, ``allowed`` an int (-1: every worker). The run it captures is the
  * prompt's whole leading stretch of shared masks (up to where the walk ends), from ``capture`` blocks on. */
+/* A walk's working masks: five (and ``extra`` more, returned) of w->nd digits each, and its conversion buffer.
+ * NULL with MemoryError set (nothing left allocated) when memory runs out; free with walk_close. */
+static digit *walk_open(Walk *w, PyObject *names, Py_ssize_t extra) {
+    w->nd = (PyList_GET_SIZE(names) + PyLong_SHIFT - 1) / PyLong_SHIFT + 1;
+    digit *mem = PyMem_Calloc((size_t)w->nd * (size_t)(5 + extra), sizeof(digit));
+    w->bytes = PyMem_Calloc((size_t)w->nd * sizeof(digit) + 16, 1);
+    if (mem == NULL || w->bytes == NULL) {
+        PyMem_Free(mem);
+        PyMem_Free(w->bytes);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    w->active = mem;
+    w->gone = mem + w->nd;
+    w->mixed = mem + 2 * w->nd;
+    w->conv = mem + 3 * w->nd;
+    w->allowed = mem + 4 * w->nd;
+    return mem;
+}
+
+static void walk_close(Walk *w, digit *mem) {
+    PyMem_Free(mem);
+    PyMem_Free(w->bytes);
+}
+
+/* The workers whose guesses count: every one for a negative ``allowed``, else its bits. */
+static int walk_allow(Walk *w, PyObject *allowed) {
+    int all = PyObject_RichCompareBool(allowed, ZERO, Py_LT);
+    if (all < 0) return -1;
+    if (all) {
+        for (Py_ssize_t k = 0; k < w->nd; k++) w->allowed[k] = PyLong_MASK;
+        return 0;
+    }
+    const digit *md;
+    Py_ssize_t nd;
+    if (digits_of(allowed, w, &md, &nd) < 0) return -1;
+    for (Py_ssize_t k = 0; k < nd; k++) w->allowed[k] = md[k];
+    return 0;
+}
+
+/* Block i's mask (md, nd digits) against the workers still holding every block before it: those it lacks
+ * leave the walk with depth i (recorded in ``result``). 1 when some worker still holds block i, 0 when none
+ * does, -1 on error; *top follows the highest non-zero digit of w->active. */
+static int walk_step(Walk *w, const digit *md, Py_ssize_t nd, Py_ssize_t *top, Py_ssize_t i, PyObject *result,
+                     PyObject *names) {
+    Py_ssize_t k, t = *top;
+    digit changed = 0;
+    for (k = 0; k < t; k++) {
+        digit still = w->active[k] & (k < nd ? md[k] : 0);
+        changed |= w->gone[k] = w->active[k] ^ still;
+    }
+    if (!changed) return 1;
+    if (record(result, w->gone, t, i, names) < 0) return -1;
+    for (k = 0; k < t; k++) w->active[k] ^= w->gone[k];
+    while (t > 0 && !w->active[t - 1]) t--;
+    *top = t;
+    return t > 0;
+}
+
 static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "walk takes 8 arguments");
@@ -1267,35 +1326,17 @@ static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **hs = PySequence_Fast_ITEMS(seq);
     Walk w;
-    w.nd = (PyList_GET_SIZE(names) + PyLong_SHIFT - 1) / PyLong_SHIFT + 1;
-    digit *mem = PyMem_Calloc((size_t)w.nd * 5, sizeof(digit));
-    w.bytes = PyMem_Calloc((size_t)w.nd * sizeof(digit) + 16, 1);
-    if (mem == NULL || w.bytes == NULL) {
-        PyMem_Free(mem);
-        PyMem_Free(w.bytes);
+    digit *mem = walk_open(&w, names, 0);
+    if (mem == NULL) {
         Py_DECREF(seq);
-        return PyErr_NoMemory();
+        return NULL;
     }
-    w.active = mem;
-    w.gone = mem + w.nd;
-    w.mixed = mem + 2 * w.nd;
-    w.conv = mem + 3 * w.nd;
-    w.allowed = mem + 4 * w.nd;
     PyObject *result = NULL, *run = Py_None, *out = NULL;
     Py_INCREF(Py_None);
     int in_run, from_shared;
     Py_ssize_t base, nd, k;
     const digit *md;
-    if (guessed != NULL) {
-        int all = PyObject_RichCompareBool(args[7], ZERO, Py_LT);
-        if (all < 0) goto done;
-        if (all) {
-            for (k = 0; k < w.nd; k++) w.allowed[k] = PyLong_MASK;
-        } else {
-            if (digits_of(args[7], &w, &md, &nd) < 0) goto done;
-            for (k = 0; k < nd; k++) w.allowed[k] = md[k];
-        }
-    }
+    if (guessed != NULL && walk_allow(&w, args[7]) < 0) goto done;
     if (n == 0) {
         result = PyDict_New();
         goto finish;
@@ -1335,16 +1376,9 @@ static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                 if ((run = run_tuple(i, hs[i - 1], &w, result)) == NULL) goto done;
             }
         }
-        digit changed = 0;
-        for (k = 0; k < top; k++) {
-            digit still = w.active[k] & (k < nd ? md[k] : 0);
-            changed |= w.gone[k] = w.active[k] ^ still;
-        }
-        if (!changed) continue;
-        if (record(result, w.gone, top, i, names) < 0) goto done;
-        for (k = 0; k < top; k++) w.active[k] ^= w.gone[k];
-        while (top > 0 && !w.active[top - 1]) top--;
-        if (top == 0) {  /* no worker holds block i */
+        int held = walk_step(&w, md, nd, &top, i, result, names);
+        if (held < 0) goto done;
+        if (held == 0) {  /* no worker holds block i */
             if (in_run && i + 1 >= capture) {
                 Py_DECREF(run);
                 if ((run = run_tuple(i + 1, hs[i], &w, result)) == NULL) goto done;
@@ -1362,8 +1396,7 @@ finish:
 done:
     Py_XDECREF(result);
     Py_XDECREF(run);
-    PyMem_Free(mem);
-    PyMem_Free(w.bytes);
+    walk_close(&w, mem);
     Py_DECREF(seq);
     return out;
 }
@@ -2034,33 +2067,17 @@ static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **hs = PySequence_Fast_ITEMS(seq);
     Walk w;
-    w.nd = (PyList_GET_SIZE(names) + PyLong_SHIFT - 1) / PyLong_SHIFT + 1;
-    digit *mem = PyMem_Calloc((size_t)w.nd * 6, sizeof(digit));
-    w.bytes = PyMem_Calloc((size_t)w.nd * sizeof(digit) + 16, 1);
-    if (mem == NULL || w.bytes == NULL) {
-        PyMem_Free(mem);
-        PyMem_Free(w.bytes);
+    digit *mem = walk_open(&w, names, 1);
+    if (mem == NULL) {
         Py_DECREF(seq);
-        return PyErr_NoMemory();
+        return NULL;
     }
-    w.active = mem;
-    w.gone = mem + w.nd;
-    w.mixed = mem + 2 * w.nd;
-    w.conv = mem + 3 * w.nd;
-    w.allowed = mem + 4 * w.nd;
     digit *held = mem + 5 * w.nd;  /* the workers holding every block so far, confirmed blocks only */
     PyObject *result = PyDict_New(), *out = NULL;
     Py_ssize_t confirmed = 0, nd, k, top = w.nd, ctop = 0, i;
     const digit *md;
     if (result == NULL) goto done;
-    int all = PyObject_RichCompareBool(args[5], ZERO, Py_LT);
-    if (all < 0) goto done;
-    if (all) {
-        for (k = 0; k < w.nd; k++) w.allowed[k] = PyLong_MASK;
-    } else {
-        if (digits_of(args[5], &w, &md, &nd) < 0) goto done;
-        for (k = 0; k < nd; k++) w.allowed[k] = md[k];
-    }
+    if (walk_allow(&w, args[5]) < 0) goto done;
     for (i = 0; i < n; i++) {
         /* the confirmed mask (shared first, as mask_of), then the same with the allowed guesses ORed in */
         PyObject *m = PyDict_GetItemWithError(shared, hs[i]);
@@ -2094,24 +2111,16 @@ static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nar
             while (top > 0 && !w.active[top - 1]) top--;
             continue;
         }
-        digit changed = 0;
-        for (k = 0; k < top; k++) {
-            digit still = w.active[k] & w.mixed[k];
-            changed |= w.gone[k] = w.active[k] ^ still;
-        }
-        if (!changed) continue;
-        if (record(result, w.gone, top, i, names) < 0) goto done;
-        for (k = 0; k < top; k++) w.active[k] ^= w.gone[k];
-        while (top > 0 && !w.active[top - 1]) top--;
-        if (top == 0) goto finish;  /* no worker holds block i, guessed or not */
+        int still = walk_step(&w, w.mixed, w.nd, &top, i, result, names);
+        if (still < 0) goto done;
+        if (still == 0) goto finish;  /* no worker holds block i, guessed or not */
     }
     if (n > 0 && record(result, w.active, top, n, names) < 0) goto done;
 finish:
     out = Py_BuildValue("(On)", result, confirmed);
 done:
     Py_XDECREF(result);
-    PyMem_Free(mem);
-    PyMem_Free(w.bytes);
+    walk_close(&w, mem);
     Py_DECREF(seq);
     return out;
 }

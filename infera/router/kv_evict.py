@@ -29,6 +29,7 @@ from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores, ca
 from infera.router.kv_ttft import KvTtftPolicy, evicted_blocks
 
 REUSE_EMA = 0.02  # weight of each new reuse age in the running mean of log ages (~50 reuses of memory)
+PRUNE_EVERY = 1024  # decisions between sweeps that drop the recency lists of workers the index has forgotten
 
 
 class KvEvictPolicy(KvTtftPolicy):
@@ -41,6 +42,7 @@ class KvEvictPolicy(KvTtftPolicy):
         self._pending: tuple[RoutingContext, float] | None = None  # the previous decision, placed at the next
         self._log_tau: float | None = None  # running mean of log(reuse age in s)
         self._now = 0.0
+        self._decisions = 0
 
     @property
     def tau(self) -> float | None:
@@ -49,10 +51,20 @@ class KvEvictPolicy(KvTtftPolicy):
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
         self._now = self._clock()
+        self._decisions += 1
+        if self._decisions % PRUNE_EVERY == 0:
+            self._prune()
         self._place_previous(candidates)
         scores = super().score(ctx, candidates)
         self._pending = (ctx, self._now)
         return scores
+
+    def _prune(self) -> None:
+        """Drop the recency lists of workers that left (the index forgot them): a fleet that churns would keep
+        every departed worker's list, ~100 bytes per block it once cached, for the router's life."""
+        known = set(self._index.workers())
+        for wid in [w for w in self._recency if w not in known]:
+            del self._recency[wid]
 
     def _place_previous(self, candidates: Sequence[Candidate]) -> None:
         """Record the previous request's blocks as used on the worker it went to: the worker whose index entry

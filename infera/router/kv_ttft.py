@@ -1,4 +1,5 @@
-"""KV-aware scoring by predicted time to first token: the ``kv-aware`` policy (issue 14).
+"""KV-aware scoring by predicted time to first token: the ``kv-aware-flat`` policy (issue 14), on which the
+default ``kv-aware`` (``infera/router/kv_evict.py``: evictions priced by the recency of the blocks they take) builds.
 
 cost(w) = scale(w) * (kv_overlap_weight * (prefill_ms(w) + eviction_ms(w) + occupancy_ms(w)) + decode_ms(w)),
 in modelled ms (``kv_overlap_weight`` keeps its meaning: the weight of prefill work against decode load):

@@ -1,5 +1,6 @@
-"""Both implementations of the index's per-block loops: tests that use ``index_path`` run once in pure Python
-and once with the C extension (skipped when it is not built), whatever ``INFERA_PURE_PYTHON`` says."""
+"""Both implementations of the index's per-block loops and the prompt cache's id arrays: tests that use
+``index_path`` run once in pure Python and once with the C extension (skipped when it is not built), whatever
+``INFERA_PURE_PYTHON`` says."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from infera.kv import hashing
+from infera.kv import hashing, prompt_cache
 from infera.kv.native import ENV, load
 
 
@@ -19,8 +20,9 @@ def index_path(request: pytest.FixtureRequest) -> Iterator[str]:
             native = load()
             if native is None:
                 pytest.skip("the C extension infera.kv._native is not built")
-            mp.setattr(hashing, "_native", native)
         else:
             mp.setenv(ENV, "1")
-            mp.setattr(hashing, "_native", None)
+            native = None
+        mp.setattr(hashing, "_native", native)
+        mp.setattr(prompt_cache, "_native", native)
         yield str(request.param)

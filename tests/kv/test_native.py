@@ -103,6 +103,15 @@ def test_random_streams_give_the_same_state_and_answers(ops: list[tuple[Any, ...
                 assert c.lower_tier_blocks(w, ROUTER[0], 6) == py.lower_tier_blocks(w, ROUTER[0], 6)
 
 
+def _hold_staggered(index: PrefixIndex, holds: list[tuple[int, list[int]]], long: list[int]) -> None:
+    """Worker ``w{k}`` stores the first ``depth`` blocks of ``long``, then evicts the blocks ``holes`` name."""
+    for k, (depth, holes) in enumerate(holds):
+        engine = [k * 10_000 + j for j in range(depth)]
+        events: list[KvEvent] = [BlockStored(engine, None, long[: depth * BLOCK], BLOCK)] if depth else []
+        events += [BlockRemoved([engine[j]]) for j in sorted(set(holes)) if j < depth]
+        index.apply(f"w{k}", EventBatch(1.0, events or [AllBlocksCleared()]))
+
+
 def _both(index: PrefixIndex, hashes: list[int], now: float | None = None) -> tuple[dict[str, int], int]:
     """What ``overlaps_and_confirmed`` answers, by its definition: two queries."""
     found = index.overlaps(hashes, now=now, use_predicted=True)
@@ -123,11 +132,7 @@ def test_one_walk_gives_the_predicted_and_the_confirmed_overlap(holds: list[tupl
     hashes = hashing.pure_block_hashes(long, BLOCK)
     c, py = PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
     for index in (c, py):
-        for k, (depth, holes) in enumerate(holds):
-            engine = [k * 10_000 + j for j in range(depth)]
-            events: list[KvEvent] = [BlockStored(engine, None, long[: depth * BLOCK], BLOCK)] if depth else []
-            events += [BlockRemoved([engine[j]]) for j in sorted(set(holes)) if j < depth]
-            index.apply(f"w{k}", EventBatch(1.0, events or [AllBlocksCleared()]))
+        _hold_staggered(index, holds, long)
         for k, start, n in guesses:
             index.predict(f"w{k}", hashes[start : start + n], ttl=10.0, now=1.0)
     for n in lengths:
@@ -152,11 +157,7 @@ def test_many_holders_walk_the_same(holds: list[tuple[int, list[int]]],
     c, py = PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
     with patch("infera.kv.index.RUN_MIN_BLOCKS", 8):
         for index in (c, py):
-            for k, (depth, holes) in enumerate(holds):
-                engine = [k * 10_000 + j for j in range(depth)]
-                events: list[KvEvent] = [BlockStored(engine, None, long[: depth * BLOCK], BLOCK)] if depth else []
-                events += [BlockRemoved([engine[j]]) for j in sorted(set(holes)) if j < depth]
-                index.apply(f"w{k}", EventBatch(1.0, events or [AllBlocksCleared()]))
+            _hold_staggered(index, holds, long)
         assert _state(c) == _state(py)
         for n in (300, 17, 300):
             assert c.overlaps(hashes[:n]) == py.overlaps(hashes[:n])

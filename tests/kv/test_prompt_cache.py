@@ -6,7 +6,6 @@ import gc
 import random
 import struct
 from array import array
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infera.kv import hashing, prompt_cache
+from infera.kv import hashing
 from infera.kv.hashing import PromptIds, block_hashes, pure_block_hashes
-from infera.kv.native import ENV, choose, load
+from infera.kv.native import choose
 from infera.kv.tokenizer import PromptRenderer
 
 PIECES = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</tool_call>", "<", ">", "<|", "|>",
@@ -32,26 +31,9 @@ CONTENT = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=12)), max
 ROLE = st.sampled_from(["user", "assistant", "user", "tool", "system"])
 
 
-@pytest.fixture(scope="module", params=["pure", "native"])
-def ids_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The cache's uint32 ids turned into lists, compared and hashed in C, or by the Python lines they stand in for."""
-    with pytest.MonkeyPatch.context() as mp:
-        if request.param == "native":
-            mp.delenv(ENV, raising=False)
-            native = load()
-            if native is None:
-                pytest.skip("the C extension infera.kv._native is not built")
-        else:
-            mp.setenv(ENV, "1")
-            native = None
-        mp.setattr(hashing, "_native", native)
-        mp.setattr(prompt_cache, "_native", native)
-        yield str(request.param)
-
-
 @pytest.fixture(scope="module", params=["qwen-tiktoken", "qwen-hf", "tiny"])
 def renderer(request: pytest.FixtureRequest, qwen_tokenizer_dir: Path, tiny_tokenizer_dir: Path,
-             ids_path: str) -> PromptRenderer:
+             index_path: str) -> PromptRenderer:
     path = tiny_tokenizer_dir if request.param == "tiny" else qwen_tokenizer_dir
     cached = PromptRenderer.from_dir(path, fast=request.param != "qwen-hf")
     assert cached.uses_tiktoken == (request.param == "qwen-tiktoken")

@@ -12,6 +12,7 @@ import itertools
 from infera.kv.hashing import block_hashes
 from infera.protocols.kv_events import BlockStored, EventBatch
 from infera.protocols.worker import Capacity, WorkerRecord
+from infera.router import kv_evict
 from infera.router.base import Candidate, RoutingContext, Scores
 from infera.router.kv_evict import KvEvictPolicy
 from infera.router.kv_ttft import KvTtftPolicy
@@ -111,3 +112,18 @@ def test_the_recency_shadow_follows_where_requests_went_and_what_the_engine_keep
     lru = policy._recency["w1"]
     assert list(lru) == block_hashes(first, BS) and set(lru.values()) == {0.0}
     assert "w0" not in policy._recency
+
+
+def test_a_departed_workers_recency_list_is_dropped() -> None:
+    """A worker the index forgot (it left the fleet) loses its recency list at the next sweep; the others keep
+    theirs, so a churning fleet does not grow the policy's memory without bound."""
+    fleet = Fleet(KvEvictPolicy, SMALL)
+    for s in range(3):
+        place(fleet, tokens(10 + s, 8 * BS), f"w{s % 2}")
+    policy = fleet.policy
+    assert isinstance(policy, KvEvictPolicy)
+    assert set(policy._recency) == {"w0", "w1"}
+    fleet.index.remove_worker("w1")
+    for _ in range(kv_evict.PRUNE_EVERY):
+        _score(fleet, tokens(99, 8 * BS))
+    assert set(policy._recency) == {"w0"}
