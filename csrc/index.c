@@ -637,25 +637,44 @@ static PyObject *ONE, *ZERO;
  * Hashes of blocks first..n_blocks-1 of ``tokens``, chained from ``parent``: xxh3_64 of each block's
  * tokens as little-endian uint32, seeded with the previous hash. None when a token id is not an int in
  * [0, 2**32) (the caller's pure path then raises what it raises). */
-static PyObject *chain_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* The arguments after ``tokens`` shared by chain_hashes and chain_hashes_u32: (first, n_blocks, block_size, parent). */
+typedef struct {
+    Py_ssize_t first, n_blocks, bs;
+    unsigned long long h;
+} ChainArgs;
+
+static int chain_args(const char *name, PyObject *const *args, Py_ssize_t nargs, ChainArgs *c) {
     if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "chain_hashes takes 5 arguments");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s takes 5 arguments", name);
+        return -1;
     }
-    Py_ssize_t first = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t n_blocks = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t bs = PyLong_AsSsize_t(args[3]);
-    unsigned long long h = PyLong_AsUnsignedLongLong(args[4]);
-    if (PyErr_Occurred()) return NULL;
-    if (bs <= 0 || first < 0) {
+    c->first = PyLong_AsSsize_t(args[1]);
+    c->n_blocks = PyLong_AsSsize_t(args[2]);
+    c->bs = PyLong_AsSsize_t(args[3]);
+    c->h = PyLong_AsUnsignedLongLong(args[4]);
+    if (PyErr_Occurred()) return -1;
+    if (c->bs <= 0 || c->first < 0) {
         PyErr_SetString(PyExc_ValueError, "block_size must be positive");
-        return NULL;
+        return -1;
     }
+    return 0;
+}
+
+/* The blocks to hash of ``len`` tokens: at most the whole blocks there are, and none before ``first``. */
+static void chain_clamp(ChainArgs *c, Py_ssize_t len) {
+    if (c->n_blocks > len / c->bs) c->n_blocks = len / c->bs;
+    if (c->n_blocks < c->first) c->n_blocks = c->first;
+}
+
+static PyObject *chain_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    ChainArgs c;
+    if (chain_args("chain_hashes", args, nargs, &c) < 0) return NULL;
+    Py_ssize_t first = c.first, bs = c.bs;
+    unsigned long long h = c.h;
     PyObject *seq = PySequence_Fast(args[0], "token ids must be a sequence");
     if (seq == NULL) return NULL;
-    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
-    if (n_blocks > len / bs) n_blocks = len / bs;
-    if (n_blocks < first) n_blocks = first;
+    chain_clamp(&c, PySequence_Fast_GET_SIZE(seq));
+    Py_ssize_t n_blocks = c.n_blocks;
     PyObject **items = PySequence_Fast_ITEMS(seq);
     PyObject *out = PyList_New(n_blocks - first);
     uint32_t stack[256];
@@ -1982,24 +2001,14 @@ static PyObject *u32_equal(PyObject *self, PyObject *const *args, Py_ssize_t nar
 /* chain_hashes_u32(ids, first, n_blocks, block_size, parent) -> list[int]: chain_hashes over a uint32 buffer, read in
  * place (the Python path: block_hashes of ids.tolist()). */
 static PyObject *chain_hashes_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "chain_hashes_u32 takes 5 arguments");
-        return NULL;
-    }
-    Py_ssize_t first = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t n_blocks = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t bs = PyLong_AsSsize_t(args[3]);
-    unsigned long long h = PyLong_AsUnsignedLongLong(args[4]);
-    if (PyErr_Occurred()) return NULL;
-    if (bs <= 0 || first < 0) {
-        PyErr_SetString(PyExc_ValueError, "block_size must be positive");
-        return NULL;
-    }
+    ChainArgs c;
+    if (chain_args("chain_hashes_u32", args, nargs, &c) < 0) return NULL;
+    Py_ssize_t first = c.first, bs = c.bs;
+    unsigned long long h = c.h;
     Py_buffer view;
     if (u32_view(args[0], &view) < 0) return NULL;
-    Py_ssize_t len = view.len / 4;
-    if (n_blocks > len / bs) n_blocks = len / bs;
-    if (n_blocks < first) n_blocks = first;
+    chain_clamp(&c, view.len / 4);
+    Py_ssize_t n_blocks = c.n_blocks;
     const uint32_t *ids = (const uint32_t *)view.buf;
     PyObject *out = PyList_New(n_blocks - first);
     if (out == NULL) {
