@@ -24,7 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# appended, not first: a --child's PYTHONPATH decides whose infera it imports (the ref's export comes first for the
+# ref); this tree is only where bench/ and harness/ are found
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 MODEL = "bench-model"
 
@@ -88,7 +90,9 @@ def child(engine_url: str, warmup: int, n: int) -> None:
             server.should_exit = True
             await asyncio.wait_for(task, 10)
 
-    print(json.dumps(uvloop.run(main())))
+    import infera
+
+    print(json.dumps({**uvloop.run(main()), "infera": str(Path(infera.__file__).parent)}))
 
 
 def main() -> None:
@@ -110,8 +114,8 @@ def main() -> None:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", args.ref, "infera"], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-    for ext in (REPO / "infera" / "kv").glob("_native*.so"):
-        shutil.copy(ext, base / "infera" / "kv" / ext.name)
+    for ext in [*(REPO / "infera" / "kv").glob("_native*.so"), *(REPO / "infera" / "telemetry").glob("_otlp*.so")]:
+        shutil.copy(ext, base / ext.relative_to(REPO))
     trees = {args.ref: f"{base}{os.pathsep}{REPO}", "branch": str(REPO)}  # the ref's infera first on the path
     engine = mock_engine("engine", default_tokenizer_dir(), MODEL, log_dir)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
@@ -124,7 +128,12 @@ def main() -> None:
                 out = subprocess.run([PYTHON, __file__, "--child", engine.url, str(args.warmup), str(args.n)],
                                      env={**os.environ, "PYTHONPATH": trees[name]}, check=True,
                                      capture_output=True, text=True).stdout
-                results[name].append(json.loads(out.strip().splitlines()[-1]))
+                result = json.loads(out.strip().splitlines()[-1])
+                want = base / "infera" if name == args.ref else REPO / "infera"
+                got = Path(result.pop("infera"))
+                if got != want:  # an A/B of one tree against itself says nothing
+                    raise SystemExit(f"the {name} child imported infera from {got} instead of {want}")
+                results[name].append(result)
             print(f"round {r}: " + ", ".join(f"{k} {v[-1]['cpu_us']:.0f} us/req p50 {v[-1]['p50_ms']:.3f} ms"
                                              for k, v in results.items()), flush=True)
     finally:
