@@ -27,6 +27,7 @@ class RoutedResponse:
         self.first = first  # b"" for an empty body
         self.rest: AsyncIterator[bytes] = upstream.body  # the chunks after the first
         self.drain = upstream.drain  # () -> bytes already received after the first, without waiting
+        self.ended = upstream.ended  # () -> True when nothing is left to read (a whole answer in hand)
         self._upstream = upstream
         self._finish: Callable[[], None] | None = finish
 
@@ -51,8 +52,13 @@ async def _nothing() -> AsyncIterator[bytes]:
     yield b""  # an async generator that yields nothing
 
 
+def _ended() -> bool:
+    return True
+
+
 def buffered(worker_id: str, status: int, content_type: str, data: bytes,
              prefill_worker_id: str | None = None) -> RoutedResponse:
     """A response read to the end already (e.g. a prefill worker's 4xx, relayed as is)."""
-    upstream = UpstreamResponse(status=status, content_type=content_type, body=_nothing(), close=lambda: None)
+    upstream = UpstreamResponse(status=status, content_type=content_type, body=_nothing(), close=lambda: None,
+                                ended=_ended)
     return RoutedResponse(worker_id, upstream, data, lambda: None, prefill_worker_id)

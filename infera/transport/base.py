@@ -28,6 +28,10 @@ def nothing_buffered() -> bytes:
     return b""
 
 
+def not_known_ended() -> bool:
+    return False
+
+
 @dataclasses.dataclass
 class UpstreamResponse:
     """A worker's answer whose status and headers have arrived; the body may still stream.
@@ -36,7 +40,9 @@ class UpstreamResponse:
     idempotent) and aborts the upstream request if the body was not read to the end.
     ``drain()`` returns, without waiting, body bytes already received but not yet yielded
     (b"" when none, or when the transport cannot tell), so a relay can send them with the
-    chunk in hand; call it only between reads of ``body``.
+    chunk in hand; call it only between reads of ``body``. ``ended()`` is True when every byte of the
+    body has been yielded or drained already (the next read of ``body`` would end it): a whole answer
+    is then complete without another read (False when the transport cannot tell).
     """
 
     status: int
@@ -44,6 +50,7 @@ class UpstreamResponse:
     body: AsyncIterator[bytes]
     close: Callable[[], None]
     drain: Callable[[], bytes] = nothing_buffered
+    ended: Callable[[], bool] = not_known_ended
 
 
 class RequestTransport(Protocol):

@@ -142,7 +142,7 @@ class HttpTransport:
         content = _Body(conn, reader, worker.instance_id, deadline, self._first_byte_timeout, self._idle_timeout, loop)
         ctype = reader.content_type.decode("latin-1") if reader.content_type else "application/json"
         return UpstreamResponse(status=status, content_type=ctype, body=content, close=content.close,
-                                drain=content.drain)
+                                drain=content.drain, ended=content.ended)
 
 
 async def _read_some(reader: BodyReader, conn: Connection, limit: int = 65536) -> bytes:
@@ -244,3 +244,7 @@ class _Body:
     def drain(self) -> bytes:
         """What the reader holds already (b"" when nothing, or the body failed: the next read says how)."""
         return self._content.read_nowait()
+
+    def ended(self) -> bool:
+        """The whole body is in and read (a failure after the end is not possible: the reader ignores it)."""
+        return self._content.at_eof()
