@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from fastapi import Request
 from starlette.responses import Response
@@ -73,13 +74,16 @@ def worker_raw_headers(routed: RoutedResponse) -> list[tuple[bytes, bytes]]:
 class Disconnects:
     """A client's going away, told by the server's protocol instead of read from ``receive()``: the lean
     hot path (:mod:`infera.server.lean`) puts one in the request's scope under :data:`DISCONNECTS`, and
-    a :class:`ClientWatch` then needs no task of its own."""
+    a :class:`ClientWatch` then needs no task of its own. ``task`` is the request's task, the one its handler
+    runs in (set by the protocol that starts it: asking ``asyncio.current_task()`` per request costs a
+    ``getpid()`` on 3.11)."""
 
-    __slots__ = ("action", "gone")
+    __slots__ = ("action", "gone", "task")
 
     def __init__(self) -> None:
         self.gone = False
         self.action: Callable[[], None] | None = None
+        self.task: asyncio.Task[None] | None = None
 
     def fire(self) -> None:
         self.gone = True
@@ -129,6 +133,13 @@ class ClientWatch:
         if then is not None:
             then()
 
+    def task(self) -> asyncio.Task[Any] | None:
+        """The request's task: the protocol's (:class:`Disconnects`), else the current one."""
+        disconnects = self._disconnects
+        if disconnects is not None and disconnects.task is not None:
+            return disconnects.task
+        return asyncio.current_task()
+
     def then(self, action: Callable[[], None] | None) -> None:
         """Run ``action`` when the client leaves (now, if it has left already); None = nothing."""
         self._then = action
@@ -153,7 +164,7 @@ async def dispatch_or_disconnect(router: Router, watch: ClientWatch, req: RouteR
     the request's critical path."""
     if watch.left:
         return None  # gone already: a cancellation asked for now would hit this task's next await instead
-    task = asyncio.current_task()
+    task = watch.task()
     assert task is not None
     cancelling = task.cancelling()
     gave_up = False
@@ -199,8 +210,9 @@ async def collect_or_disconnect(watch: ClientWatch, routed: RoutedResponse) -> b
     watch.then(routed.close)
     try:
         parts = [routed.first, routed.drain()]
-        async for chunk in routed.rest:
-            parts.append(chunk)
+        if not routed.ended():  # the usual small answer came whole with its head: no read left to await
+            async for chunk in routed.rest:
+                parts.append(chunk)
     except UpstreamError:
         if watch.left:
             return None
