@@ -263,8 +263,8 @@ class LeanHttpToolsProtocol(DeadlineHttpToolsProtocol):
         if lean is None or app is not self.app or not lean.takes(cycle.scope):
             super()._start_asgi_task(cycle, app)
             return
-        cycle.scope[DISCONNECTS] = Disconnects()  # type: ignore[literal-required]
-        task = self.loop.create_task(lean.run(cycle))
+        disconnects = cycle.scope[DISCONNECTS] = Disconnects()  # type: ignore[literal-required]
+        task = disconnects.task = self.loop.create_task(lean.run(cycle))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
