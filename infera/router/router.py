@@ -105,7 +105,8 @@ class Router:
         has reached the client; every attempt's load is released on every path.
         """
         tried: dict[str, set[str]] = {"mixed": set(), "prefill": set(), "decode": set()}
-        placement = await self.place(req)
+        # the usual request is placed synchronously: no coroutine of place()'s to create and await
+        placement = await self.place(req) if self._off_loop(req) else self._place(req, tried, None)
         for attempt in range(1 + self._options.max_retries):
             if attempt:
                 try:
@@ -133,13 +134,17 @@ class Router:
     async def place(self, req: RouteRequest, allowed: Allowed | None = None, fallbacks: int = 0) -> Placement:
         """Choose the worker(s) for ``req`` and hold their load; see the module docstring."""
         ctx = None
-        if (len(req.body) > OFF_LOOP_BYTES and self._context.tokenizes
-                and not (self._options.mode == "direct" and req.worker_hint)):
+        if self._off_loop(req):
             record, start = current(), clock_ns()
             ctx = await self._context.build_off_loop(req, OFF_LOOP_BYTES)
             if record is not None:
                 record.tokenized(start, ctx.prompt_tokens, ctx.token_ids is not None)
         return self._place(req, {}, None, allowed, fallbacks, ctx)
+
+    def _off_loop(self, req: RouteRequest) -> bool:
+        """Whether ``req``'s context is built in a worker thread (a big prompt the policy tokenizes)."""
+        return (len(req.body) > OFF_LOOP_BYTES and self._context.tokenizes
+                and not (self._options.mode == "direct" and req.worker_hint))
 
     def place_now(self, req: RouteRequest, allowed: Allowed | None = None, fallbacks: int = 0) -> Placement:
         """:meth:`place` for callers in virtual time (the simulator). ``allowed`` bounds the mixed or decode
