@@ -45,7 +45,7 @@ class RouterView:
         self._feed = feed
         self._candidates = candidates
         self._stats = stats
-        self._models: tuple[object, list[str]] = (None, [])  # (fleet mapping, its models)
+        self._models: tuple[object, list[str], frozenset[str]] = (None, [], frozenset())  # (fleet mapping, its models)
 
     def has_workers(self) -> bool:
         return bool(self._fleet.workers())
@@ -60,10 +60,18 @@ class RouterView:
     def models(self) -> list[str]:
         """The models the fleet serves, sorted (a new list; computed once per fleet change: the handlers ask
         per request, and fleet views replace their mapping on every change)."""
+        return list(self._served()[1])
+
+    def serves(self, model: str) -> bool:
+        """Whether a worker of the fleet serves ``model`` (a set lookup; the handlers ask per request)."""
+        return model in self._served()[2]
+
+    def _served(self) -> tuple[object, list[str], frozenset[str]]:
         workers = self._fleet.workers()
         if self._models[0] is not workers:
-            self._models = (workers, sorted({w.model for w in workers.values()}))
-        return list(self._models[1])
+            served = frozenset(w.model for w in workers.values())
+            self._models = (workers, sorted(served), served)
+        return self._models
 
     def workers(self) -> list[WorkerState]:
         """Every worker with what the router knows of it, sorted by id."""

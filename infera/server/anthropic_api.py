@@ -108,7 +108,7 @@ class AnthropicHandlers:
             return anthropic_error(exc.status, str(exc))
         parsed = intake.parsed
         view = self.router.view
-        if parsed.model not in view.models():
+        if not view.serves(parsed.model):
             if not view.has_workers():
                 return anthropic_error(503, "no workers are available")
             return anthropic_error(404, f"model: {parsed.model} (served here: {', '.join(view.models())})")

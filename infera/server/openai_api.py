@@ -119,7 +119,7 @@ class OpenAIHandlers:
             return openai_error(exc.status, str(exc), param=exc.param), None
         body, payload, parsed = intake.body, intake.payload, intake.parsed
         view = self.router.view
-        if parsed.model not in view.models():
+        if not view.serves(parsed.model):
             if not view.has_workers():
                 return openai_error(503, "no workers are available"), None
             return openai_error(404, f"The model '{parsed.model}' does not exist", "not_found_error", "model"), None

@@ -73,7 +73,7 @@ class PrewarmHandlers:
         if not router.can_tokenize:
             return openai_error(503, "prewarm needs the router's tokenizer: start the server with "
                                      "--router-tokenizer-path")
-        if req.model not in router.view.models():
+        if not router.view.serves(req.model):
             return openai_error(404, f"The model '{req.model}' does not exist", "not_found_error", "model")
         try:
             tokens = await router.tokens_off_loop("chat" if req.messages is not None else "completion", payload,
