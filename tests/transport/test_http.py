@@ -148,3 +148,74 @@ async def test_drain_and_reads_together_hand_over_every_byte_once() -> None:
         finally:
             await transport.stop()
     assert b"".join(got) == b"".join(parts)
+
+
+def whole_json(body: bytes) -> Handler:
+    """An engine handler answering ``body`` whole (content-length), as a non-streamed answer is."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type="application/json")
+
+    return answer
+
+
+async def test_a_whole_answer_is_ended_once_its_first_chunk_is_read() -> None:
+    body = b'{"choices": [{"message": {"content": "hi"}}]}'
+    async for url in serve(whole_json(body)):
+        transport = HttpTransport(connect_timeout=2, first_byte_timeout=5)
+        await transport.start()
+        try:
+            resp = await transport.send(WorkerRecord(instance_id="w", model="m", http_url=url),
+                                        "/v1/chat/completions", b"{}", {})
+            got = await anext(resp.body) + resp.drain()
+            assert got == body and resp.ended()
+            with pytest.raises(StopAsyncIteration):  # ended: the next read has nothing
+                await anext(resp.body)
+            resp.close()
+        finally:
+            await transport.stop()
+
+
+async def test_a_stream_is_not_ended_until_its_last_byte_is_read() -> None:
+    parts = [b"data: %d\n\n" % i for i in range(20)]
+    async for url in serve(sse_of(parts)):
+        transport = HttpTransport(connect_timeout=2, first_byte_timeout=5)
+        await transport.start()
+        try:
+            resp = await transport.send(WorkerRecord(instance_id="w", model="m", http_url=url),
+                                        "/v1/chat/completions", b"{}", {})
+            got = [await anext(resp.body), resp.drain()]
+            while not resp.ended():  # whenever ended() is True, nothing of the body is left unread
+                try:
+                    got.append(await anext(resp.body))
+                except StopAsyncIteration:
+                    break
+                got.append(resp.drain())
+            assert resp.ended()
+            assert b"".join(got) == b"".join(parts)
+            resp.close()
+        finally:
+            await transport.stop()
+
+    release = asyncio.Event()
+
+    async def held_open(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: token\n\n")
+        await release.wait()  # the worker holds the stream open until the test has looked
+        await resp.write_eof()
+        return resp
+
+    async for url in serve(held_open):
+        transport = HttpTransport(connect_timeout=2, first_byte_timeout=5)
+        await transport.start()
+        try:
+            resp = await transport.send(WorkerRecord(instance_id="w", model="m", http_url=url),
+                                        "/v1/chat/completions", b"{}", {})
+            assert await anext(resp.body) == b"data: token\n\n"
+            assert not resp.ended()
+            resp.close()
+        finally:
+            release.set()
+            await transport.stop()
