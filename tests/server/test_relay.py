@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from infera.server.relay import ClientWatch, dispatch_or_disconnect
+from infera.router.response import RoutedResponse
+from infera.server.relay import ClientWatch, Disconnects, collect_or_disconnect, dispatch_or_disconnect
+from infera.transport.base import UpstreamError, UpstreamResponse
 
 
 class Client:
@@ -110,3 +112,69 @@ async def test_a_cancellation_from_elsewhere_still_cancels_the_handler() -> None
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
     watch.stop()
+
+
+class Body:
+    """An upstream body that yields ``chunks``, or raises ``fail`` after them; counts its reads."""
+
+    def __init__(self, chunks: list[bytes], fail: Exception | None = None) -> None:
+        self.chunks = list(chunks)
+        self.fail = fail
+        self.reads = 0
+
+    def __aiter__(self) -> Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        self.reads += 1
+        if self.chunks:
+            return self.chunks.pop(0)
+        if self.fail is not None:
+            raise self.fail
+        raise StopAsyncIteration
+
+
+def routed_of(first: bytes, body: Body, *, buffered: bytes = b"", ended: bool = False) -> RoutedResponse:
+    held = [buffered]
+
+    def drain() -> bytes:
+        out, held[0] = held[0], b""
+        return out
+
+    upstream = UpstreamResponse(200, "application/json", body, close=lambda: None, drain=drain,
+                                ended=lambda: ended)
+    return RoutedResponse("w", upstream, first, lambda: None)
+
+
+async def test_a_whole_answer_in_hand_is_collected_without_another_read() -> None:
+    body = Body([b"never read"])
+    watch = ClientWatch(Client().receive, Disconnects())
+    got = await collect_or_disconnect(watch, routed_of(b'{"a": ', body, buffered=b"1}", ended=True))
+    assert got == b'{"a": 1}' and body.reads == 0
+
+
+async def test_an_answer_not_ended_is_read_to_its_end() -> None:
+    body = Body([b"2", b"3}"])
+    watch = ClientWatch(Client().receive, Disconnects())
+    got = await collect_or_disconnect(watch, routed_of(b'{"a": ', body, buffered=b"1"))
+    assert got == b'{"a": 123}' and body.reads == 3
+
+
+async def test_a_worker_failing_before_the_end_of_an_answer_still_fails_the_collect() -> None:
+    body = Body([b"2"], fail=UpstreamError("broke", before_first_byte=False))
+    watch = ClientWatch(Client().receive, Disconnects())
+    with pytest.raises(UpstreamError, match="broke"):
+        await collect_or_disconnect(watch, routed_of(b'{"a": ', body))
+
+
+async def test_the_protocols_task_is_the_one_a_client_leaving_cancels() -> None:
+    router, disconnects = SlowRouter(), Disconnects()
+    watch = ClientWatch(Client().receive, disconnects)
+
+    async def handler() -> Any:
+        return await dispatch_or_disconnect(router, watch, None, {})  # type: ignore[arg-type]
+
+    task = disconnects.task = asyncio.ensure_future(handler())
+    await router.started.wait()
+    disconnects.fire()
+    assert await asyncio.wait_for(task, 5) is None and router.cancelled
