@@ -356,3 +356,29 @@ def test_the_models_served_follow_the_fleet() -> None:
     assert router.view.models() == ["another", MODEL]
     fleet.remove("a")
     assert router.view.models() == ["another"]
+
+
+def test_whether_a_model_is_served_follows_the_fleet() -> None:
+    router, fleet, _ = make(worker("a"))
+    assert router.view.serves(MODEL) and not router.view.serves("another")
+    fleet.add(worker("b", model="another"))
+    assert router.view.serves(MODEL) and router.view.serves("another")
+    fleet.remove("a")
+    assert not router.view.serves(MODEL) and router.view.serves("another")
+    fleet.remove("b")
+    assert not router.view.serves("another")
+
+
+@pytest.mark.parametrize("size", [1, 3, 64, 65])  # 65: past the cached rotations
+async def test_round_robin_takes_every_worker_in_turn_as_the_fleet_changes(size: int) -> None:
+    ids = [f"w{i:03d}" for i in range(size)]
+    router, fleet, transport = make(*(worker(i) for i in ids))
+    served = [(await drain(router, chat_request()))[0] for _ in range(3 * size)]
+    assert served == ids * 3  # in id order, each once per turn
+    fleet.add(worker("w999"))  # a bigger pool: still every worker once per turn
+    turn = [(await drain(router, chat_request()))[0] for _ in range(size + 1)]
+    assert sorted(turn) == [*ids, "w999"]
+    fleet.remove("w999")
+    turn = [(await drain(router, chat_request()))[0] for _ in range(size)]
+    assert sorted(turn) == ids
+    assert idle(router, transport)
