@@ -43,7 +43,7 @@ class RouterStats:
         self.overlap_count += 1
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: a frozen init sets each field through object.__setattr__
 class Choice:
     worker: WorkerRecord
     reason: str
@@ -71,11 +71,14 @@ class Picker:
         cands = self._candidates(workers)
         scores = policy.score(ctx, cands)
         costs = scores.costs
-        low = min(costs)
-        if self._temperature > 0 and len(costs) > 1:
+        if len(costs) == 1:
+            i = 0  # one candidate: no temperature, no tie to break
+        elif self._temperature > 0:
+            low = min(costs)
             weights = [math.exp(-(c - low) / self._temperature) for c in costs]
             i = self._rng.choices(range(len(costs)), weights=weights)[0]
         else:
+            low = min(costs)
             best = self._least_busy(cands, [j for j, c in enumerate(costs) if c - low <= 1e-9])
             i = best[0] if len(best) == 1 else self._rng.choice(best)
         self._stats.decisions[(name, scores.reason)] += 1
