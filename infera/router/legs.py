@@ -57,6 +57,7 @@ class Legs:
         self._feed = feed
         self._candidates = candidates
         self._disagg = DisaggRouter()
+        self._hooks = (self._failed, self._answered, self._moved)  # bound once: every placement holds them
 
     def hold(self, worker: WorkerRecord, role: str, ctx: RoutingContext, overlap: int) -> Ticket:
         """Begin the load ticket of one leg and remember the prompt as predicted on the worker.
@@ -83,9 +84,10 @@ class Legs:
               fallbacks: list[WorkerRecord] | None = None) -> Placement:
         """A placement on ``workers`` (by role) with a load ticket held per worker."""
         tickets = {role: self.hold(w, role, ctx, overlap if role != "decode" else 0) for role, w in workers.items()}
+        failed, answered, moved = self._hooks
         return Placement(kind, workers.get("decode") or workers["mixed"], workers.get("prefill"), connector, ctx,
-                         overlap, tickets, named, room, self._load, self._failed, self._answered, self._moved,
-                         fallbacks or [])
+                         overlap, tickets, named, room, self._load, failed, answered, moved,
+                         fallbacks if fallbacks is not None else [])
 
     def _answered(self, placement: Placement) -> None:
         for role, worker in placement.workers().items():
