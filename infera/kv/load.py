@@ -99,7 +99,8 @@ class LoadTracker:
         if ticket.open and ticket.prefilling:
             load = ticket.load
             queued, decoding, active = ticket.met
-            seconds = self._clock() - ticket.started
+            now = self._clock()
+            seconds = now - ticket.started
             load.ttfts.append(TtftSample(seconds, queued, ticket.prefill_tokens, decoding, active))
             window = load.ttft_seconds
             leaving = window[0] if len(window) == window.maxlen else None
@@ -112,7 +113,7 @@ class LoadTracker:
             elif seconds < load.ttft_fastest:
                 load.ttft_fastest = seconds
             load.ttft_count += 1
-            load.busy_since = self._clock()
+            load.busy_since = now
             self._settle(ticket)
 
     def _settle(self, ticket: Ticket) -> None:
