@@ -1877,6 +1877,8 @@ static struct PyModuleDef module = {
 };
 
 static int add_prompt_ids(PyObject *mod); /* the prompt cache's uint32 ids: the block at the end of this file */
+static int add_recency(PyObject *mod); /* kv-aware's recency shadow: the block at the end of this file */
+static double recency_tail(U64Map *m, long long blocks, double tau, double now);
 
 PyMODINIT_FUNC PyInit__native(void) {
     ONE = PyLong_FromLong(1);
@@ -1891,7 +1893,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(mod);
         return NULL;
     }
-    if (add_prompt_ids(mod) < 0) {
+    if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
@@ -2193,10 +2195,23 @@ static NO_FMA double py_recompute_ms(double tokens) {
 static inline long long ll_min(long long a, long long b) { return a < b ? a : b; }
 static inline long long ll_max(long long a, long long b) { return a > b ? a : b; }
 
+/* kv_terms(13 args[, shadow, tau, now]): with a recency shadow (a U64Map(False) kept by recency_touch; None: none)
+ * the eviction term is weighted by recency_value(shadow, evicted, tau, now), as kv_evict.py's Python path does */
 static NO_FMA PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "kv_terms takes 13 arguments");
+    if (nargs != 13 && nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "kv_terms takes 13 or 16 arguments");
         return NULL;
+    }
+    U64Map *shadow = NULL;
+    double tau = 0.0, now = 0.0;
+    if (nargs == 16 && args[13] != Py_None) {
+        if (!IS_MAP(args[13]) || ((U64Map *)args[13])->objvals) {
+            PyErr_SetString(PyExc_TypeError, "kv_terms: the shadow is a U64Map(False) or None");
+            return NULL;
+        }
+        shadow = (U64Map *)args[13];
+        tau = PyFloat_AsDouble(args[14]);
+        now = PyFloat_AsDouble(args[15]);
     }
     long long prompt_tokens = PyLong_AsLongLong(args[0]);
     double credit = PyFloat_AsDouble(args[1]);
@@ -2228,6 +2243,7 @@ static NO_FMA PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize
         long long occupied = ll_min(capacity, ll_max(cached, active));
         long long evicted = ll_max(0, ll_min(need - (capacity - occupied), occupied - ll_min(active, occupied)));
         eviction = eviction_w * weight * py_recompute_ms((double)(evicted * size));
+        if (shadow != NULL && eviction > 0.0) eviction *= recency_tail(shadow, evicted, tau, now);
     }
     double occupancy = occupancy_w != 0.0 ? occupancy_w * weight * py_recompute_ms(own) : 0.0;
     return Py_BuildValue("(dddddddd)", prefill, batch, memory, horizon, eviction, 0.0, occupancy, 0.0);
@@ -2253,3 +2269,172 @@ static NO_FMA PyObject *kv_modelled(PyObject *self, PyObject *const *args, Py_ss
     if (PyErr_Occurred()) return NULL;
     return PyFloat_FromDouble(1.0 * py_prefill_ms(tokens) + py_decode_ms(tokens, decoding, active, capacity));
 }
+
+/* ==== kv-aware's recency shadow (infera/router/kv_evict.py) ========================================================
+ *
+ * Per worker, the router hashes of the prompts routed there in the order of their last use (a shadow of the engine's
+ * LRU), each with that use's time: a U64Map(False) whose insertion order is the LRU order (oldest first) and whose
+ * values are the times as the bits of a double. The pure path (INFERA_PURE_PYTHON, or no compiler) keeps an
+ * OrderedDict with the same operations (kv_evict.py's _PyShadow); tests/router/test_kv_evict_native.py runs both. */
+
+static inline double bits_double(uint64_t u) {
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
+
+static inline uint64_t double_bits(double d) {
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    return u;
+}
+
+#define SLOT_DETACHED (-2) /* in the table, out of the order list while recency_touch moves it */
+
+static inline void order_append(U64Map *m, Py_ssize_t i) {
+    MapSlot *s = &m->slots[i];
+    s->prev = m->tail;
+    s->next = SLOT_NONE;
+    if (m->tail == SLOT_NONE) m->head = (int32_t)i;
+    else m->slots[m->tail].next = (int32_t)i;
+    m->tail = (int32_t)i;
+}
+
+static inline void order_detach(U64Map *m, Py_ssize_t i) {
+    MapSlot *s = &m->slots[i];
+    if (s->prev == SLOT_NONE) m->head = s->next;
+    else m->slots[s->prev].next = s->next;
+    if (s->next == SLOT_NONE) m->tail = s->prev;
+    else m->slots[s->next].prev = s->prev;
+    s->prev = SLOT_DETACHED;
+}
+
+static int shadow_arg(PyObject *o, const char *name, U64Map **out) {
+    if (!IS_MAP(o) || ((U64Map *)o)->objvals) {
+        PyErr_Format(PyExc_TypeError, "%s: the shadow is a U64Map(False)", name);
+        return -1;
+    }
+    *out = (U64Map *)o;
+    return 0;
+}
+
+/* recency_touch(shadow, hashes, when, limit) -> float: the Python
+ *     oldest = min(map(lru.pop, hashes, repeat(inf)), default=inf); lru.update(zip(hashes, repeat(when)))
+ *     then popitem(last=False) while len(lru) > limit
+ * i.e. the hashes move (in their order) to the young end with last use ``when``; returns the oldest last use they
+ * had (inf if none was there). Hashes that are no u64 are an error (router hashes always are). */
+static PyObject *recency_touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "recency_touch takes 4 arguments");
+        return NULL;
+    }
+    U64Map *m;
+    if (shadow_arg(args[0], "recency_touch", &m) < 0) return NULL;
+    PyObject *seq = PySequence_Fast(args[1], "recency_touch: hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    double when = PyFloat_AsDouble(args[2]);
+    long long limit = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    /* room for every hash first: no resize between detaching and appending (a resize follows the order list) */
+    if ((m->used + n) * 10 > m->cap * 7 && map_resize(m, 2 * (m->used + n)) < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    double oldest = Py_HUGE_VAL;
+    for (Py_ssize_t k = 0; k < n; k++) {  /* the pops: take each out of the order, note its last use */
+        uint64_t key;
+        if (map_key_strict(items[k], &key) < 0) goto fail;
+        Py_ssize_t i = map_find(m, key);
+        if (i < 0 || m->slots[i].prev == SLOT_DETACHED) continue;  /* absent, or popped already (pop gives inf) */
+        double last = bits_double(m->slots[i].val);
+        if (last < oldest) oldest = last;
+        order_detach(m, i);
+    }
+    uint64_t stamp = double_bits(when);
+    for (Py_ssize_t k = 0; k < n; k++) {  /* the update: back in at the young end, in the prompt's order */
+        uint64_t key;
+        if (map_key_strict(items[k], &key) < 0) goto fail;
+        int added;
+        Py_ssize_t i = map_find(m, key);
+        if (i >= 0) {
+            added = 0;
+            if (m->slots[i].prev == SLOT_DETACHED) order_append(m, i);
+        } else {
+            i = map_slot(m, key, &added);  /* no resize: room was made above */
+            if (i < 0) goto fail;
+        }
+        m->slots[i].val = stamp;
+    }
+    m->version++;
+    Py_DECREF(seq);
+    while (m->used > limit && m->head != SLOT_NONE) map_unlink(m, m->head);  /* the LRU's oldest go */
+    return PyFloat_FromDouble(oldest);
+fail:
+    /* put back anything still detached (at the young end), so the table stays consistent */
+    for (Py_ssize_t k = 0; k < n; k++) {
+        uint64_t key;
+        if (map_key(items[k], &key) != 1) continue;
+        Py_ssize_t i = map_find(m, key);
+        if (i >= 0 && m->slots[i].prev == SLOT_DETACHED) order_append(m, i);
+    }
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* the value (0..1) of the ``blocks`` least recently used blocks (kv_evict.py's _PyShadow.value): tau / (tau + age) of
+ * the middle one of those it knows, blocks it does not know counting 1; the same doubles in the same order */
+static NO_FMA double recency_tail(U64Map *m, long long blocks, double tau, double now) {
+    if (blocks <= 0 || m->used == 0) return 1.0;
+    long long known = blocks < (long long)m->used ? blocks : (long long)m->used;
+    int32_t j = m->head;
+    for (long long k = known / 2; k > 0; k--) j = m->slots[j].next;
+    double age = now - bits_double(m->slots[j].val);
+    if (!(age > 0.0)) age = 0.0;  /* max(0.0, age) */
+    return ((double)known * tau / (tau + age) + (double)(blocks - known)) / (double)blocks;
+}
+
+/* recency_value(shadow, blocks, tau, now) -> float */
+static PyObject *recency_value(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "recency_value takes 4 arguments");
+        return NULL;
+    }
+    U64Map *m;
+    if (shadow_arg(args[0], "recency_value", &m) < 0) return NULL;
+    long long blocks = PyLong_AsLongLong(args[1]);
+    double tau = PyFloat_AsDouble(args[2]), now = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    return PyFloat_FromDouble(recency_tail(m, blocks, tau, now));
+}
+
+/* recency_items(shadow) -> [(hash, last use), ...], oldest first */
+static PyObject *recency_items(PyObject *self, PyObject *arg) {
+    U64Map *m;
+    if (shadow_arg(arg, "recency_items", &m) < 0) return NULL;
+    PyObject *out = PyList_New(m->used);
+    if (out == NULL) return NULL;
+    Py_ssize_t k = 0;
+    for (int32_t j = m->head; j != SLOT_NONE; j = m->slots[j].next, k++) {
+        PyObject *pair = Py_BuildValue("(Kd)", (unsigned long long)m->slots[j].key, bits_double(m->slots[j].val));
+        if (pair == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, k, pair);
+    }
+    return out;
+}
+
+static PyMethodDef recency_methods[] = {
+    {"recency_touch", (PyCFunction)(void (*)(void))recency_touch, METH_FASTCALL, NULL},
+    {"recency_value", (PyCFunction)(void (*)(void))recency_value, METH_FASTCALL, NULL},
+    {"recency_items", recency_items, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_recency(PyObject *mod) { return PyModule_AddFunctions(mod, recency_methods); }
