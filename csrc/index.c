@@ -1878,6 +1878,7 @@ static struct PyModuleDef module = {
 
 static int add_prompt_ids(PyObject *mod); /* the prompt cache's uint32 ids: the block at the end of this file */
 static int add_recency(PyObject *mod); /* kv-aware's recency shadow: the block at the end of this file */
+static int add_scales(PyObject *mod);  /* kv-aware's speed scale: after it */
 static double recency_tail(U64Map *m, long long blocks, double tau, double now);
 
 PyMODINIT_FUNC PyInit__native(void) {
@@ -1893,7 +1894,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(mod);
         return NULL;
     }
-    if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0) {
+    if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
@@ -2438,3 +2439,123 @@ static PyMethodDef recency_methods[] = {
 };
 
 static int add_recency(PyObject *mod) { return PyModule_AddFunctions(mod, recency_methods); }
+
+/* ==== kv-aware's speed scale (infera/router/kv_ttft.py, KvTtftPolicy._relative_scales) =============================
+ *
+ * kv_scales(sums, min_samples, dead_band, max_relative) -> [float]: each candidate's speed relative to the fleet's
+ * median from its _Scale (attributes n, observed, modelled, floor), the same doubles in the same order as the
+ * Python (tests/router/test_kv_evict_native.py compares them to the bit). */
+
+static PyObject *STR_N, *STR_OBSERVED, *STR_MODELLED, *STR_FLOOR;
+
+static int scale_attr(PyObject *o, PyObject *name, double *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    *out = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static NO_FMA PyObject *kv_scales(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "kv_scales takes 4 arguments");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "kv_scales: sums must be a sequence");
+    if (seq == NULL) return NULL;
+    long long min_samples = PyLong_AsLongLong(args[1]);
+    double band = PyFloat_AsDouble(args[2]), most = PyFloat_AsDouble(args[3]);
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    double *mem = PyMem_Malloc(sizeof(double) * (size_t)(2 * len + 1));
+    char *has = PyMem_Malloc((size_t)len + 1);
+    PyObject *out = NULL;
+    if (PyErr_Occurred() || mem == NULL || has == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    double *raw = mem, *known = mem + len;
+    long long *ns = (long long *)PyMem_Malloc(sizeof(long long) * (size_t)(len + 1));
+    double *observed = PyMem_Malloc(sizeof(double) * (size_t)(2 * len + 1));
+    if (ns == NULL || observed == NULL) {
+        PyMem_Free(ns);
+        PyMem_Free(observed);
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *modelled = observed + len;
+    int any = 0;
+    double fixed = 0.0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        PyObject *nv = PyObject_GetAttr(items[i], STR_N);
+        if (nv == NULL) goto fail;
+        ns[i] = PyLong_AsLongLong(nv);
+        Py_DECREF(nv);
+        if (ns[i] == -1 && PyErr_Occurred()) goto fail;
+        if (ns[i] < min_samples) continue;
+        double floor_;
+        if (scale_attr(items[i], STR_FLOOR, &floor_) < 0 || scale_attr(items[i], STR_OBSERVED, &observed[i]) < 0
+            || scale_attr(items[i], STR_MODELLED, &modelled[i]) < 0)
+            goto fail;
+        if (!any || floor_ < fixed) fixed = floor_;  /* min(floors): the first of the smallest */
+        any = 1;
+    }
+    Py_ssize_t nk = 0;
+    for (Py_ssize_t i = 0; i < len && any; i++) {
+        has[i] = 0;
+        if (ns[i] < min_samples) continue;
+        double den = modelled[i] + (double)ns[i] * fixed;
+        if (!(den > 0)) continue;
+        raw[i] = observed[i] / den;
+        has[i] = 1;
+        if (raw[i] > 0.0) {  /* insertion sort: a fleet's candidates */
+            Py_ssize_t j = nk++;
+            while (j > 0 && known[j - 1] > raw[i]) {
+                known[j] = known[j - 1];
+                j--;
+            }
+            known[j] = raw[i];
+        }
+    }
+    out = PyList_New(len);
+    if (out == NULL) goto fail;
+    double mid = nk ? known[nk / 2] : 0.0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        double rel = 1.0;
+        if (nk) {
+            if (has[i] && raw[i] > 0.0) rel = raw[i] / mid;
+            if (1.0 / band <= rel && rel <= band) rel = 1.0;
+            double lo = 1.0 / most;
+            rel = rel > lo ? rel : lo;      /* max(1/most, rel) */
+            rel = rel < most ? rel : most;  /* min(most, ...) */
+        }
+        PyObject *f = PyFloat_FromDouble(rel);
+        if (f == NULL) {
+            Py_CLEAR(out);
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i, f);
+    }
+fail:
+    PyMem_Free(ns);
+    PyMem_Free(observed);
+done:
+    PyMem_Free(mem);
+    PyMem_Free(has);
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyMethodDef scale_methods[] = {
+    {"kv_scales", (PyCFunction)(void (*)(void))kv_scales, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_scales(PyObject *mod) {
+    STR_N = PyUnicode_InternFromString("n");
+    STR_OBSERVED = PyUnicode_InternFromString("observed");
+    STR_MODELLED = PyUnicode_InternFromString("modelled");
+    STR_FLOOR = PyUnicode_InternFromString("floor");
+    if (STR_N == NULL || STR_OBSERVED == NULL || STR_MODELLED == NULL || STR_FLOOR == NULL) return -1;
+    return PyModule_AddFunctions(mod, scale_methods);
+}

@@ -248,6 +248,7 @@ class KvTtftPolicy:
                                                                    UNKNOWN_USAGE)
         self._c_terms = native.kv_terms if model and plain else None
         self._c_modelled = native.kv_modelled if model else None  # a TTFT sample's modelled_ms(1.0, ...)
+        self._c_scales = getattr(native, "kv_scales", None)  # _relative_scales' arithmetic (the same doubles)
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
         overlaps: list[int] = []
@@ -412,6 +413,9 @@ class KvTtftPolicy:
         with fewer than :data:`MIN_SAMPLES` samples is typical.
         """
         sums = [self._sums(c) for c in candidates]
+        if self._c_scales is not None:
+            scales: list[float] = self._c_scales(sums, MIN_SAMPLES, SCALE_DEAD_BAND, MAX_RELATIVE_SCALE)
+            return scales
         floors = [x.floor for x in sums if x.n >= MIN_SAMPLES]
         if not floors:
             return [1.0] * len(candidates)

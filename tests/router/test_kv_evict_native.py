@@ -91,3 +91,34 @@ def test_the_eviction_term_with_the_shadow_is_the_same_double(
         got_want.append(pol.terms(ctx, cand, overlap))
     got, want = got_want
     assert got == want and [type(x) for x in got] == [float] * 8, (got, want)
+
+
+scale = st.tuples(st.integers(0, 40), st.floats(0.0, 5e4), st.one_of(st.just(0), st.floats(0.0, 5e4)),
+                  st.floats(0.0, 500.0))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(scale, max_size=9), st.sampled_from([0, 1, 8]), st.sampled_from([1.0, 1.5]))
+def test_the_speed_scales_in_c_are_the_same_doubles(sums: list[tuple[int, float, float, float]], min_samples: int,
+                                                    band: float) -> None:
+    """kv_scales against KvTtftPolicy._relative_scales' Python: workers under and over the sample minimum, no
+    modelled time, a zero fastest request, equal ratios (the median), ratios inside and past the dead band."""
+    import infera.router.kv_ttft as kv_ttft
+    from infera.router.kv_ttft import KvTtftPolicy, _Scale
+
+    assert native is not None
+    objs = []
+    for n, observed, modelled, floor in sums:
+        x = _Scale()
+        x.n, x.observed, x.modelled, x.floor = n, observed, modelled, floor
+        objs.append(x)
+    pol: Any = KvTtftPolicy(PolicyDeps(_Index(None, 0, 0), 1.0, lambda w: False,  # type: ignore[arg-type]
+                                       _Load(0), lambda: 0.0))  # type: ignore[arg-type]
+    assert pol._c_scales is None
+    pol._sums = objs.__getitem__
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kv_ttft, "MIN_SAMPLES", min_samples)
+        mp.setattr(kv_ttft, "SCALE_DEAD_BAND", band)
+        want = pol._relative_scales(list(range(len(objs))))
+    got = native.kv_scales(objs, min_samples, band, kv_ttft.MAX_RELATIVE_SCALE)
+    assert got == want and all(type(x) is float for x in got), (got, want)
