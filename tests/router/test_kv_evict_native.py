@@ -122,3 +122,33 @@ def test_the_speed_scales_in_c_are_the_same_doubles(sums: list[tuple[int, float,
         want = pol._relative_scales(list(range(len(objs))))
     got = native.kv_scales(objs, min_samples, band, kv_ttft.MAX_RELATIVE_SCALE)
     assert got == want and all(type(x) is float for x in got), (got, want)
+
+
+def test_an_extension_built_before_the_shadow_was_in_c_still_routes_the_same() -> None:
+    """A stale build (no recency_* functions): kv-aware keeps its shadow in Python and computes its terms there,
+    with the same costs as on the current extension."""
+    import types
+
+    from infera.router.kv_evict import KvEvictPolicy as Policy
+    from tests.router.test_kv_evict import SMALL, place
+    from tests.router.test_kv_ttft import BS, Fleet, tokens
+
+    assert native is not None
+    stale = types.SimpleNamespace(**{k: getattr(native, k) for k in dir(native) if not k.startswith("recency")})
+    costs = []
+    for module in (native, stale):
+        fleet = Fleet(Policy, SMALL)
+        fleet.index._native = module
+        fleet.policy = Policy(PolicyDeps(fleet.index, 1.0, lambda _w: False, fleet.load,
+                                         lambda f=fleet: f.now))
+        for t, (seed, wid) in enumerate([(1, "w0"), (2, "w1"), (1, "w0"), (3, "w1"), (2, "w1")]):
+            fleet.now = 10.0 * t
+            place(fleet, tokens(seed, 30 * BS), wid)
+        ctx = RoutingContext(model="m", token_ids=tokens(9, 20 * BS), prompt_tokens=20 * BS, max_tokens=32)
+        cands = [Candidate(w, 0, 0, 0) for w in fleet.workers]
+        costs.append(fleet.policy.score(ctx, cands).costs)
+        assert isinstance(fleet.policy, Policy) and fleet.policy.tau is not None
+        shadows = list(fleet.policy._recency.values())
+        assert shadows and all(isinstance(x, PyShadow) == (module is stale) for x in shadows)
+    assert costs[0] == costs[1]
+    assert costs[0][0] != costs[0][1]
