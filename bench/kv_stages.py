@@ -14,6 +14,9 @@ collection runs inside whichever stage allocated, mostly the context stage).
     .venv/bin/python bench/kv_stages.py --ref main       # and the same at git ref main, interleaved rounds
     .venv/bin/python bench/kv_stages.py --ref main --score-ab   # the kv-aware score alone, main's vs this tree's,
                                                                 # alternating decision by decision in one process
+    .venv/bin/python bench/kv_stages.py --kv-blocks 1000 ...    # small caches: the workers fill and evict (their
+                                                                # LRU's BlockRemoved applied too), so kv-aware's
+                                                                # eviction term and its recency shadow's value run
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ STAGES = ("topology+pool", "context", "hashes", "pick", "legs", "first token", "
 GC = "gc"  # within the stages, not added to the total
 
 
-def run_stages(policy: str, n: int, warmup: int) -> dict[str, float]:
+def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str, float]:
+    from collections import OrderedDict
+
     import orjson
 
     from bench.common import chat_body, default_tokenizer_dir
     from infera.kv.tokenizer import PromptRenderer
-    from infera.protocols.kv_events import BlockStored, EventBatch
+    from infera.protocols.kv_events import BlockRemoved, BlockStored, EventBatch
     from infera.protocols.worker import Capacity
     from infera.router.context import RouteRequest
     from infera.router.router import Router, RouterOptions
@@ -49,7 +54,7 @@ def run_stages(policy: str, n: int, warmup: int) -> dict[str, float]:
     renderer = PromptRenderer.from_dir(default_tokenizer_dir())
     bodies = [chat_body(i, "m", False, 8) for i in range(4096)]
     payloads = [orjson.loads(b) for b in bodies]
-    fleet = FakeFleet(*[worker(f"w{k}", model="m", kv_block_size=16, capacity=Capacity(kv_blocks=100000))
+    fleet = FakeFleet(*[worker(f"w{k}", model="m", kv_block_size=16, capacity=Capacity(kv_blocks=kv_blocks))
                         for k in range(2)])
     router = Router(fleet, FakeTransport(), None, renderer, RouterOptions(policy=policy), rng=random.Random(1))
     cands, ctxs, picker, legs, load, index = (router._candidates, router._context, router._picker, router._legs,
@@ -68,6 +73,7 @@ def run_stages(policy: str, n: int, warmup: int) -> dict[str, float]:
 
     gc.callbacks.append(on_gc)
     mask = (1 << 48) - 1  # engine hashes: opaque ids, not the router's
+    engines: dict[str, OrderedDict[int, None]] = {}  # per worker, its engine's LRU of stored blocks (--kv-blocks)
     for i in range(warmup + n):
         collecting[2] = i >= warmup
         req = RouteRequest(kind="chat", path="/v1/chat/completions", body=bodies[i % 4096],
@@ -91,9 +97,18 @@ def run_stages(policy: str, n: int, warmup: int) -> dict[str, float]:
         t7 = clock()
         if hashes and choice.overlap < len(hashes):
             ids, k = ctx.token_ids or [], choice.overlap
-            index.apply(choice.worker.instance_id, EventBatch(ts=0.0, events=[BlockStored(
-                block_hashes=[h & mask for h in hashes[k:]], parent_block_hash=hashes[k - 1] & mask if k else None,
+            wid = choice.worker.instance_id
+            stored = [h & mask for h in hashes[k:]]
+            index.apply(wid, EventBatch(ts=0.0, events=[BlockStored(
+                block_hashes=stored, parent_block_hash=hashes[k - 1] & mask if k else None,
                 token_ids=list(ids[k * 16: len(hashes) * 16]), block_size=16)]))
+            lru = engines.setdefault(wid, OrderedDict())
+            for h in hashes:  # the engine's LRU: the prompt's blocks are the youngest
+                lru[h & mask] = None
+                lru.move_to_end(h & mask)
+            if len(lru) > kv_blocks:
+                gone = [lru.popitem(last=False)[0] for _ in range(len(lru) - kv_blocks)]
+                index.apply(wid, EventBatch(ts=0.0, events=[BlockRemoved(block_hashes=gone)]))
         t8 = clock()
         if i >= warmup:
             for stage, d in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, t8 - t7),
@@ -103,58 +118,77 @@ def run_stages(policy: str, n: int, warmup: int) -> dict[str, float]:
     return {**{stage: v / n / 1e3 for stage, v in total.items()}, GC: collecting[1] / n / 1e3}
 
 
-def score_ab(ref: str, n: int, warmup: int) -> dict[str, Any]:
-    """``KvTtftPolicy.score`` of git ``ref``'s kv_ttft.py against this tree's, decision by decision on run_stages'
-    router (the same index, load and candidates; the order alternating), with the cost compared: wall ns per
-    call (gc as the server's), medians over the decisions, and how many decisions' scores differed."""
+def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str, Any]:
+    """kv-aware's whole score (``KvEvictPolicy.score``: the recency shadow's touch, the terms, the speed scale) of
+    git ``ref``'s kv_evict.py and kv_ttft.py against this tree's, decision by decision on run_stages' router (the
+    same index, load and candidates; the order alternating; both policies see the same clock reading per decision,
+    and each keeps its own shadow), with the cost compared: wall ns per call (gc as the server's), medians over
+    the decisions, how many decisions' costs differed (to the bit) and how many picked another worker."""
     import importlib.util
 
-    from infera.router import kv_ttft
+    from infera.router import kv_evict
     from infera.router.base import PolicyDeps
 
     repo = Path(__file__).resolve().parent.parent
-    source = subprocess.run(["git", "-C", str(repo), "show", f"{ref}:infera/router/kv_ttft.py"], check=True,
-                            capture_output=True).stdout
-    with tempfile.NamedTemporaryFile("wb", suffix=".py", delete=False) as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("ref_kv_ttft", f.name)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    Path(f.name).unlink()
+
+    def load(path: str, name: str, swap: tuple[str, str] | None = None) -> Any:
+        source = subprocess.run(["git", "-C", str(repo), "show", f"{ref}:{path}"], check=True,
+                                capture_output=True).stdout
+        if swap is not None:
+            source = source.replace(swap[0].encode(), swap[1].encode())
+        with tempfile.NamedTemporaryFile("wb", suffix=".py", delete=False) as f:
+            f.write(source)
+        spec = importlib.util.spec_from_file_location(name, f.name)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        Path(f.name).unlink()
+        return module
+
+    load("infera/router/kv_ttft.py", "ref_kv_ttft")
+    module = load("infera/router/kv_evict.py", "ref_kv_evict",
+                  ("from infera.router.kv_ttft import", "from ref_kv_ttft import"))
     times: dict[str, list[int]] = {ref: [], "this tree": []}
     refs: dict[int, Any] = {}
-    mismatches = [0]
-    ours = kv_ttft.KvTtftPolicy.score
+    differ = [0, 0]  # costs, picks
+    ours = kv_evict.KvEvictPolicy.score
+    frozen = [0.0]
 
     def both(self: Any, ctx: Any, cands: Any) -> Any:
         other = refs.get(id(self))
         if other is None:
-            other = refs[id(self)] = module.KvTtftPolicy(PolicyDeps(self._index, self._weight, lambda w: False,
-                                                                    self._load, self._clock))
+            clock = self._clock
+            self._clock = lambda: frozen[0]
+            other = refs[id(self)] = module.KvEvictPolicy(PolicyDeps(self._index, self._weight, lambda w: False,
+                                                                     self._load, lambda: frozen[0]))
+            other._real_clock = clock
+        frozen[0] = other._real_clock()
         out = {}
         for name in (ref, "this tree") if len(times[ref]) % 2 else ("this tree", ref):
             t = time.perf_counter_ns()
             out[name] = ours(self, ctx, cands) if name == "this tree" else other.score(ctx, cands)
             times[name].append(time.perf_counter_ns() - t)
-        mismatches[0] += out[ref] != out["this tree"]
+        a, b = out[ref].costs, out["this tree"].costs
+        differ[0] += a != b
+        differ[1] += min(range(len(a)), key=a.__getitem__) != min(range(len(b)), key=b.__getitem__)
         return out["this tree"]
 
-    kv_ttft.KvTtftPolicy.score = both  # type: ignore[method-assign,assignment]
+    kv_evict.KvEvictPolicy.score = both  # type: ignore[method-assign]
     try:
-        run_stages("kv-aware", n, warmup)
+        run_stages("kv-aware", n, warmup, kv_blocks)
     finally:
-        kv_ttft.KvTtftPolicy.score = ours  # type: ignore[method-assign]
+        kv_evict.KvEvictPolicy.score = ours  # type: ignore[method-assign]
     med = {name: statistics.median(v) / 1e3 for name, v in times.items()}
-    return {"decisions": len(times[ref]), "mismatches": mismatches[0], **{f"{k} µs": v for k, v in med.items()},
-            "ratio": med["this tree"] / med[ref]}
+    return {"decisions": len(times[ref]), "costs differ": differ[0], "picks differ": differ[1],
+            **{f"{k} µs": v for k, v in med.items()}, "ratio": med["this tree"] / med[ref]}
 
 
-def _child(root: str, policy: str, n: int, warmup: int) -> dict[str, float]:
+def _child(root: str, policy: str, n: int, warmup: int, kv_blocks: int) -> dict[str, float]:
     """run_stages in a fresh process with ``root``'s infera first on the path."""
     repo = str(Path(__file__).resolve().parent.parent)
     code = (f"import sys, json; sys.path.insert(0, {root!r}); sys.path.insert(1, {repo!r}); "
-            f"import bench.kv_stages as k; print(json.dumps(k.run_stages({policy!r}, {n}, {warmup})))")
+            f"import bench.kv_stages as k; print(json.dumps(k.run_stages({policy!r}, {n}, {warmup}, {kv_blocks})))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -165,12 +199,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--kv-blocks", type=int, default=100000,
+                    help="each worker's KV capacity in blocks (small: the caches fill, the engines evict)")
     ap.add_argument("--score-ab", action="store_true",
                     help="instead: the kv-aware policy's score at --ref against this tree's, decision by decision")
     args = ap.parse_args()
     if args.score_ab:
         for r in range(args.rounds):
-            print(f"round {r}: {json.dumps(score_ab(args.ref or 'main', args.n, args.warmup))}", flush=True)
+            found = score_ab(args.ref or "main", args.n, args.warmup, args.kv_blocks)
+            print(f"round {r}: {json.dumps(found, ensure_ascii=False)}", flush=True)
         return
     repo = Path(__file__).resolve().parent.parent
     trees = {"this tree": str(repo)}
@@ -188,7 +225,7 @@ def main() -> None:
     try:
         for r in range(args.rounds):
             for name, policy in (cells if r % 2 == 0 else list(reversed(cells))):
-                runs[(name, policy)].append(_child(trees[name], policy, args.n, args.warmup))
+                runs[(name, policy)].append(_child(trees[name], policy, args.n, args.warmup, args.kv_blocks))
                 last = runs[(name, policy)][-1]
                 took = sum(last[s] for s in STAGES)
                 print(f"round {r} {name} {policy}: {took:.0f} µs/req, gc {last.get(GC, 0.0):.1f}", flush=True)

@@ -1877,6 +1877,9 @@ static struct PyModuleDef module = {
 };
 
 static int add_prompt_ids(PyObject *mod); /* the prompt cache's uint32 ids: the block at the end of this file */
+static int add_recency(PyObject *mod); /* kv-aware's recency shadow: the block at the end of this file */
+static int add_scales(PyObject *mod);  /* kv-aware's speed scale: after it */
+static double recency_tail(U64Map *m, long long blocks, double tau, double now);
 
 PyMODINIT_FUNC PyInit__native(void) {
     ONE = PyLong_FromLong(1);
@@ -1891,7 +1894,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(mod);
         return NULL;
     }
-    if (add_prompt_ids(mod) < 0) {
+    if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
@@ -2193,10 +2196,23 @@ static NO_FMA double py_recompute_ms(double tokens) {
 static inline long long ll_min(long long a, long long b) { return a < b ? a : b; }
 static inline long long ll_max(long long a, long long b) { return a > b ? a : b; }
 
+/* kv_terms(13 args[, shadow, tau, now]): with a recency shadow (a U64Map(False) kept by recency_touch; None: none)
+ * the eviction term is weighted by recency_value(shadow, evicted, tau, now), as kv_evict.py's Python path does */
 static NO_FMA PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "kv_terms takes 13 arguments");
+    if (nargs != 13 && nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "kv_terms takes 13 or 16 arguments");
         return NULL;
+    }
+    U64Map *shadow = NULL;
+    double tau = 0.0, now = 0.0;
+    if (nargs == 16 && args[13] != Py_None) {
+        if (!IS_MAP(args[13]) || ((U64Map *)args[13])->objvals) {
+            PyErr_SetString(PyExc_TypeError, "kv_terms: the shadow is a U64Map(False) or None");
+            return NULL;
+        }
+        shadow = (U64Map *)args[13];
+        tau = PyFloat_AsDouble(args[14]);
+        now = PyFloat_AsDouble(args[15]);
     }
     long long prompt_tokens = PyLong_AsLongLong(args[0]);
     double credit = PyFloat_AsDouble(args[1]);
@@ -2228,6 +2244,7 @@ static NO_FMA PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize
         long long occupied = ll_min(capacity, ll_max(cached, active));
         long long evicted = ll_max(0, ll_min(need - (capacity - occupied), occupied - ll_min(active, occupied)));
         eviction = eviction_w * weight * py_recompute_ms((double)(evicted * size));
+        if (shadow != NULL && eviction > 0.0) eviction *= recency_tail(shadow, evicted, tau, now);
     }
     double occupancy = occupancy_w != 0.0 ? occupancy_w * weight * py_recompute_ms(own) : 0.0;
     return Py_BuildValue("(dddddddd)", prefill, batch, memory, horizon, eviction, 0.0, occupancy, 0.0);
@@ -2252,4 +2269,293 @@ static NO_FMA PyObject *kv_modelled(PyObject *self, PyObject *const *args, Py_ss
     long long capacity = PyLong_AsLongLong(args[3]);
     if (PyErr_Occurred()) return NULL;
     return PyFloat_FromDouble(1.0 * py_prefill_ms(tokens) + py_decode_ms(tokens, decoding, active, capacity));
+}
+
+/* ==== kv-aware's recency shadow (infera/router/kv_evict.py) ========================================================
+ *
+ * Per worker, the router hashes of the prompts routed there in the order of their last use (a shadow of the engine's
+ * LRU), each with that use's time: a U64Map(False) whose insertion order is the LRU order (oldest first) and whose
+ * values are the times as the bits of a double. The pure path (INFERA_PURE_PYTHON, or no compiler) keeps an
+ * OrderedDict with the same operations (kv_evict.py's _PyShadow); tests/router/test_kv_evict_native.py runs both. */
+
+static inline double bits_double(uint64_t u) {
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
+
+static inline uint64_t double_bits(double d) {
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    return u;
+}
+
+#define SLOT_DETACHED (-2) /* in the table, out of the order list while recency_touch moves it */
+
+static inline void order_append(U64Map *m, Py_ssize_t i) {
+    MapSlot *s = &m->slots[i];
+    s->prev = m->tail;
+    s->next = SLOT_NONE;
+    if (m->tail == SLOT_NONE) m->head = (int32_t)i;
+    else m->slots[m->tail].next = (int32_t)i;
+    m->tail = (int32_t)i;
+}
+
+static inline void order_detach(U64Map *m, Py_ssize_t i) {
+    MapSlot *s = &m->slots[i];
+    if (s->prev == SLOT_NONE) m->head = s->next;
+    else m->slots[s->prev].next = s->next;
+    if (s->next == SLOT_NONE) m->tail = s->prev;
+    else m->slots[s->next].prev = s->prev;
+    s->prev = SLOT_DETACHED;
+}
+
+static int shadow_arg(PyObject *o, const char *name, U64Map **out) {
+    if (!IS_MAP(o) || ((U64Map *)o)->objvals) {
+        PyErr_Format(PyExc_TypeError, "%s: the shadow is a U64Map(False)", name);
+        return -1;
+    }
+    *out = (U64Map *)o;
+    return 0;
+}
+
+/* recency_touch(shadow, hashes, when, limit) -> float: the Python
+ *     oldest = min(map(lru.pop, hashes, repeat(inf)), default=inf); lru.update(zip(hashes, repeat(when)))
+ *     then popitem(last=False) while len(lru) > limit
+ * i.e. the hashes move (in their order) to the young end with last use ``when``; returns the oldest last use they
+ * had (inf if none was there). Hashes that are no u64 are an error (router hashes always are). */
+static PyObject *recency_touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "recency_touch takes 4 arguments");
+        return NULL;
+    }
+    U64Map *m;
+    if (shadow_arg(args[0], "recency_touch", &m) < 0) return NULL;
+    PyObject *seq = PySequence_Fast(args[1], "recency_touch: hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    double when = PyFloat_AsDouble(args[2]);
+    long long limit = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    /* room for every hash first: no resize between detaching and appending (a resize follows the order list) */
+    if ((m->used + n) * 10 > m->cap * 7 && map_resize(m, 2 * (m->used + n)) < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    double oldest = Py_HUGE_VAL;
+    for (Py_ssize_t k = 0; k < n; k++) {  /* the pops: take each out of the order, note its last use */
+        uint64_t key;
+        if (map_key_strict(items[k], &key) < 0) goto fail;
+        Py_ssize_t i = map_find(m, key);
+        if (i < 0 || m->slots[i].prev == SLOT_DETACHED) continue;  /* absent, or popped already (pop gives inf) */
+        double last = bits_double(m->slots[i].val);
+        if (last < oldest) oldest = last;
+        order_detach(m, i);
+    }
+    uint64_t stamp = double_bits(when);
+    for (Py_ssize_t k = 0; k < n; k++) {  /* the update: back in at the young end, in the prompt's order */
+        uint64_t key;
+        if (map_key_strict(items[k], &key) < 0) goto fail;
+        int added;
+        Py_ssize_t i = map_find(m, key);
+        if (i >= 0) {
+            added = 0;
+            if (m->slots[i].prev == SLOT_DETACHED) order_append(m, i);
+        } else {
+            i = map_slot(m, key, &added);  /* no resize: room was made above */
+            if (i < 0) goto fail;
+        }
+        m->slots[i].val = stamp;
+    }
+    m->version++;
+    Py_DECREF(seq);
+    while (m->used > limit && m->head != SLOT_NONE) map_unlink(m, m->head);  /* the LRU's oldest go */
+    return PyFloat_FromDouble(oldest);
+fail:
+    /* put back anything still detached (at the young end), so the table stays consistent */
+    for (Py_ssize_t k = 0; k < n; k++) {
+        uint64_t key;
+        if (map_key(items[k], &key) != 1) continue;
+        Py_ssize_t i = map_find(m, key);
+        if (i >= 0 && m->slots[i].prev == SLOT_DETACHED) order_append(m, i);
+    }
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* the value (0..1) of the ``blocks`` least recently used blocks (kv_evict.py's _PyShadow.value): tau / (tau + age) of
+ * the middle one of those it knows, blocks it does not know counting 1; the same doubles in the same order */
+static NO_FMA double recency_tail(U64Map *m, long long blocks, double tau, double now) {
+    if (blocks <= 0 || m->used == 0) return 1.0;
+    long long known = blocks < (long long)m->used ? blocks : (long long)m->used;
+    int32_t j = m->head;
+    for (long long k = known / 2; k > 0; k--) j = m->slots[j].next;
+    double age = now - bits_double(m->slots[j].val);
+    if (!(age > 0.0)) age = 0.0;  /* max(0.0, age) */
+    return ((double)known * tau / (tau + age) + (double)(blocks - known)) / (double)blocks;
+}
+
+/* recency_value(shadow, blocks, tau, now) -> float */
+static PyObject *recency_value(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "recency_value takes 4 arguments");
+        return NULL;
+    }
+    U64Map *m;
+    if (shadow_arg(args[0], "recency_value", &m) < 0) return NULL;
+    long long blocks = PyLong_AsLongLong(args[1]);
+    double tau = PyFloat_AsDouble(args[2]), now = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    return PyFloat_FromDouble(recency_tail(m, blocks, tau, now));
+}
+
+/* recency_items(shadow) -> [(hash, last use), ...], oldest first */
+static PyObject *recency_items(PyObject *self, PyObject *arg) {
+    U64Map *m;
+    if (shadow_arg(arg, "recency_items", &m) < 0) return NULL;
+    PyObject *out = PyList_New(m->used);
+    if (out == NULL) return NULL;
+    Py_ssize_t k = 0;
+    for (int32_t j = m->head; j != SLOT_NONE; j = m->slots[j].next, k++) {
+        PyObject *pair = Py_BuildValue("(Kd)", (unsigned long long)m->slots[j].key, bits_double(m->slots[j].val));
+        if (pair == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, k, pair);
+    }
+    return out;
+}
+
+static PyMethodDef recency_methods[] = {
+    {"recency_touch", (PyCFunction)(void (*)(void))recency_touch, METH_FASTCALL, NULL},
+    {"recency_value", (PyCFunction)(void (*)(void))recency_value, METH_FASTCALL, NULL},
+    {"recency_items", recency_items, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_recency(PyObject *mod) { return PyModule_AddFunctions(mod, recency_methods); }
+
+/* ==== kv-aware's speed scale (infera/router/kv_ttft.py, KvTtftPolicy._relative_scales) =============================
+ *
+ * kv_scales(sums, min_samples, dead_band, max_relative) -> [float]: each candidate's speed relative to the fleet's
+ * median from its _Scale (attributes n, observed, modelled, floor), the same doubles in the same order as the
+ * Python (tests/router/test_kv_evict_native.py compares them to the bit). */
+
+static PyObject *STR_N, *STR_OBSERVED, *STR_MODELLED, *STR_FLOOR;
+
+static int scale_attr(PyObject *o, PyObject *name, double *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    *out = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static NO_FMA PyObject *kv_scales(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "kv_scales takes 4 arguments");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "kv_scales: sums must be a sequence");
+    if (seq == NULL) return NULL;
+    long long min_samples = PyLong_AsLongLong(args[1]);
+    double band = PyFloat_AsDouble(args[2]), most = PyFloat_AsDouble(args[3]);
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    double *mem = PyMem_Malloc(sizeof(double) * (size_t)(2 * len + 1));
+    char *has = PyMem_Malloc((size_t)len + 1);
+    PyObject *out = NULL;
+    if (PyErr_Occurred() || mem == NULL || has == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    double *raw = mem, *known = mem + len;
+    long long *ns = (long long *)PyMem_Malloc(sizeof(long long) * (size_t)(len + 1));
+    double *observed = PyMem_Malloc(sizeof(double) * (size_t)(2 * len + 1));
+    if (ns == NULL || observed == NULL) {
+        PyMem_Free(ns);
+        PyMem_Free(observed);
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *modelled = observed + len;
+    int any = 0;
+    double fixed = 0.0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        PyObject *nv = PyObject_GetAttr(items[i], STR_N);
+        if (nv == NULL) goto fail;
+        ns[i] = PyLong_AsLongLong(nv);
+        Py_DECREF(nv);
+        if (ns[i] == -1 && PyErr_Occurred()) goto fail;
+        if (ns[i] < min_samples) continue;
+        double floor_;
+        if (scale_attr(items[i], STR_FLOOR, &floor_) < 0 || scale_attr(items[i], STR_OBSERVED, &observed[i]) < 0
+            || scale_attr(items[i], STR_MODELLED, &modelled[i]) < 0)
+            goto fail;
+        if (!any || floor_ < fixed) fixed = floor_;  /* min(floors): the first of the smallest */
+        any = 1;
+    }
+    Py_ssize_t nk = 0;
+    for (Py_ssize_t i = 0; i < len && any; i++) {
+        has[i] = 0;
+        if (ns[i] < min_samples) continue;
+        double den = modelled[i] + (double)ns[i] * fixed;
+        if (!(den > 0)) continue;
+        raw[i] = observed[i] / den;
+        has[i] = 1;
+        if (raw[i] > 0.0) {  /* insertion sort: a fleet's candidates */
+            Py_ssize_t j = nk++;
+            while (j > 0 && known[j - 1] > raw[i]) {
+                known[j] = known[j - 1];
+                j--;
+            }
+            known[j] = raw[i];
+        }
+    }
+    out = PyList_New(len);
+    if (out == NULL) goto fail;
+    double mid = nk ? known[nk / 2] : 0.0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        double rel = 1.0;
+        if (nk) {
+            if (has[i] && raw[i] > 0.0) rel = raw[i] / mid;
+            if (1.0 / band <= rel && rel <= band) rel = 1.0;
+            double lo = 1.0 / most;
+            rel = rel > lo ? rel : lo;      /* max(1/most, rel) */
+            rel = rel < most ? rel : most;  /* min(most, ...) */
+        }
+        PyObject *f = PyFloat_FromDouble(rel);
+        if (f == NULL) {
+            Py_CLEAR(out);
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i, f);
+    }
+fail:
+    PyMem_Free(ns);
+    PyMem_Free(observed);
+done:
+    PyMem_Free(mem);
+    PyMem_Free(has);
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyMethodDef scale_methods[] = {
+    {"kv_scales", (PyCFunction)(void (*)(void))kv_scales, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_scales(PyObject *mod) {
+    STR_N = PyUnicode_InternFromString("n");
+    STR_OBSERVED = PyUnicode_InternFromString("observed");
+    STR_MODELLED = PyUnicode_InternFromString("modelled");
+    STR_FLOOR = PyUnicode_InternFromString("floor");
+    if (STR_N == NULL || STR_OBSERVED == NULL || STR_MODELLED == NULL || STR_FLOOR == NULL) return -1;
+    return PyModule_AddFunctions(mod, scale_methods);
 }

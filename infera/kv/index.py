@@ -42,7 +42,7 @@ from itertools import chain, compress, groupby, islice, repeat
 from operator import and_, attrgetter, ne, not_, or_, sub, xor
 from typing import Any, cast
 
-from infera.kv.bitmasks import Run, Slots, walk
+from infera.kv.bitmasks import Run, Slots, record, walk
 from infera.kv.hashing import pure_block_hashes
 from infera.kv.index_rows import RowRuns
 from infera.kv.index_tables import Predictions, WorkerTable
@@ -509,6 +509,24 @@ class PrefixIndex:
         if run is not None:
             self._remember(first, run, hashes)
         return found
+
+    def holding(self, block: int, now: float | None = None) -> list[str]:
+        """The workers that hold router hash ``block``, confirmed or predicted (unexpired at ``now``, default
+        ``time.monotonic()``), lowest slot first: ``list(overlaps([block], now, use_predicted=True))`` without the
+        walk (kv-aware asks it once per request, of the previous prompt's last block)."""
+        mask: int = self._holders.get(block, 0)
+        if self._expiry_heap:
+            self._guesses.prune(time.monotonic() if now is None else now, self._workers)
+            if self._predicted:
+                mask |= self._predicted.get(block, 0)
+        if not mask:
+            return []
+        names = self._slots.names
+        if mask.bit_count() == 1:
+            return [names[mask.bit_length() - 1]]
+        out: dict[str, int] = {}
+        record(out, mask, 1, names)
+        return list(out)
 
     def overlaps_and_confirmed(self, hashes: Sequence[int], now: float | None = None) -> tuple[dict[str, int], int]:
         """``(overlaps(hashes, now, use_predicted=True), longest confirmed prefix)``: the second is

@@ -16,6 +16,10 @@ of the reuse ages it sees). Evicting blocks nobody touched for many ``tau`` cost
 used just now costs what ``kv-aware-flat`` charges. So new prefixes go where the coldest blocks are -- the fleet
 evicts as one LRU would -- and everything else is ``kv-aware-flat``'s cost. Until a reuse has been seen,
 the values are 1 (``kv-aware-flat`` exactly).
+
+The shadow and the value run in C when the index does (``infera.kv._native``: a ``U64Map(False)`` per worker kept in
+LRU order by ``recency_touch``, the value computed inside ``kv_terms``, issue 15's eighth round); :class:`PyShadow` is
+the pure path, the same operations on an OrderedDict (tests/router/test_kv_evict_native.py: the same to the bit).
 """
 
 from __future__ import annotations
@@ -24,21 +28,82 @@ import itertools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from typing import Any
 
-from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores, cached_credit
-from infera.router.kv_ttft import KvTtftPolicy, evicted_blocks
+from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores
+from infera.router.kv_ttft import KvTtftPolicy
 
 REUSE_EMA = 0.02  # weight of each new reuse age in the running mean of log ages (~50 reuses of memory)
 PRUNE_EVERY = 1024  # decisions between sweeps that drop the recency lists of workers the index has forgotten
 
 
+class PyShadow:
+    """One worker's recency shadow on the pure path: router hash -> last use (policy clock, s), least recent first
+    (the C path's ``U64Map(False)`` with ``recency_touch`` / ``recency_value`` / ``recency_items``)."""
+
+    __slots__ = ("lru",)
+
+    def __init__(self) -> None:
+        self.lru: OrderedDict[int, float] = OrderedDict()
+
+    def touch(self, hashes: Sequence[int], when: float, limit: int) -> float:
+        """Move ``hashes`` (in their order) to the young end with last use ``when``, then keep the ``limit`` most
+        recent; the oldest last use they had (inf if none was there)."""
+        lru = self.lru
+        # C-level passes (a Python step per block cost ~2x kv-aware-flat's CPU per decision at 16-token blocks): take
+        # the prompt's blocks out, note their oldest last use, put them back at the young end
+        oldest = min(map(lru.pop, hashes, itertools.repeat(math.inf)), default=math.inf)
+        lru.update(zip(hashes, itertools.repeat(when)))
+        excess = len(lru) - limit
+        if excess > 0:
+            deque(map(lru.popitem, itertools.repeat(False, excess)), maxlen=0)
+        return oldest
+
+    def value(self, blocks: int, tau: float, now: float) -> float:
+        """Value (0..1) of the ``blocks`` least recently used blocks: tau / (tau + age) of the middle one of them,
+        found by a C-level skip; blocks it knows nothing of (the cache holds more than the prompts it saw) count 1."""
+        lru = self.lru
+        if blocks <= 0 or not lru:
+            return 1.0
+        known = min(blocks, len(lru))
+        last: float = next(itertools.islice(lru.values(), known // 2, None))
+        return (known * tau / (tau + max(0.0, now - last)) + (blocks - known)) / blocks
+
+    def items(self) -> list[tuple[int, float]]:
+        return list(self.lru.items())
+
+
+def _py_touch(shadow: PyShadow, hashes: Sequence[int], when: float, limit: int) -> float:
+    return shadow.touch(hashes, when, limit)
+
+
+def _py_value(shadow: PyShadow, blocks: int, tau: float, now: float) -> float:
+    return shadow.value(blocks, tau, now)
+
+
+def _py_items(shadow: PyShadow) -> list[tuple[int, float]]:
+    return shadow.items()
+
+
 class KvEvictPolicy(KvTtftPolicy):
     """``kv-aware`` (in the sweeps ``kv-aware-evict``): ``kv-aware-flat`` (:class:`KvTtftPolicy`) whose eviction term is
-    weighted by the recency of the blocks evicted."""
+    weighted by the recency of the blocks evicted (the weight is applied in :meth:`KvTtftPolicy.terms`, from
+    ``_recency_args``)."""
 
     def __init__(self, deps: PolicyDeps) -> None:
         super().__init__(deps)
-        self._recency: dict[str, OrderedDict[int, float]] = {}  # per worker: hash -> last use (policy clock, s)
+        native = self._index.native
+        if native is not None and not hasattr(native, "recency_touch"):  # an extension built before the shadow was
+            native = None  # in C: the shadow in Python, and so the terms too (C's kv_terms would not take it)
+            self._c_terms = None
+        self._new_shadow: Any = PyShadow if native is None else (lambda: native.U64Map(False))
+        self._touch_shadow: Any = _py_touch if native is None else native.recency_touch
+        self._shadow_items: Any = _py_items if native is None else native.recency_items
+        if native is not None:
+            self._recency_value = native.recency_value
+        else:
+            self._recency_value = _py_value
+        self._recency: dict[str, Any] = {}  # per worker: its shadow (a U64Map(False) in C, else a PyShadow)
         self._pending: tuple[RoutingContext, float] | None = None  # the previous decision, placed at the next
         self._log_tau: float | None = None  # running mean of log(reuse age in s)
         self._now = 0.0
@@ -50,14 +115,22 @@ class KvEvictPolicy(KvTtftPolicy):
         return math.exp(self._log_tau) if self._log_tau is not None else None
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
-        self._now = self._clock()
+        now = self._now = self._clock()
         self._decisions += 1
         if self._decisions % PRUNE_EVERY == 0:
             self._prune()
-        self._place_previous(candidates)
+        if self._pending is not None:
+            self._place_previous(candidates)
+        log_tau = self._log_tau
+        self._recency_args = (self._recency, math.exp(log_tau), now) if log_tau is not None else None
         scores = super().score(ctx, candidates)
-        self._pending = (ctx, self._now)
+        self._pending = (ctx, now)
         return scores
+
+    def shadow(self, wid: str) -> list[tuple[int, float]]:
+        """``wid``'s recency shadow: (router hash, last use), least recently used first (tests, diagnostics)."""
+        shadow = self._recency.get(wid)
+        return [] if shadow is None else list(self._shadow_items(shadow))
 
     def _prune(self) -> None:
         """Drop the recency lists of workers that left (the index forgot them): a fleet that churns would keep
@@ -69,8 +142,7 @@ class KvEvictPolicy(KvTtftPolicy):
     def _place_previous(self, candidates: Sequence[Candidate]) -> None:
         """Record the previous request's blocks as used on the worker it went to: the worker whose index entry
         (a prediction made at routing, or blocks confirmed since) holds its last block."""
-        if self._pending is None:
-            return
+        assert self._pending is not None
         ctx, when = self._pending
         self._pending = None
         sizes = {c.worker.kv_block_size for c in candidates}
@@ -78,49 +150,28 @@ class KvEvictPolicy(KvTtftPolicy):
             hashes = ctx.hashes(size)
             if not hashes:
                 continue
-            # the workers holding its last block (a chain hash: its whole prefix) hold the prompt: one block's query
-            for wid in self._index.overlaps(hashes[-1:], now=self._now, use_predicted=True):
+            # the workers holding its last block (a chain hash: its whole prefix) hold the prompt
+            for wid in self._index.holding(hashes[-1], now=self._now):
                 self._touch(wid, hashes, when)
 
     def _touch(self, wid: str, hashes: Sequence[int], when: float) -> None:
-        lru = self._recency.get(wid)
-        if lru is None:
-            lru = self._recency[wid] = OrderedDict()
-        # C-level passes (a Python step per block cost ~2x kv-aware-flat's CPU per decision at 16-token blocks): take
-        # the prompt's blocks out, note their oldest last use, put them back at the young end
-        oldest = min(map(lru.pop, hashes, itertools.repeat(math.inf)), default=math.inf)
-        lru.update(zip(hashes, itertools.repeat(when)))
+        shadow = self._recency.get(wid)
+        if shadow is None:
+            shadow = self._recency[wid] = self._new_shadow()
+        # the engine holds no more than it reports cached: older entries were evicted
+        oldest = self._touch_shadow(shadow, hashes, when, max(self._index.block_count(wid), len(hashes)))
         if oldest < when:  # one sample per request: the age of its prefix's last use here
             x = math.log(when - oldest)
             self._log_tau = x if self._log_tau is None else self._log_tau + REUSE_EMA * (x - self._log_tau)
-        excess = len(lru) - max(self._index.block_count(wid), len(hashes))  # the engine holds no more than this
-        if excess > 0:
-            deque(map(lru.popitem, itertools.repeat(False, excess)), maxlen=0)
 
     def tail_value(self, wid: str, blocks: int) -> float:
-        """Value (0..1) of the ``blocks`` least recently used blocks of ``wid``: tau / (tau + age) of the middle one
-        of them, found by a C-level skip (the mean over every block cost a Python step per block and candidate: +20 %
+        """Value (0..1) of the ``blocks`` least recently used blocks of ``wid`` at this decision's time: tau / (tau +
+        age) of the middle one of them (the mean over every block cost a Python step per block and candidate: +20 %
         of the simulator's CPU at 16 workers, for the same placement within noise); blocks it knows nothing of (the
-        cache holds more than the prompts it saw) count 1."""
+        cache holds more than the prompts it saw) count 1; 1 before any reuse was seen."""
         tau = self.tau
-        if tau is None or blocks <= 0:
+        shadow = self._recency.get(wid)
+        if tau is None or shadow is None:
             return 1.0
-        lru = self._recency.get(wid)
-        if not lru:
-            return 1.0
-        known = min(blocks, len(lru))
-        last: float = next(itertools.islice(lru.values(), known // 2, None))
-        return (known * tau / (tau + max(0.0, self._now - last)) + (blocks - known)) / blocks
-
-    def terms(self, ctx: RoutingContext, cand: Candidate, overlap: int) -> tuple[float, float, float, float, float,
-                                                                                  float, float, float]:
-        prefill, batch, memory, horizon, eviction, stall, occupancy, duplication = super().terms(ctx, cand, overlap)
-        if eviction > 0.0 and self.tau is not None:
-            worker = cand.worker
-            wid, size = worker.instance_id, worker.kv_block_size
-            credit = cached_credit(self._index, wid, ctx.hashes(size), overlap) if overlap else 0
-            own = max(0.0, ctx.prompt_tokens - credit * size)
-            need = -(-int(own) // size) + -(-ctx.max_tokens // size)
-            evicted = evicted_blocks(need, self._index.block_count(wid), cand.active_blocks, worker.capacity.kv_blocks)
-            eviction *= self.tail_value(wid, evicted)
-        return prefill, batch, memory, horizon, eviction, stall, occupancy, duplication
+        value: float = self._recency_value(shadow, blocks, tau, self._now)
+        return value

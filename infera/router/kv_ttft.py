@@ -90,8 +90,9 @@ The previous cost (blocks of prefill plus blocks held by in-flight requests) is
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import compress
+from typing import Any
 
 from infera.kv.load import LoadTracker
 from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores, cached_credit
@@ -220,6 +221,12 @@ class KvTtftPolicy:
     cold_wait = False  # a prompt nothing holds any prefix of: the wait for w's next step, no decode horizon
     # (``kv-aware-cold``)
 
+    # kv-aware (infera/router/kv_evict.py) weights the eviction term by the recency of the blocks evicted: per decision
+    # (per-worker shadows, tau, now), or None (the weight is 1: this cost exactly); _recency_value(shadow, blocks, tau,
+    # now) is that weight (C: ``kv_terms`` computes it from the shadow itself)
+    _recency_args: tuple[dict[str, Any], float, float] | None = None
+    _recency_value: Callable[[Any, int, float, float], float]
+
     def __init__(self, deps: PolicyDeps) -> None:
         self._index = deps.index
         self._weight = deps.kv_overlap_weight
@@ -241,6 +248,7 @@ class KvTtftPolicy:
                                                                    UNKNOWN_USAGE)
         self._c_terms = native.kv_terms if model and plain else None
         self._c_modelled = native.kv_modelled if model else None  # a TTFT sample's modelled_ms(1.0, ...)
+        self._c_scales = getattr(native, "kv_scales", None)  # _relative_scales' arithmetic (the same doubles)
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
         overlaps: list[int] = []
@@ -294,11 +302,19 @@ class KvTtftPolicy:
         wid = worker.instance_id
         size = worker.kv_block_size
         credit = cached_credit(self._index, wid, ctx.hashes(size), overlap) if overlap else 0
+        recency = self._recency_args
         if self._c_terms is not None:
-            c_terms: tuple[float, float, float, float, float, float, float, float] = self._c_terms(
-                ctx.prompt_tokens, credit, size, cand.prefill_tokens, cand.active_blocks, self._load.decoding(wid),
-                worker.capacity.kv_blocks, ctx.max_tokens, self._weight, self.horizon, self.eviction_weight,
-                self._index.block_count(wid), self._occupancy)
+            c_terms: tuple[float, float, float, float, float, float, float, float]
+            if recency is None:
+                c_terms = self._c_terms(
+                    ctx.prompt_tokens, credit, size, cand.prefill_tokens, cand.active_blocks, self._load.decoding(wid),
+                    worker.capacity.kv_blocks, ctx.max_tokens, self._weight, self.horizon, self.eviction_weight,
+                    self._index.block_count(wid), self._occupancy)
+            else:
+                c_terms = self._c_terms(
+                    ctx.prompt_tokens, credit, size, cand.prefill_tokens, cand.active_blocks, self._load.decoding(wid),
+                    worker.capacity.kv_blocks, ctx.max_tokens, self._weight, self.horizon, self.eviction_weight,
+                    self._index.block_count(wid), self._occupancy, recency[0].get(wid), recency[1], recency[2])
             return c_terms
         own = max(0.0, ctx.prompt_tokens - credit * size)
         decoding = self._load.decoding(wid)
@@ -327,6 +343,10 @@ class KvTtftPolicy:
         if self.eviction_weight and capacity > 0 and need > 0:  # else evicted_blocks is 0
             evicted = evicted_blocks(need, self._index.block_count(wid), active, capacity)
             eviction = self.eviction_weight * self._weight * recompute_ms(evicted * size)
+            if recency is not None and eviction > 0.0:
+                shadow = recency[0].get(wid)
+                if shadow is not None:
+                    eviction *= self._recency_value(shadow, evicted, recency[1], recency[2])
         occupancy = self._occupancy * self._weight * recompute_ms(own) if self._occupancy else 0.0
         duplication = 0.0
         if self.duplication_weight:
@@ -393,6 +413,9 @@ class KvTtftPolicy:
         with fewer than :data:`MIN_SAMPLES` samples is typical.
         """
         sums = [self._sums(c) for c in candidates]
+        if self._c_scales is not None:
+            scales: list[float] = self._c_scales(sums, MIN_SAMPLES, SCALE_DEAD_BAND, MAX_RELATIVE_SCALE)
+            return scales
         floors = [x.floor for x in sums if x.n >= MIN_SAMPLES]
         if not floors:
             return [1.0] * len(candidates)

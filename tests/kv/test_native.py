@@ -452,3 +452,47 @@ def test_load_tickets_count_blocks_the_same(steps: list[tuple[bool, int, list[in
             assert c.active_blocks(w) == py.active_blocks(w)
             refs = [load._load[w].block_refs if w in load._load else None for load in (c, py)]
             assert refs[0] == refs[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(op, max_size=40))
+def test_holding_is_the_one_block_overlap_query(ops: list[tuple[Any, ...]]) -> None:
+    """``holding(block)`` (kv-aware's recency shadow asks it per request) names the workers of
+    ``overlaps([block], use_predicted=True)`` in the same order, on both paths, after every step of a random stream."""
+    c, py = PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
+    now = 100.0
+    for o in ops:
+        for index in (c, py):
+            if o[0] == "events":
+                index.apply(o[1], EventBatch(1.0, _events(o[2])), now=5.0)
+            elif o[0] == "clear":
+                index.apply(o[1], EventBatch(1.0, [AllBlocksCleared()]), now=5.0)
+            elif o[0] == "remove_worker":
+                index.remove_worker(o[1])
+            elif o[0] == "predict":
+                index.predict(o[1], ROUTER[o[2]][: o[3]], ttl=o[4], now=now)
+        if o[0] == "tick":
+            now += o[1]
+        for block in [h for hashes in ROUTER for h in hashes] + [12345]:
+            got = c.holding(block, now=now)
+            assert got == py.holding(block, now=now)
+            assert got == list(py.overlaps([block], now=now, use_predicted=True)) == \
+                list(c.overlaps([block], now=now, use_predicted=True)), (block, o)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 80), st.lists(st.integers(0, 79), max_size=3)), min_size=1, max_size=100),
+       st.lists(st.tuples(st.integers(0, 120), st.integers(0, 80), st.integers(0, 79)), max_size=12),
+       st.integers(0, 79))
+def test_holding_names_many_workers_in_slot_order(holds: list[tuple[int, list[int]]],
+                                                  guesses: list[tuple[int, int, int]], at: int) -> None:
+    """Up to 120 workers (masks of several words), confirmed with holes and predicted: the same names and order as
+    the one-block overlap query."""
+    long = [t % 50_000 + 1 for t in range(0, 80 * BLOCK * 7, 7)]
+    hashes = hashing.pure_block_hashes(long, BLOCK)
+    for native in (True, False):
+        index = PrefixIndex(block_size=BLOCK, native=native)
+        _hold_staggered(index, holds, long)
+        for k, start, n in guesses:
+            index.predict(f"w{k}", hashes[start : start + n], ttl=10.0, now=1.0)
+        assert index.holding(hashes[at], now=2.0) == list(index.overlaps([hashes[at]], now=2.0, use_predicted=True))

@@ -109,9 +109,9 @@ def test_the_recency_shadow_follows_where_requests_went_and_what_the_engine_keep
     place(fleet, first, "w1")
     fleet.now = 5.0
     _score(fleet, second)  # resolves the first: it went to w1
-    lru = policy._recency["w1"]
-    assert list(lru) == block_hashes(first, BS) and set(lru.values()) == {0.0}
-    assert "w0" not in policy._recency
+    shadow = policy.shadow("w1")
+    assert [h for h, _ in shadow] == block_hashes(first, BS) and {t for _, t in shadow} == {0.0}
+    assert "w0" not in policy._recency and policy.shadow("w0") == []
 
 
 def test_a_departed_workers_recency_list_is_dropped() -> None:

@@ -1,0 +1,154 @@
+"""kv-aware's recency shadow in C (``infera.kv._native``: ``recency_touch`` / ``recency_value`` / ``recency_items``
+over a ``U64Map(False)``, the value inside ``kv_terms``) against the pure path (kv_evict.PyShadow): the same shadow
+after random touch sequences, the same oldest last use, the same value and eviction term to the bit."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infera.kv.native import load as load_native
+from infera.protocols.worker import Capacity, WorkerRecord
+from infera.router.base import Candidate, PolicyDeps, RoutingContext
+from infera.router.kv_evict import KvEvictPolicy, PyShadow
+from tests.router.test_kv_native_pick import _Index, _Load
+
+native = load_native()
+pytestmark = pytest.mark.skipif(native is None, reason="the C extension infera.kv._native is not built")
+
+# hashes from a small pool (so that touches meet earlier ones), some past 2**63, duplicates within one touch
+hash_pool = st.sampled_from([0, 1, 7, 2**63 + 5, 2**64 - 1] + [k * 7919 for k in range(2, 40)])
+touch = st.tuples(st.lists(hash_pool, max_size=24), st.floats(0.0, 1e4, allow_nan=False), st.integers(0, 40))
+
+
+def _pair(touches: list[tuple[list[int], float, int]]) -> tuple[Any, PyShadow, list[tuple[float, float]]]:
+    assert native is not None
+    c, py = native.U64Map(False), PyShadow()
+    oldest = []
+    for hashes, when, limit in touches:
+        oldest.append((native.recency_touch(c, hashes, when, limit), py.touch(hashes, when, limit)))
+    return c, py, oldest
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(touch, max_size=30))
+def test_the_shadow_after_random_touches_is_the_same(touches: list[tuple[list[int], float, int]]) -> None:
+    assert native is not None
+    c, py, oldest = _pair(touches)
+    assert native.recency_items(c) == py.items()
+    assert list(c) == list(py.lru) and len(c) == len(py.lru)
+    for got, want in oldest:
+        assert got == want or (math.isinf(got) and math.isinf(want))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(touch, max_size=20), st.integers(-2, 60), st.floats(1e-3, 1e4), st.floats(0.0, 2e4))
+def test_the_value_is_the_same_double(touches: list[tuple[list[int], float, int]], blocks: int, tau: float,
+                                      now: float) -> None:
+    assert native is not None
+    c, py, _ = _pair(touches)
+    assert native.recency_value(c, blocks, tau, now) == py.value(blocks, tau, now)
+
+
+def test_a_shadow_is_a_plain_u64map_and_nothing_else() -> None:
+    assert native is not None
+    with pytest.raises(TypeError):
+        native.recency_touch(native.U64Map(True), [1], 0.0, 4)
+    with pytest.raises(TypeError):
+        native.recency_touch({}, [1], 0.0, 4)
+    shadow = native.U64Map(False)
+    with pytest.raises(OverflowError):
+        native.recency_touch(shadow, [1, 2, -3], 1.0, 8)
+    assert native.recency_items(shadow) == []  # the failed touch left the table consistent
+    native.recency_touch(shadow, [5, 6], 2.0, 8)
+    with pytest.raises(TypeError):
+        native.recency_touch(shadow, [5, "x"], 3.0, 8)
+    assert sorted(native.recency_items(shadow)) == [(5, 2.0), (6, 2.0)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(touch, max_size=12), st.integers(0, 40_000), st.integers(0, 3_000), st.sampled_from([1, 4, 16]),
+       st.integers(0, 20_000), st.integers(0, 40), st.sampled_from([0, 1, 50, 700]), st.integers(1, 5_000),
+       st.integers(0, 30_000), st.floats(1e-3, 1e3), st.floats(0.0, 2e4), st.booleans())
+def test_the_eviction_term_with_the_shadow_is_the_same_double(
+        touches: list[tuple[list[int], float, int]], prompt_tokens: int, overlap: int, size: int, active: int,
+        decoding: int, capacity: int, max_tokens: int, cached: int, tau: float, now: float, known: bool) -> None:
+    """Every term of kv-aware's cost on one candidate, C (the shadow's value inside kv_terms) against Python."""
+    c_shadow, py_shadow, _ = _pair(touches)
+    worker = WorkerRecord(instance_id="w0", model="m", http_url="http://x", kv_block_size=size,
+                          capacity=Capacity(kv_blocks=capacity))
+    cand = Candidate(worker, decoding + 1, 0, active)
+    ctx = RoutingContext(model="m", token_ids=None, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+    got_want = []
+    for mod, shadow in ((native, c_shadow), (None, py_shadow)):
+        pol: Any = KvEvictPolicy(PolicyDeps(_Index(mod, 0, cached), 1.0, lambda w: False,  # type: ignore[arg-type]
+                                            _Load(decoding), lambda: now))  # type: ignore[arg-type]
+        pol._recency_args = ({"w0": shadow} if known else {}, tau, now)
+        got_want.append(pol.terms(ctx, cand, overlap))
+    got, want = got_want
+    assert got == want and [type(x) for x in got] == [float] * 8, (got, want)
+
+
+scale = st.tuples(st.integers(0, 40), st.floats(0.0, 5e4), st.one_of(st.just(0), st.floats(0.0, 5e4)),
+                  st.floats(0.0, 500.0))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(scale, max_size=9), st.sampled_from([0, 1, 8]), st.sampled_from([1.0, 1.5]))
+def test_the_speed_scales_in_c_are_the_same_doubles(sums: list[tuple[int, float, float, float]], min_samples: int,
+                                                    band: float) -> None:
+    """kv_scales against KvTtftPolicy._relative_scales' Python: workers under and over the sample minimum, no
+    modelled time, a zero fastest request, equal ratios (the median), ratios inside and past the dead band."""
+    import infera.router.kv_ttft as kv_ttft
+    from infera.router.kv_ttft import KvTtftPolicy, _Scale
+
+    assert native is not None
+    objs = []
+    for n, observed, modelled, floor in sums:
+        x = _Scale()
+        x.n, x.observed, x.modelled, x.floor = n, observed, modelled, floor
+        objs.append(x)
+    pol: Any = KvTtftPolicy(PolicyDeps(_Index(None, 0, 0), 1.0, lambda w: False,  # type: ignore[arg-type]
+                                       _Load(0), lambda: 0.0))  # type: ignore[arg-type]
+    assert pol._c_scales is None
+    pol._sums = objs.__getitem__
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kv_ttft, "MIN_SAMPLES", min_samples)
+        mp.setattr(kv_ttft, "SCALE_DEAD_BAND", band)
+        want = pol._relative_scales(list(range(len(objs))))
+    got = native.kv_scales(objs, min_samples, band, kv_ttft.MAX_RELATIVE_SCALE)
+    assert got == want and all(type(x) is float for x in got), (got, want)
+
+
+def test_an_extension_built_before_the_shadow_was_in_c_still_routes_the_same() -> None:
+    """A stale build (no recency_* functions): kv-aware keeps its shadow in Python and computes its terms there,
+    with the same costs as on the current extension."""
+    import types
+
+    from infera.router.kv_evict import KvEvictPolicy as Policy
+    from tests.router.test_kv_evict import SMALL, place
+    from tests.router.test_kv_ttft import BS, Fleet, tokens
+
+    assert native is not None
+    stale = types.SimpleNamespace(**{k: getattr(native, k) for k in dir(native) if not k.startswith("recency")})
+    costs = []
+    for module in (native, stale):
+        fleet = Fleet(Policy, SMALL)
+        fleet.index._native = module
+        fleet.policy = Policy(PolicyDeps(fleet.index, 1.0, lambda _w: False, fleet.load,
+                                         lambda f=fleet: f.now))
+        for t, (seed, wid) in enumerate([(1, "w0"), (2, "w1"), (1, "w0"), (3, "w1"), (2, "w1")]):
+            fleet.now = 10.0 * t
+            place(fleet, tokens(seed, 30 * BS), wid)
+        ctx = RoutingContext(model="m", token_ids=tokens(9, 20 * BS), prompt_tokens=20 * BS, max_tokens=32)
+        cands = [Candidate(w, 0, 0, 0) for w in fleet.workers]
+        costs.append(fleet.policy.score(ctx, cands).costs)
+        assert isinstance(fleet.policy, Policy) and fleet.policy.tau is not None
+        shadows = list(fleet.policy._recency.values())
+        assert shadows and all(isinstance(x, PyShadow) == (module is stale) for x in shadows)
+    assert costs[0] == costs[1]
+    assert costs[0][0] != costs[0][1]
