@@ -47,6 +47,7 @@ from tokenizers import Tokenizer
 from infera.kv.chat_template import (
     CHATML_TEMPLATE,
     ContentFormat,
+    PreparedTemplate,
     detect_content_format,
     make_env,
     normalize_messages,
@@ -142,11 +143,11 @@ class PromptRenderer:
         )
         self._env = make_env()
         self._templates = dict(templates)
-        self._compiled = {n: self._env.from_string(t) for n, t in templates.items()}
+        self._compiled = {n: PreparedTemplate(self._env.from_string(t)) for n, t in templates.items()}
         self._formats = {n: detect_content_format(self._env, t) for n, t in templates.items()}
         self._renders = {n: self._render_cache(t, self._formats[n]) for n, t in templates.items()}
         self._special = dict(special_tokens)
-        self._adhoc: dict[str, tuple[jinja2.Template, ContentFormat, RenderCache | None]] = {}
+        self._adhoc: dict[str, tuple[PreparedTemplate, ContentFormat, RenderCache | None]] = {}
         self.name = name
         eos = special_tokens.get("eos_token")
         self._eos_id = codec.token_to_id(eos) if eos is not None else None
@@ -252,7 +253,7 @@ class PromptRenderer:
         return RenderCache(split, fmt) if split is not None else None
 
     def _pick(self, tools: list[dict[str, Any]] | None,
-              override: str | None) -> tuple[jinja2.Template, ContentFormat, RenderCache | None]:
+              override: str | None) -> tuple[PreparedTemplate, ContentFormat, RenderCache | None]:
         name: str | None
         if override is not None:
             if override in self._compiled:
@@ -260,7 +261,8 @@ class PromptRenderer:
             else:  # a literal template; compiled once per renderer, rendered whole (no per-template cache)
                 if override not in self._adhoc:
                     self._adhoc[override] = (
-                        self._env.from_string(override), detect_content_format(self._env, override), None
+                        PreparedTemplate(self._env.from_string(override)), detect_content_format(self._env, override),
+                        None,
                     )
                 return self._adhoc[override]
         elif tools is not None and "tool_use" in self._compiled:
