@@ -39,7 +39,7 @@ import importlib.util
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import jinja2
 from tokenizers import Tokenizer
@@ -345,9 +345,26 @@ class PromptRenderer:
             return self._prompts.encode(text)
         return self._encode_plain(text)
 
-    def encode_chat_within(self, text: str, most: int) -> list[int] | None:
-        """``encode_chat(text)`` when at most ``most`` UTF-8 bytes of it are not in the prompt cache (what
-        costs: the cached prefix's ids are reused), else None, having done nothing."""
+    def encode_chat_ids(self, text: str) -> Sequence[int]:
+        """``encode_chat(text)``'s ids, perhaps not as a list: a prompt the prompt cache keeps comes as an
+        ``infera.kv.hashing.ArrayIds`` over its uint32 array (nothing built per id; its block hashes made
+        with it), for a caller that counts and hashes them (the router's context)."""
         if self._prompts is not None:
-            return self._prompts.encode_within(text, most)
+            out = self._prompts.encode_within(text, None, listed=False)
+            assert out is not None
+            return out
+        return self._encode_plain(text)
+
+    @overload
+    def encode_chat_within(self, text: str, most: int) -> list[int] | None: ...
+
+    @overload
+    def encode_chat_within(self, text: str, most: int, listed: bool) -> Sequence[int] | None: ...
+
+    def encode_chat_within(self, text: str, most: int, listed: bool = True) -> Sequence[int] | None:
+        """``encode_chat(text)`` when at most ``most`` UTF-8 bytes of it are not in the prompt cache (what
+        costs: the cached prefix's ids are reused), else None, having done nothing. ``listed`` False: the ids
+        perhaps as an ``ArrayIds``, as :meth:`encode_chat_ids` gives them."""
+        if self._prompts is not None:
+            return self._prompts.encode_within(text, most, listed)
         return self._encode_plain(text) if len(text.encode("utf-8", "surrogatepass")) <= most else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -26,8 +27,12 @@ class RecordingRenderer(PromptRenderer):
         self.threads.append(threading.get_ident())
         return super().encode_chat(text)
 
-    def encode_chat_within(self, text: str, most: int) -> list[int] | None:
-        ids = super().encode_chat_within(text, most)
+    def encode_chat_ids(self, text: str) -> Sequence[int]:
+        self.threads.append(threading.get_ident())
+        return super().encode_chat_ids(text)
+
+    def encode_chat_within(self, text: str, most: int, listed: bool = True) -> Sequence[int] | None:  # type: ignore[override]
+        ids = super().encode_chat_within(text, most, listed)
         if ids is not None:
             self.threads.append(threading.get_ident())
         return ids
