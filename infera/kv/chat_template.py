@@ -102,15 +102,19 @@ def _strftime_now(fmt: str) -> str:
 
 
 _DICT_ATTRS = frozenset(dir(dict))
+# ``loop``'s public values: the sandbox finds each safe (no underscore, not internal, not a mutating method)
+_LOOP_ATTRS = frozenset({"first", "last", "index", "index0", "revindex", "revindex0", "length", "depth", "depth0",
+                         "previtem", "nextitem"})
 
 
 class _ChatTemplateEnv(ImmutableSandboxedEnvironment):
-    """transformers' sandbox, with a fast path for ``message.role`` on a plain dict.
+    """transformers' sandbox, with fast paths for ``message.role`` on a plain dict and ``loop.first``.
 
     Jinja first tries ``getattr(message, "role")``, which for a dict raises (an exception a
     lookup, most of a template's time), then falls back to ``message["role"]``. A plain
     dict has exactly the attributes ``dir(dict)`` names, so any other name goes straight to
-    the item lookup: the same value or the same undefined, without the exception.
+    the item lookup: the same value or the same undefined, without the exception. A jinja
+    loop's public values (``_LOOP_ATTRS``) pass the sandbox's checks: read them directly.
     """
 
     def getattr(self, obj: Any, attribute: str) -> Any:
@@ -119,6 +123,8 @@ class _ChatTemplateEnv(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)
+        if type(obj) is jinja2.runtime.LoopContext and attribute in _LOOP_ATTRS:
+            return getattr(obj, attribute)
         return super().getattr(obj, attribute)
 
 

@@ -112,3 +112,26 @@ def test_renderer_output_unchanged_and_errors_still_chat_template_errors() -> No
         renderer.render_chat(messages, chat_template=bad + " ")  # a literal template, prepared on first use
     with pytest.raises(TypeError):  # a template kwarg naming a render argument: refused as before
         renderer.render_chat(messages, tools=None, **{"documents": []})
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_the_chat_sandboxs_fast_paths_render_as_the_plain_sandbox(name: str) -> None:
+    """make_env's getattr shortcuts (a dict's keys, a loop's values) give what transformers' sandbox gives."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    ours = make_env()
+    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                          extensions=[type(e) for e in ours.extensions.values()])
+    plain.filters["tojson"] = ours.filters["tojson"]
+    plain.globals.update(ours.globals)
+    fast, slow = ours.from_string(TEMPLATES[name]), plain.from_string(TEMPLATES[name])
+    rng = random.Random(name + "sandbox")
+    for messages in _steps(rng, 40):
+        variables = _variables(rng, messages, rng.choice(["string", "openai"]))
+        assert _outcome(lambda v=variables: fast.render(**v)) == _outcome(lambda v=variables: slow.render(**v))
+
+
+def test_a_loops_private_parts_stay_out_of_reach() -> None:
+    source = "{% for m in messages %}{{ loop._length }}|{{ loop.__class__ }}|{{ loop.cycle('a', 'b') }}{% endfor %}"
+    text = make_env().from_string(source).render(messages=[1, 2])
+    assert text == "||a||b"
