@@ -296,7 +296,7 @@ class PromptRenderer:
         override = template_kwargs.pop("chat_template", None)
         template, fmt, cache = self._pick(tools, override)
         context = {**self._special, **template_kwargs}
-        if cache is not None and _RENDER_ARGS.isdisjoint(context):
+        if cache is not None and len(messages) >= cache.min_messages and _RENDER_ARGS.isdisjoint(context):
             # the same text, the messages seen in an earlier request's prefix not rendered again
             text = cache.render(messages, {"tools": tools, "documents": None,
                                            "add_generation_prompt": add_generation_prompt, **context})
