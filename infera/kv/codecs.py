@@ -99,6 +99,9 @@ class TiktokenCodec:
         self._encode = self._enc.encode
         self._ordinary = self._enc.encode_ordinary
         self._special_ids = dict(spec.specials)
+        # what ``allowed_special="all"`` stands for, taken once: with it and nothing disallowed, tiktoken skips
+        # building ``all - allowed`` (an empty set) on every short encode
+        self._all_special = self._enc.special_tokens_set
         names = sorted(spec.specials, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")").split if names else None
         self._segments: dict[str, list[int]] = {}
@@ -111,7 +114,7 @@ class TiktokenCodec:
         if self._nfc and not text.isascii():
             text = unicodedata.normalize("NFC", text)
         if self._split is None or len(text) < SEGMENT_CACHE_MIN_CHARS:
-            return self._encode(text, allowed_special="all")
+            return self._encode(text, allowed_special=self._all_special, disallowed_special=())
         out: list[int] = []
         cache = self._segments
         for i, piece in enumerate(self._split(text)):
