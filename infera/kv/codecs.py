@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any, Protocol
@@ -104,7 +105,9 @@ class TiktokenCodec:
         self._all_special = self._enc.special_tokens_set
         names = sorted(spec.specials, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")").split if names else None
-        self._segments: dict[str, list[int]] = {}
+        # oldest first out: an OrderedDict pops its first item in O(1); a dict's ``next(iter(d))`` walks over the
+        # slots its earlier deletions left (~2 µs a unique turn at 4096 entries)
+        self._segments: OrderedDict[str, list[int]] = OrderedDict()
         self.vocab_size = hf.vocab_size
         self.boundaries = nested_free(spec.specials)
 
@@ -128,7 +131,7 @@ class TiktokenCodec:
                 if ids is None:
                     ids = self._ordinary(piece)
                     if len(cache) >= SEGMENT_CACHE_ENTRIES:
-                        del cache[next(iter(cache))]
+                        cache.popitem(last=False)
                     cache[piece] = ids
                 out.extend(ids)
         return out
