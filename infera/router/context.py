@@ -107,19 +107,22 @@ class ContextBuilder:
         tokenization goes to a thread, and only when the prompt cache lacks over ``off_loop`` bytes
         of it: the next turn of a long conversation costs ~0.1-2 ms here, less than the thread hop
         adds (waking the thread, the GIL passed back and forth at every tokenizer call). Anything
-        else (a completion prompt, a bigger chat) goes to the thread whole. ``listed`` False: ids encoded
-        here perhaps as an ``ArrayIds`` (see :meth:`PromptRenderer.encode_chat_ids`).
+        else (a completion prompt, a bigger chat) goes to the thread whole. ``listed`` False: a chat
+        prompt's ids perhaps as an ``ArrayIds`` (see :meth:`PromptRenderer.encode_chat_ids`).
         """
         renderer = self.renderer
+        whole = self.prompt_tokens if listed else self._prompt_ids
         if size <= off_loop or renderer is None:
-            return self.prompt_tokens(kind, payload)
+            return whole(kind, payload)
         messages = payload.get("messages") if kind == "chat" else None
         if (not isinstance(messages, list) or len(messages) > RENDER_ON_LOOP_MESSAGES
                 or size > RENDER_ON_LOOP_BYTES):
-            return await asyncio.to_thread(self.prompt_tokens, kind, payload)
+            return await asyncio.to_thread(whole, kind, payload)
         text = self._chat_text(renderer, payload)
         ids = renderer.encode_chat_within(text, off_loop, listed)
-        return ids if ids is not None else await asyncio.to_thread(renderer.encode_chat, text)
+        if ids is not None:
+            return ids
+        return await asyncio.to_thread(renderer.encode_chat if listed else renderer.encode_chat_ids, text)
 
     def tokens(self, req: RouteRequest) -> list[int] | None:
         """The prompt's token ids, or None when the template rejects it (the engine will say why)."""
