@@ -16,6 +16,7 @@ from typing import Any, Literal
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import jinja2.runtime
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -101,15 +102,19 @@ def _strftime_now(fmt: str) -> str:
 
 
 _DICT_ATTRS = frozenset(dir(dict))
+# ``loop``'s public values: the sandbox finds each safe (no underscore, not internal, not a mutating method)
+_LOOP_ATTRS = frozenset({"first", "last", "index", "index0", "revindex", "revindex0", "length", "depth", "depth0",
+                         "previtem", "nextitem"})
 
 
 class _ChatTemplateEnv(ImmutableSandboxedEnvironment):
-    """transformers' sandbox, with a fast path for ``message.role`` on a plain dict.
+    """transformers' sandbox, with fast paths for ``message.role`` on a plain dict and ``loop.first``.
 
     Jinja first tries ``getattr(message, "role")``, which for a dict raises (an exception a
     lookup, most of a template's time), then falls back to ``message["role"]``. A plain
     dict has exactly the attributes ``dir(dict)`` names, so any other name goes straight to
-    the item lookup: the same value or the same undefined, without the exception.
+    the item lookup: the same value or the same undefined, without the exception. A jinja
+    loop's public values (``_LOOP_ATTRS``) pass the sandbox's checks: read them directly.
     """
 
     def getattr(self, obj: Any, attribute: str) -> Any:
@@ -118,6 +123,8 @@ class _ChatTemplateEnv(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)
+        if type(obj) is jinja2.runtime.LoopContext and attribute in _LOOP_ATTRS:
+            return getattr(obj, attribute)
         return super().getattr(obj, attribute)
 
 
@@ -131,6 +138,65 @@ def make_env() -> ImmutableSandboxedEnvironment:
     env.globals["dict"] = _TemplateDict()
     env.globals["namespace"] = _TemplateNamespace
     return env
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering with the per-render set-up done once
+
+
+class PreparedTemplate:
+    """A compiled template rendered exactly as ``Template.render`` renders it, for less per render.
+
+    ``Template.render`` builds its context from scratch each time: it copies the template's
+    globals out of a ``ChainMap`` (environment globals under template globals), then lists
+    their keys again for the context (~6 µs of a ~23 µs chat render). Here they are
+    flattened once (``globals``; the environment is complete before templates are compiled,
+    so nothing changes them later) and each render's context is made directly
+    (:meth:`new_context`): the same parent mapping (the globals overridden by the
+    variables), the same fields, so the same output and the same errors, raised through the
+    environment's ``handle_exception`` as ``render`` raises them.
+    """
+
+    __slots__ = ("_blocks", "_concat", "_env", "_keys", "_name", "_plain", "_run", "globals", "template")
+
+    def __init__(self, template: jinja2.Template) -> None:
+        self.template = template
+        env = template.environment
+        self._env = env
+        self.globals: dict[str, Any] = dict(template.globals)
+        self._keys = frozenset(self.globals)
+        self._name = template.name
+        self._blocks = template.blocks
+        self._run = template.root_render_func
+        self._concat = env.concat
+        # a subclassed context or async rendering: build the context as jinja does
+        self._plain = env.context_class is jinja2.runtime.Context and not env.is_async
+
+    def new_context(self, variables: dict[str, Any]) -> jinja2.runtime.Context:
+        """``template.new_context(variables)``: the globals overridden by ``variables`` (not kept)."""
+        if not self._plain:
+            return self.template.new_context(variables)
+        ctx: jinja2.runtime.Context = object.__new__(jinja2.runtime.Context)
+        ctx.parent = {**self.globals, **variables}
+        ctx.vars = {}
+        ctx.environment = self._env
+        ctx.eval_ctx = jinja2.nodes.EvalContext(self._env, self._name)
+        ctx.exported_vars = set()
+        ctx.name = self._name
+        ctx.globals_keys = set(self._keys)
+        ctx.blocks = {k: [v] for k, v in self._blocks.items()} if self._blocks else {}
+        return ctx
+
+    def render(self, *args: Any, **kwargs: Any) -> str:
+        """``template.render(*args, **kwargs)``: the same text, the same exceptions."""
+        if not self._plain:
+            return self.template.render(*args, **kwargs)
+        ctx = self.new_context(dict(*args, **kwargs))
+        try:
+            out: str = self._concat(self._run(ctx))
+        except Exception:
+            self._env.handle_exception()
+        return out
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import overload
 
 import xxhash
 
@@ -52,6 +53,64 @@ class PromptIds(list[int]):
         self.complete: dict[int, list[int]] | None = None
 
 
+class ArrayIds(Sequence[int]):
+    """Token ids read from a uint32 ``array`` the prompt cache keeps (read only: nobody writes it again).
+
+    What the router's context gets instead of a list (``PromptCache.encode_within(listed=False)``):
+    it only counts the ids and hashes their blocks, and the array is hashed in place (C), so no
+    list of int objects is built per request. Compares equal to any sequence of the same ints.
+    ``complete``: block size -> hashes of every full block (made with the ids); ``sink``: where
+    :func:`block_hashes` stores another size's for later prompts (the cache entry's).
+    """
+
+    __slots__ = ("_ids", "complete", "sink")
+
+    def __init__(self, ids: array[int], complete: dict[int, list[int]] | None = None,
+                 sink: dict[int, list[int]] | None = None) -> None:
+        self._ids = ids
+        self.complete = complete
+        self.sink = sink
+
+    @property
+    def array(self) -> array[int]:
+        """The ids (do not modify: the prompt cache's own)."""
+        return self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            return self._ids[i].tolist()
+        return self._ids[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids)
+
+    def tolist(self) -> list[int]:
+        return self._ids.tolist()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ArrayIds):
+            return self._ids == other._ids
+        if isinstance(other, array):
+            return self._ids.tolist() == other.tolist()
+        if isinstance(other, list | tuple):
+            return len(other) == len(self._ids) and self._ids.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are not hashable
+
+    def __repr__(self) -> str:
+        return f"ArrayIds({self._ids.tolist()!r})"
+
+
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> list[int]:
     """Chained hashes of the full blocks of ``token_ids``; a partial tail block is ignored.
 
@@ -64,6 +123,14 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> 
     n_blocks = len(token_ids) // block_size
     if n_blocks == 0:
         return []
+    if type(token_ids) is ArrayIds:
+        known = token_ids.complete.get(block_size) if token_ids.complete and parent == 0 else None
+        if known is not None:
+            return list(known)
+        out = _chain_u32(token_ids.array, 0, n_blocks, block_size, parent)
+        if token_ids.sink is not None and parent == 0:
+            token_ids.sink[block_size] = list(out)  # the caller may keep and change ``out``
+        return out
     if parent == 0 and type(token_ids) is PromptIds and token_ids.origin is not None and _same(token_ids):
         known = token_ids.known_hashes.get(block_size, []) if token_ids.known_hashes else []
         k = min(len(known), n_blocks)

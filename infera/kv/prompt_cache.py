@@ -48,12 +48,12 @@ import re
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from itertools import count, repeat
 
 import xxhash
 
-from infera.kv.hashing import PromptIds, extend_hashes
+from infera.kv.hashing import ArrayIds, PromptIds, extend_hashes
 from infera.kv.native import load
 
 DEFAULT_MAX_BYTES = 64 << 20
@@ -133,12 +133,16 @@ class PromptCache:
     def encode(self, text: str) -> list[int]:
         """``self._encode(text)``, computed from the longest cached prefix plus the new rest."""
         out = self.encode_within(text, None)
-        assert out is not None
+        assert isinstance(out, list)
         return out
 
-    def encode_within(self, text: str, most: int | None) -> list[int] | None:
+    def encode_within(self, text: str, most: int | None, listed: bool = True) -> Sequence[int] | None:
         """:meth:`encode`, or None (having done nothing) when more than ``most`` UTF-8 bytes of ``text``
-        are not cached: the caller then encodes it elsewhere (a worker thread). ``most`` None: no bound."""
+        are not cached: the caller then encodes it elsewhere (a worker thread). ``most`` None: no bound.
+
+        ``listed`` False: a prompt the cache keeps comes back as an :class:`ArrayIds` over the entry's
+        own array (no list of ~1k ints built per request; the router's context only counts and hashes
+        the ids), else as a ``PromptIds`` list. Either way the same ids."""
         if len(text) < self.min_chars:
             return self._encode(text)
         data = text.encode("utf-8", "surrogatepass")
@@ -153,25 +157,28 @@ class PromptCache:
         out = PromptIds()
         if found is None:
             base, start, before, hashes = None, 0, [], None
-            out += self._encode(text)
+            fresh = self._encode(text)
+            offset = 0  # ``fresh`` holds the ids from this one on
             try:
-                ids = array(IDS, out)
+                ids = array(IDS, fresh)
             except (OverflowError, TypeError):  # not uint32: the caller gets its ids, nothing is stored
-                return out
+                return fresh
+            if listed:
+                out += fresh
         else:
             base, k = found
             start, _, n_ids, _ = base.cuts[k]
             before = base.cuts[: k + 1]
-            rest = self._encode(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
+            fresh = self._encode(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
+            offset = n_ids
             ids = base.ids[:n_ids]  # a memcpy
             try:
-                ids.extend(rest)
+                ids.extend(fresh)
             except (OverflowError, TypeError):
-                out += self._encode(text)
-                return out
-            if _native is not None:
+                return self._encode(text)
+            if listed and _native is not None:
                 _native.u32_fill(out, ids, self._ints)
-            else:
+            elif listed:
                 out += ids.tolist()
             hashes = {size: h[: n_ids // size] for size, h in base.hashes.items()}
             self._sizes.update(hashes)
@@ -181,7 +188,8 @@ class PromptCache:
         complete = {size: extend_hashes(ids, hashes.get(size, []) if hashes else [], size) for size in sizes}
         new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
         at_end = base is not None and k == len(base.cuts) - 1  # the base's state is at its last cut only
-        entry = self._entry(data, ids, out, new, start, before, base.state if base is not None and at_end else None)
+        entry = self._entry(data, ids, fresh, offset, new, start, before,
+                            base.state if base is not None and at_end else None)
         if entry is not None:
             with self._lock:
                 self._store(entry, base if base is not None and at_end else None)
@@ -189,13 +197,15 @@ class PromptCache:
                     self.hits += 1
                     self.reused_tokens += before[-1][2]
                 self.encoded_tokens += len(ids) - (before[-1][2] if before else 0)
+        if entry is not None:
+            entry.hashes.update((size, list(h)) for size, h in complete.items())
+        if not listed:
+            return ArrayIds(ids, complete, entry.hashes if entry is not None else None)
         out.origin = ids
         out.ints = self._ints
         out.known_hashes = hashes
         out.sink = entry.hashes if entry is not None else None
         out.complete = complete
-        if entry is not None:
-            entry.hashes.update((size, list(h)) for size, h in complete.items())
         return out
 
     def clear(self) -> None:
@@ -309,12 +319,12 @@ class PromptCache:
                 hi = mid
         return best
 
-    def _entry(self, data: bytes, ids: array[int], listed: list[int], matches: list[tuple[int, bytes]], start: int,
-               before: list[tuple[int, int, int, int]], state: xxhash.xxh3_64 | None) -> _Entry | None:
-        """The entry for ``data`` (``ids``, and the same as a list, ``listed``): cuts up to ``start`` copied from
-        the base, the rest found here.
+    def _entry(self, data: bytes, ids: array[int], fresh: list[int], offset: int, matches: list[tuple[int, bytes]],
+               start: int, before: list[tuple[int, int, int, int]], state: xxhash.xxh3_64 | None) -> _Entry | None:
+        """The entry for ``data`` (``ids``; ``fresh``: the same from ``ids[offset]`` on, as a list, ``offset`` the
+        ids before ``start``): cuts up to ``start`` copied from the base, the rest found here.
 
-        The id after each boundary token past ``start`` is found by scanning ``listed`` for that
+        The id after each boundary token past ``start`` is found by scanning ``fresh`` for that
         token's id in order (a boundary token's id comes only from its own text). ``state``: the
         base's xxh3 state after its last cut, given only when that cut is ``start`` (the bytes it
         covers equal ``data[:start]``, compared on the hit): those bytes are not hashed again.
@@ -334,7 +344,7 @@ class PromptCache:
             if end <= start:
                 continue
             try:
-                pos = listed.index(id_of[token], pos + 1)  # a list's index: no int made per item
+                pos = fresh.index(id_of[token], pos + 1 - offset) + offset  # a list's index: no int made per item
             except ValueError:
                 return None  # the codec did not split where expected: do not remember this prompt
             stream.update(view[last:end])

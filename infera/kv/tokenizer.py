@@ -39,7 +39,7 @@ import importlib.util
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import jinja2
 from tokenizers import Tokenizer
@@ -47,6 +47,7 @@ from tokenizers import Tokenizer
 from infera.kv.chat_template import (
     CHATML_TEMPLATE,
     ContentFormat,
+    PreparedTemplate,
     detect_content_format,
     make_env,
     normalize_messages,
@@ -142,11 +143,11 @@ class PromptRenderer:
         )
         self._env = make_env()
         self._templates = dict(templates)
-        self._compiled = {n: self._env.from_string(t) for n, t in templates.items()}
+        self._compiled = {n: PreparedTemplate(self._env.from_string(t)) for n, t in templates.items()}
         self._formats = {n: detect_content_format(self._env, t) for n, t in templates.items()}
         self._renders = {n: self._render_cache(t, self._formats[n]) for n, t in templates.items()}
         self._special = dict(special_tokens)
-        self._adhoc: dict[str, tuple[jinja2.Template, ContentFormat, RenderCache | None]] = {}
+        self._adhoc: dict[str, tuple[PreparedTemplate, ContentFormat, RenderCache | None]] = {}
         self.name = name
         eos = special_tokens.get("eos_token")
         self._eos_id = codec.token_to_id(eos) if eos is not None else None
@@ -252,7 +253,7 @@ class PromptRenderer:
         return RenderCache(split, fmt) if split is not None else None
 
     def _pick(self, tools: list[dict[str, Any]] | None,
-              override: str | None) -> tuple[jinja2.Template, ContentFormat, RenderCache | None]:
+              override: str | None) -> tuple[PreparedTemplate, ContentFormat, RenderCache | None]:
         name: str | None
         if override is not None:
             if override in self._compiled:
@@ -260,7 +261,8 @@ class PromptRenderer:
             else:  # a literal template; compiled once per renderer, rendered whole (no per-template cache)
                 if override not in self._adhoc:
                     self._adhoc[override] = (
-                        self._env.from_string(override), detect_content_format(self._env, override), None
+                        PreparedTemplate(self._env.from_string(override)), detect_content_format(self._env, override),
+                        None,
                     )
                 return self._adhoc[override]
         elif tools is not None and "tool_use" in self._compiled:
@@ -294,7 +296,7 @@ class PromptRenderer:
         override = template_kwargs.pop("chat_template", None)
         template, fmt, cache = self._pick(tools, override)
         context = {**self._special, **template_kwargs}
-        if cache is not None and _RENDER_ARGS.isdisjoint(context):
+        if cache is not None and len(messages) >= cache.min_messages and _RENDER_ARGS.isdisjoint(context):
             # the same text, the messages seen in an earlier request's prefix not rendered again
             text = cache.render(messages, {"tools": tools, "documents": None,
                                            "add_generation_prompt": add_generation_prompt, **context})
@@ -343,9 +345,26 @@ class PromptRenderer:
             return self._prompts.encode(text)
         return self._encode_plain(text)
 
-    def encode_chat_within(self, text: str, most: int) -> list[int] | None:
-        """``encode_chat(text)`` when at most ``most`` UTF-8 bytes of it are not in the prompt cache (what
-        costs: the cached prefix's ids are reused), else None, having done nothing."""
+    def encode_chat_ids(self, text: str) -> Sequence[int]:
+        """``encode_chat(text)``'s ids, perhaps not as a list: a prompt the prompt cache keeps comes as an
+        ``infera.kv.hashing.ArrayIds`` over its uint32 array (nothing built per id; its block hashes made
+        with it), for a caller that counts and hashes them (the router's context)."""
         if self._prompts is not None:
-            return self._prompts.encode_within(text, most)
+            out = self._prompts.encode_within(text, None, listed=False)
+            assert out is not None
+            return out
+        return self._encode_plain(text)
+
+    @overload
+    def encode_chat_within(self, text: str, most: int) -> list[int] | None: ...
+
+    @overload
+    def encode_chat_within(self, text: str, most: int, listed: bool) -> Sequence[int] | None: ...
+
+    def encode_chat_within(self, text: str, most: int, listed: bool = True) -> Sequence[int] | None:
+        """``encode_chat(text)`` when at most ``most`` UTF-8 bytes of it are not in the prompt cache (what
+        costs: the cached prefix's ids are reused), else None, having done nothing. ``listed`` False: the ids
+        perhaps as an ``ArrayIds``, as :meth:`encode_chat_ids` gives them."""
+        if self._prompts is not None:
+            return self._prompts.encode_within(text, most, listed)
         return self._encode_plain(text) if len(text.encode("utf-8", "surrogatepass")) <= most else None

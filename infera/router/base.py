@@ -36,7 +36,9 @@ def cached_credit(index: PrefixIndex, worker_id: str, hashes: Sequence[int], ove
 @dataclasses.dataclass(slots=True)
 class RoutingContext:
     model: str
-    token_ids: list[int] | None  # the prompt as the engine will tokenize it; None if not tokenized
+    # the prompt as the engine will tokenize it (a list, or the prompt cache's array: infera.kv.hashing.ArrayIds);
+    # None if not tokenized
+    token_ids: Sequence[int] | None
     prompt_tokens: int  # exact when token_ids is set, else an estimate
     max_tokens: int
     _hashes: dict[int, list[int]] = dataclasses.field(default_factory=dict)

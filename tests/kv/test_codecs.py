@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,3 +55,18 @@ def test_long_text_goes_through_the_gil_free_path_with_the_same_ids(qwen_tokeniz
     assert len(text) > GIL_FREE_CHARS
     for special in (False, True):
         assert slow.encode(text, add_special_tokens=special) == tok.encode(text, add_special_tokens=special).ids
+
+
+def test_the_segment_cache_keeps_its_newest_segments_within_its_bound(qwen_tokenizer_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from infera.kv import codecs
+
+    monkeypatch.setattr(codecs, "SEGMENT_CACHE_ENTRIES", 8)
+    fast, slow = PromptRenderer.from_dir(qwen_tokenizer_dir), renderers(qwen_tokenizer_dir)[1]
+    segments = fast._codec._segments  # type: ignore[attr-defined]
+    texts = [f"<|im_start|>user\nturn {i} " + "many words here " * 10 + "<|im_end|>" for i in range(20)]
+    for text in texts:
+        assert fast.encode(text) == slow.encode(text)
+        assert len(segments) <= 8
+    assert [s[len("user\nturn "):].split()[0] for s in segments] == [str(i) for i in range(12, 20)]
+    assert fast.encode(texts[-1]) == slow.encode(texts[-1])  # read back from the cache

@@ -6,6 +6,7 @@ import gc
 import random
 import struct
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infera.kv import hashing
-from infera.kv.hashing import PromptIds, block_hashes, pure_block_hashes
+from infera.kv.hashing import ArrayIds, PromptIds, block_hashes, pure_block_hashes
 from infera.kv.native import choose
 from infera.kv.tokenizer import PromptRenderer
 
@@ -49,14 +50,20 @@ def _check(renderer: PromptRenderer, messages: list[dict[str, Any]], tools: list
     except ValueError:
         return  # the template rejects this conversation: nothing to tokenize
     want = renderer.encode(text, add_special_tokens=False)  # from scratch, no prompt cache
-    got = renderer.chat_token_ids(messages, tools)
-    assert list(got) == want
+    # half the prompts as the router's context takes them (the cache's array, no list), half as a list: each
+    # extends prompts the other kind stored
+    arrays = len(text) % 2 == 1
+    got: Sequence[int] = renderer.encode_chat_ids(text) if arrays else renderer.chat_token_ids(messages, tools)
+    assert list(got) == want and got == want
     assert type(got) is not PromptIds or got.origin is None or got.origin.tolist() == want
-    for size, made in (got.complete or {}).items() if type(got) is PromptIds else ():
+    if type(got) is ArrayIds:
+        assert got.array.tolist() == want and got[1:5] == want[1:5] and (not want or got[-1] == want[-1])
+    for size, made in (got.complete or {}).items() if type(got) in (PromptIds, ArrayIds) else ():
         assert made == block_hashes(want, size)  # made with the ids, handed to the router's context as they are
-    for size in (4, 16):
+    for size in (4, 16, 5 if arrays else 6):
         assert block_hashes(got, size) == block_hashes(want, size)
         assert block_hashes(got, size) == block_hashes(want, size)  # second call: from the stored hashes
+        assert block_hashes(got, size, parent=7) == block_hashes(want, size, parent=7)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -352,7 +359,39 @@ def test_the_routing_context_takes_the_caches_block_hashes_and_they_are_exact(qw
         plain = renderer.encode(renderer.render_chat(messages))
         assert ctx.token_ids is not None and list(ctx.token_ids) == plain
         ids = ctx.token_ids
-        prefilled += type(ids) is PromptIds and bool(ids.complete) and 16 in ids.complete
+        assert type(ids) is ArrayIds  # the cache's array, no list built
+        prefilled += bool(ids.complete) and 16 in ids.complete
         for size in (16, 4):
             assert ctx.hashes(size) == pure_block_hashes(plain, size)
     assert prefilled >= len(prompts) - 2  # all but the first prompt (and the first with size 4 seen): made at once
+
+
+def test_array_ids_read_and_compare_as_the_list_of_their_ids() -> None:
+    ids = ArrayIds(array("I", [5, 0, 4294967295, 7]))
+    same = [5, 0, 4294967295, 7]
+    assert len(ids) == 4 and list(ids) == same and ids.tolist() == same
+    assert ids[0] == 5 and ids[-1] == 7 and ids[1:3] == [0, 4294967295] and ids[::-1] == same[::-1]
+    assert ids == same and ids == tuple(same) and ids == ArrayIds(array("I", same)) and ids == array("I", same)
+    assert ids != [5, 0, 4294967295] and ids != [5, 0, 4294967295, 8] and ids != "abcd" and ids != [5.5, 0, 1, 7]
+    assert (ids == [5.0, 0, 4294967295, 7]) == (same == [5.0, 0, 4294967295, 7])  # as a list compares
+    with pytest.raises(IndexError):
+        ids[4]
+    with pytest.raises(TypeError):
+        hash(ids)
+    assert block_hashes(ids, 2) == pure_block_hashes(same, 2)
+    assert block_hashes(ids, 3, 9) == pure_block_hashes(same, 3, 9)
+    assert not ArrayIds(array("I")) and block_hashes(ArrayIds(array("I")), 4) == []
+
+
+def test_a_block_size_first_asked_of_array_ids_is_kept_for_the_next_turn(qwen_tokenizer_dir: Path) -> None:
+    renderer = PromptRenderer.from_dir(qwen_tokenizer_dir)
+    cache = renderer.prompt_cache
+    assert cache is not None
+    cache.min_chars = 0
+    conversation = _conversation(4)
+    first = renderer.encode_chat_ids(renderer.render_chat(conversation[:2]))
+    assert type(first) is ArrayIds and 8 not in (first.complete or {})
+    block_hashes(first, 8)  # the router asks for a block size the cache has not seen
+    second = renderer.encode_chat_ids(renderer.render_chat(conversation))
+    assert type(second) is ArrayIds and second.complete is not None
+    assert second.complete[8] == pure_block_hashes(renderer.encode(renderer.render_chat(conversation)), 8)

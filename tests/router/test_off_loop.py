@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import pytest
 
+from infera.kv.hashing import ArrayIds
 from infera.kv.tokenizer import PromptRenderer
 from infera.router.context import RENDER_ON_LOOP_MESSAGES, RouteRequest
 from infera.router.router import OFF_LOOP_BYTES, Router, RouterOptions
@@ -26,8 +28,12 @@ class RecordingRenderer(PromptRenderer):
         self.threads.append(threading.get_ident())
         return super().encode_chat(text)
 
-    def encode_chat_within(self, text: str, most: int) -> list[int] | None:
-        ids = super().encode_chat_within(text, most)
+    def encode_chat_ids(self, text: str) -> Sequence[int]:
+        self.threads.append(threading.get_ident())
+        return super().encode_chat_ids(text)
+
+    def encode_chat_within(self, text: str, most: int, listed: bool = True) -> Sequence[int] | None:  # type: ignore[override]
+        ids = super().encode_chat_within(text, most, listed)
         if ids is not None:
             self.threads.append(threading.get_ident())
         return ids
@@ -63,6 +69,7 @@ async def test_a_large_prompt_is_tokenized_in_a_worker_thread_with_the_same_toke
     placed.release()
     assert renderer.threads[0] == loop_thread and renderer.threads[1] != loop_thread
     assert placed.ctx.token_ids == router.tokens("chat", large.payload)  # exactness unchanged
+    assert type(placed.ctx.token_ids) is ArrayIds  # the prompt cache's array, encoded in the thread
     assert await router.tokens_off_loop("chat", large.payload, len(large.body)) == placed.ctx.token_ids
     assert renderer.threads[-1] == loop_thread  # the same prompt again: the prompt cache holds it whole
     assert all(w.in_flight == 0 for w in router.view.workers())
@@ -94,6 +101,7 @@ async def test_the_next_turn_of_a_large_cached_conversation_is_tokenized_on_the_
     assert cache is not None and cache.hits == 1
     fresh = PromptRenderer.byte_level()
     assert placed.ctx.token_ids == fresh.chat_token_ids(list(second.payload["messages"]))
+    assert type(placed.ctx.token_ids) is ArrayIds
 
 
 async def test_a_prompt_of_many_messages_is_rendered_in_a_worker_thread(renderer: RecordingRenderer) -> None:
