@@ -39,7 +39,7 @@ from infera.server.relay import (
     worker_raw_headers,
 )
 from infera.server.responses import JsonResponse, WholeResponse
-from infera.server.tally import StreamTally
+from infera.server.tally import usage_of
 from infera.transport.base import UpstreamError
 
 
@@ -172,7 +172,7 @@ class Accounting(BackgroundTask):
 
     async def __call__(self) -> None:
         response = self._response
-        usage = StreamTally.of(bytes(response.body)).usage() if response.status_code == 200 else None
+        usage = usage_of(bytes(response.body)) if response.status_code == 200 else None
         self._complete(Outcome(self._path, str(response.status_code), self._started, usage, self._ttft))
 
 
