@@ -91,19 +91,7 @@ class OpenAIHandlers:
     def complete(self, outcome: Outcome) -> None:
         """The end of a request's accounting: status, duration and the engine's token counts (and, for a
         whole answer, its time to first byte, measured before the answer and recorded after it)."""
-        path = outcome.path
-        if outcome.ttft is not None:
-            self.metrics.of(self.metrics.ttft, path).observe(outcome.ttft)
-        self.metrics.of(self.metrics.requests, path, outcome.status).inc()
-        self.metrics.of(self.metrics.e2e, path).observe(time.perf_counter() - outcome.started)
-        usage = outcome.usage
-        if usage is not None:
-            metrics = self.metrics
-            tokens = metrics.tokens
-            metrics.of(tokens, path, "prompt").inc(usage.prompt_tokens)
-            metrics.of(tokens, path, "completion").inc(usage.completion_tokens)
-            if usage.cached_tokens:
-                metrics.of(tokens, path, "cached").inc(usage.cached_tokens)
+        self.metrics.accounts(outcome.path).record(outcome.status, outcome.started, outcome.ttft, outcome.usage)
 
     async def _route(self, request: Request, kind: Literal["chat", "completion"], path: str,
                      started: float) -> tuple[Response, float | None]:
