@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import orjson
@@ -27,7 +27,7 @@ from infera.router.router import Router, RouteRequest
 from infera.server.errors import openai_error, openai_routing_error
 from infera.server.hot_routes import Endpoint
 from infera.server.intake import IntakeError, take_quick
-from infera.server.metrics import ServerMetrics
+from infera.server.metrics import EndpointAccounts, ServerMetrics
 from infera.server.relay import (
     ClientWatch,
     Outcome,
@@ -85,7 +85,7 @@ class OpenAIHandlers:
         started = time.perf_counter()
         response, ttft = await self._route(request, kind, path, started)
         if not isinstance(response, SseRelay):  # a relay reports its own end to complete()
-            response.background = Accounting(self.complete, path, response, started, ttft)
+            response.background = Accounting(self.metrics.accounts(path), response, started, ttft)
         return response
 
     def complete(self, outcome: Outcome) -> None:
@@ -148,20 +148,20 @@ class Accounting(BackgroundTask):
     that the client's answer does not wait for the metrics (at one request in flight, the
     added latency is the frontend's time between the request's arrival and the answer's write)."""
 
-    __slots__ = ("_complete", "_path", "_response", "_started", "_ttft")
+    __slots__ = ("_accounts", "_response", "_started", "_ttft")
 
-    def __init__(self, complete: Callable[[Outcome], None], path: str, response: Response,
-                 started: float, ttft: float | None = None) -> None:  # no super().__init__: nothing of it is used
-        self._complete = complete
-        self._path = path
+    def __init__(self, accounts: EndpointAccounts, response: Response, started: float,
+                 ttft: float | None = None) -> None:  # no super().__init__: nothing of it is used
+        self._accounts = accounts
         self._response = response
         self._started = started
         self._ttft = ttft
 
     async def __call__(self) -> None:
         response = self._response
-        usage = usage_of(bytes(response.body)) if response.status_code == 200 else None
-        self._complete(Outcome(self._path, str(response.status_code), self._started, usage, self._ttft))
+        status = response.status_code
+        usage = usage_of(bytes(response.body)) if status == 200 else None
+        self._accounts.record(str(status), self._started, self._ttft, usage)  # what complete() records of it
 
 
 def _error_event(exc: UpstreamError) -> bytes:
