@@ -142,8 +142,7 @@ class AnthropicHandlers:
             log.exception("anthropic request failed")
             response = anthropic_error(500, f"internal error: {type(exc).__name__}")
         if not isinstance(response, SseResponse):
-            self.metrics.of(self.metrics.requests, PATH, str(response.status_code)).inc()
-            self.metrics.of(self.metrics.e2e, PATH).observe(time.perf_counter() - started)
+            self.metrics.accounts(PATH).record(str(response.status_code), started, None, None)
         return response
 
     async def _messages(self, request: Request, started: float) -> Response:
@@ -276,8 +275,7 @@ class AnthropicHandlers:
             if routed is not None:
                 routed.close()
             await cancel(dispatch)
-            self.metrics.of(self.metrics.requests, PATH, "499" if gone else status).inc()
-            self.metrics.of(self.metrics.e2e, PATH).observe(time.perf_counter() - started)
+            self.metrics.accounts(PATH).record("499" if gone else status, started, None, None)
 
     async def _routed(self, dispatch: asyncio.Future[RoutedResponse]) -> RoutedResponse:
         """The dispatched response, or :class:`StreamError` for what must become an error event."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -11,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from infera.router.router import Router
 from infera.router.view import OVERLAP_BUCKETS
+from infera.server.tally import Usage
 
 M = TypeVar("M", Counter, Histogram)
 
@@ -36,6 +38,7 @@ class ServerMetrics:
                               registry=self.registry)
         self.registry.register(_RouterCollector(router))
         self._children: dict[tuple[int, tuple[str, ...]], Counter | Histogram] = {}
+        self._endpoints: dict[str, EndpointAccounts] = {}
 
     def of(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, remembered: ``labels()`` takes a lock and builds its key each
@@ -45,6 +48,60 @@ class ServerMetrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child  # type: ignore[return-value]  # the key's metric made it
+
+    def accounts(self, endpoint: str) -> EndpointAccounts:
+        """``endpoint``'s end-of-request accounting (made once per endpoint)."""
+        accounts = self._endpoints.get(endpoint)
+        if accounts is None:
+            accounts = self._endpoints[endpoint] = EndpointAccounts(self, endpoint)
+        return accounts
+
+
+class EndpointAccounts:
+    """One endpoint's end-of-request observations with their label children's methods held, so that a
+    request pays neither ``labels()`` nor :meth:`ServerMetrics.of`'s key and lookup for each of its four to
+    six. A child is bound when first used, not before: a child is a series in /metrics from when it is made
+    (at 0), so binding ahead would add series that no request observed."""
+
+    __slots__ = ("_cached", "_e2e", "_endpoint", "_metrics", "_statuses", "_tokens", "_ttft")
+
+    def __init__(self, metrics: ServerMetrics, endpoint: str) -> None:
+        self._metrics = metrics
+        self._endpoint = endpoint
+        self._statuses: dict[str, Callable[[], None]] = {}  # status -> its requests child's inc
+        self._ttft: Callable[[float], None] | None = None
+        self._e2e: Callable[[float], None] | None = None
+        self._tokens: tuple[Callable[[float], None], Callable[[float], None]] | None = None  # prompt, completion
+        self._cached: Callable[[float], None] | None = None
+
+    def record(self, status: str, started: float, ttft: float | None, usage: Usage | None) -> None:
+        """A request's end: its time to first byte (when recorded now), its status, its duration since
+        ``started`` (``time.perf_counter()``) and its usage's token counts; the same observations, in the
+        same order, as one :meth:`ServerMetrics.of` call each."""
+        metrics, endpoint = self._metrics, self._endpoint
+        if ttft is not None:
+            if self._ttft is None:
+                self._ttft = metrics.of(metrics.ttft, endpoint).observe
+            self._ttft(ttft)
+        count = self._statuses.get(status)
+        if count is None:
+            count = self._statuses[status] = metrics.of(metrics.requests, endpoint, status).inc
+        count()
+        if self._e2e is None:
+            self._e2e = metrics.of(metrics.e2e, endpoint).observe
+        self._e2e(time.perf_counter() - started)
+        if usage is not None:
+            if self._tokens is None:
+                tokens = metrics.tokens
+                self._tokens = (metrics.of(tokens, endpoint, "prompt").inc,
+                                metrics.of(tokens, endpoint, "completion").inc)
+            prompt, completion = self._tokens
+            prompt(usage.prompt_tokens)
+            completion(usage.completion_tokens)
+            if usage.cached_tokens:
+                if self._cached is None:
+                    self._cached = metrics.of(metrics.tokens, endpoint, "cached").inc
+                self._cached(usage.cached_tokens)
 
 
 class _RouterCollector(Collector):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import orjson
@@ -27,7 +27,7 @@ from infera.router.router import Router, RouteRequest
 from infera.server.errors import openai_error, openai_routing_error
 from infera.server.hot_routes import Endpoint
 from infera.server.intake import IntakeError, take_quick
-from infera.server.metrics import ServerMetrics
+from infera.server.metrics import EndpointAccounts, ServerMetrics
 from infera.server.relay import (
     ClientWatch,
     Outcome,
@@ -39,7 +39,7 @@ from infera.server.relay import (
     worker_raw_headers,
 )
 from infera.server.responses import JsonResponse, WholeResponse
-from infera.server.tally import StreamTally
+from infera.server.tally import usage_of
 from infera.transport.base import UpstreamError
 
 
@@ -85,25 +85,13 @@ class OpenAIHandlers:
         started = time.perf_counter()
         response, ttft = await self._route(request, kind, path, started)
         if not isinstance(response, SseRelay):  # a relay reports its own end to complete()
-            response.background = Accounting(self.complete, path, response, started, ttft)
+            response.background = Accounting(self.metrics.accounts(path), response, started, ttft)
         return response
 
     def complete(self, outcome: Outcome) -> None:
         """The end of a request's accounting: status, duration and the engine's token counts (and, for a
         whole answer, its time to first byte, measured before the answer and recorded after it)."""
-        path = outcome.path
-        if outcome.ttft is not None:
-            self.metrics.of(self.metrics.ttft, path).observe(outcome.ttft)
-        self.metrics.of(self.metrics.requests, path, outcome.status).inc()
-        self.metrics.of(self.metrics.e2e, path).observe(time.perf_counter() - outcome.started)
-        usage = outcome.usage
-        if usage is not None:
-            metrics = self.metrics
-            tokens = metrics.tokens
-            metrics.of(tokens, path, "prompt").inc(usage.prompt_tokens)
-            metrics.of(tokens, path, "completion").inc(usage.completion_tokens)
-            if usage.cached_tokens:
-                metrics.of(tokens, path, "cached").inc(usage.cached_tokens)
+        self.metrics.accounts(outcome.path).record(outcome.status, outcome.started, outcome.ttft, outcome.usage)
 
     async def _route(self, request: Request, kind: Literal["chat", "completion"], path: str,
                      started: float) -> tuple[Response, float | None]:
@@ -160,20 +148,20 @@ class Accounting(BackgroundTask):
     that the client's answer does not wait for the metrics (at one request in flight, the
     added latency is the frontend's time between the request's arrival and the answer's write)."""
 
-    __slots__ = ("_complete", "_path", "_response", "_started", "_ttft")
+    __slots__ = ("_accounts", "_response", "_started", "_ttft")
 
-    def __init__(self, complete: Callable[[Outcome], None], path: str, response: Response,
-                 started: float, ttft: float | None = None) -> None:  # no super().__init__: nothing of it is used
-        self._complete = complete
-        self._path = path
+    def __init__(self, accounts: EndpointAccounts, response: Response, started: float,
+                 ttft: float | None = None) -> None:  # no super().__init__: nothing of it is used
+        self._accounts = accounts
         self._response = response
         self._started = started
         self._ttft = ttft
 
     async def __call__(self) -> None:
         response = self._response
-        usage = StreamTally.of(bytes(response.body)).usage() if response.status_code == 200 else None
-        self._complete(Outcome(self._path, str(response.status_code), self._started, usage, self._ttft))
+        status = response.status_code
+        usage = usage_of(bytes(response.body)) if status == 200 else None
+        self._accounts.record(str(status), self._started, self._ttft, usage)  # what complete() records of it
 
 
 def _error_event(exc: UpstreamError) -> bytes:

@@ -34,11 +34,26 @@ class Usage:
 def read_usage(event: bytes) -> Usage | None:
     """The counts in the bytes that follow a ``"usage":`` key, up to the end of that event."""
     end = event.find(b"\n\n")
-    if end >= 0:
-        event = event[:end]
-    fields = dict(_FIELD.findall(event))
-    if not fields:
+    return _counts(_FIELD.findall(event, 0, end if end >= 0 else len(event)))
+
+
+def usage_of(body: bytes) -> Usage | None:
+    """What ``StreamTally.of(body).usage()`` reads from a whole body (a non-streamed answer), without a
+    tally: one search from the end for the last ``"usage":`` key, its counts read in place (no copy)."""
+    at = body.rfind(USAGE)
+    if at < 0:
         return None
+    value = at + len(USAGE)
+    if body[value:value + 1] != b"{" and body[value:value + 5].lstrip().startswith(b"n"):
+        return None  # "usage": null
+    end = body.find(b"\n\n", at, at + _KEEP)
+    return _counts(_FIELD.findall(body, at, end if end >= 0 else at + _KEEP))
+
+
+def _counts(found: list[tuple[bytes, bytes]]) -> Usage | None:
+    if not found:
+        return None
+    fields = dict(found)
     return Usage(int(fields.get(b"prompt_tokens", 0)), int(fields.get(b"completion_tokens", 0)),
                  int(fields.get(b"cached_tokens", 0)))
 

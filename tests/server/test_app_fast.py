@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from infera.router.router import Router, RouterOptions
 from infera.server.app import build_app
@@ -213,6 +214,27 @@ async def test_openai_requests_and_tokens_are_counted_once_each(one: tuple[App, 
     # usage: 3 + 3 prompt tokens; 1 (whole body) + 2 (two streamed words) completion tokens
     assert 'infera_tokens_total{endpoint="/v1/chat/completions",kind="prompt"} 6.0' in text
     assert 'infera_tokens_total{endpoint="/v1/chat/completions",kind="completion"} 3.0' in text
+
+
+async def test_openai_histograms_count_each_request_once(one: tuple[App, httpx.AsyncClient]) -> None:
+    _, client = one
+    for _ in range(2):
+        await client.post("/v1/chat/completions", json=CHAT)
+        await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        await client.post("/v1/chat/completions", json={**CHAT, "model": "nope"})  # a 404: no time to first byte
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families((await client.get("/metrics")).text)
+               for s in family.samples if s.labels.get("endpoint") == "/v1/chat/completions"}
+
+    def value(name: str, **labels: str) -> float | None:
+        return samples.get((name, tuple(sorted({"endpoint": "/v1/chat/completions", **labels}.items()))))
+
+    assert value("infera_request_duration_seconds_count") == 6
+    assert value("infera_request_duration_seconds_bucket", le="+Inf") == 6
+    assert value("infera_time_to_first_token_seconds_count") == 4  # two whole answers, two streams
+    assert value("infera_requests_total", status="200") == 4 and value("infera_requests_total", status="404") == 2
+    assert value("infera_tokens_total", kind="prompt") == 12 and value("infera_tokens_total", kind="completion") == 6
+    assert value("infera_tokens_total", kind="cached") is None  # no usage reported cached tokens: no series
 
 
 # ---- client disconnects ----------------------------------------------------------------------------

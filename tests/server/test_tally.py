@@ -6,8 +6,10 @@ import itertools
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from infera.server.tally import StreamTally, Usage
+from infera.server.tally import StreamTally, Usage, usage_of
 
 HEAD = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
 USAGE = {"prompt_tokens": 1234, "completion_tokens": 16, "total_tokens": 1250,
@@ -80,3 +82,26 @@ def test_a_non_streamed_body() -> None:
     body = orjson.dumps({"id": "x", "choices": [{"message": {"content": "usage"}}], "usage": USAGE})
     tally = StreamTally.of(body)
     assert not tally.done and tally.usage() == Usage(1234, 16, 1024)
+
+
+def test_usage_of_a_whole_answer() -> None:
+    body = orjson.dumps({"id": "x", "choices": [{"message": {"content": "usage"}}], "usage": USAGE})
+    assert usage_of(body) == Usage(1234, 16, 1024)
+    assert usage_of(orjson.dumps({"id": "x", "usage": None})) is None
+    assert usage_of(b'{"id": "x", "usage": {"total_tokens": 3}}') is None
+    assert usage_of(b"") is None
+    far = b'"usage": {' + b"x" * 5000 + b'"prompt_tokens": 5}'  # past the bytes a usage event is read to
+    assert usage_of(far) is None and usage_of(far + b"\n\n") is None
+
+
+# the pieces a body is made of: usage keys (some null, some spaced, some cut short), count fields, event ends
+_PIECES = st.sampled_from([b'"usage":', b'"usage": ', b'"usage":null', b'"usage": null', b'"usage":\n{', b"{", b"}",
+                           b'"prompt_tokens":', b'"completion_tokens": ', b'"cached_tokens":\t', b"12", b"7", b" ",
+                           b"null", b",", b"\n", b"\n\n", b"data: ", b'"total_tokens":3', b"x" * 5000])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_PIECES, max_size=30))
+def test_usage_of_reads_what_a_tally_of_the_whole_body_reads(pieces: list[bytes]) -> None:
+    body = b"".join(pieces)
+    assert usage_of(body) == StreamTally.of(body).usage()
