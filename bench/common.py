@@ -14,7 +14,9 @@ import json
 import os
 import platform
 import random
+import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +29,36 @@ PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "py
 RESULTS = REPO / "bench" / "results"
 PLOTS = REPO / "bench" / "plots"
 TOKENIZER_CANDIDATES = (REPO / ".cache" / "qwen-tokenizer",)  # needs a chat template
+
+
+# ---------------------------------------------------------------------------------------
+# A git ref's tree, for A/B runs
+
+C_EXTENSIONS = (("csrc/index.c", "infera/kv/_native"), ("csrc/otlp.c", "infera/telemetry/_otlp"))  # as setup.py
+
+
+def export_ref(ref: str, dest: Path) -> Path:
+    """Git ``ref``'s ``infera/`` under ``dest``, its C extensions built from its own ``csrc/`` the way setup.py
+    builds them (gcc -O3), so an A/B runs the ref's C code as well as its Python. A ref without a ``csrc/`` or
+    whose C does not build runs its pure-Python paths, as an install without a compiler does (said on stderr).
+    Returns ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "infera", "csrc"], capture_output=True)
+    if archive.returncode != 0:  # a ref older than csrc/
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "infera"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    cc = [*(sysconfig.get_config_var(v) or "" for v in ("CC", "CFLAGS", "CCSHARED"))]  # as setuptools compiles
+    include, suffix = sysconfig.get_paths()["include"], sysconfig.get_config_var("EXT_SUFFIX")
+    for source, module in C_EXTENSIONS:
+        if not (dest / source).exists():
+            continue
+        built = subprocess.run([*" ".join(cc).split(), "-O3", "-shared", "-I", str(dest / "csrc"), "-I", include,
+                                str(dest / source), "-o", str(dest / f"{module}{suffix}")],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            print(f"export_ref: {ref}'s {source} did not build; its pure-Python path runs:\n{built.stderr[-1500:]}",
+                  file=sys.stderr)
+    return dest
 
 
 # ---------------------------------------------------------------------------------------

@@ -213,12 +213,9 @@ def main() -> None:
     trees = {"this tree": str(repo)}
     tmp = None
     if args.ref:
-        tmp = Path(tempfile.mkdtemp(prefix="kv-stages-"))
-        archive = subprocess.run(["git", "-C", str(repo), "archive", args.ref, "infera"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
-        for ext in (repo / "infera" / "kv").glob("_native*.so"):
-            shutil.copy(ext, tmp / "infera" / "kv" / ext.name)
+        from bench.common import export_ref
+
+        tmp = export_ref(args.ref, Path(tempfile.mkdtemp(prefix="kv-stages-")))  # with its own C extensions
         trees = {args.ref: str(tmp), "this tree": str(repo)}
     cells = [(name, policy) for name in trees for policy in ("round-robin", "kv-aware")]
     runs: dict[tuple[str, str], list[dict[str, float]]] = {c: [] for c in cells}

@@ -14,9 +14,7 @@ non-streamed, ``max_tokens`` 8 (the bench's c=1 non-streamed cell).
 from __future__ import annotations
 
 import argparse
-import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import peers
 from bench.common import (
     PYTHON,
-    REPO,
     Proc,
     chat_body,
     default_tokenizer_dir,
+    export_ref,
     frontend_ready,
     mock_engine,
     percentile,
@@ -91,13 +89,7 @@ def main() -> None:
     args = ap.parse_args()
     tok = default_tokenizer_dir()
     log_dir = Path(tempfile.mkdtemp(prefix="infera-bench-lean-c1-"))
-    base = log_dir / "base"
-    base.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", args.ref, "infera"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-    for ext in (REPO / "infera" / "kv").glob("_native*.so"):
-        shutil.copy(ext, base / "infera" / "kv" / ext.name)
+    base = export_ref(args.ref, log_dir / "base")  # with its own C extensions
     engine = mock_engine("engine", tok, MODEL, log_dir)
     routers = {"main": _front("main", engine, log_dir, base), "branch": _front("branch", engine, log_dir, None)}
     for package in ("vllm-router", "sglang-router"):

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -106,16 +105,10 @@ def main() -> None:
     if args.child:
         child(args.child[0], int(args.child[1]), int(args.child[2]))
         return
-    from bench.common import PYTHON, REPO, default_tokenizer_dir, median, mock_engine, stop_all
+    from bench.common import PYTHON, REPO, default_tokenizer_dir, export_ref, median, mock_engine, stop_all
 
     log_dir = Path(tempfile.mkdtemp(prefix="infera-bench-lean-inproc-"))
-    base = log_dir / "base"
-    base.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", args.ref, "infera"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-    for ext in [*(REPO / "infera" / "kv").glob("_native*.so"), *(REPO / "infera" / "telemetry").glob("_otlp*.so")]:
-        shutil.copy(ext, base / ext.relative_to(REPO))
+    base = export_ref(args.ref, log_dir / "base")  # with its own C extensions
     trees = {args.ref: f"{base}{os.pathsep}{REPO}", "branch": str(REPO)}  # the ref's infera first on the path
     engine = mock_engine("engine", default_tokenizer_dir(), MODEL, log_dir)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}

@@ -94,12 +94,9 @@ def main() -> None:
     trees = {"this tree": str(repo)}
     tmp = None
     if args.ref:
-        tmp = Path(tempfile.mkdtemp(prefix="prompt-cpu-"))
-        archive = subprocess.run(["git", "-C", str(repo), "archive", args.ref, "infera"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
-        for ext in (repo / "infera" / "kv").glob("_native*.so"):
-            shutil.copy(ext, tmp / "infera" / "kv" / ext.name)
+        from bench.common import export_ref
+
+        tmp = export_ref(args.ref, Path(tempfile.mkdtemp(prefix="prompt-cpu-")))  # with its own C extensions
         trees = {args.ref: str(tmp), "this tree": str(repo)}
     lengths = [int(x) for x in args.lengths.split(",")]
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {(t, n): [] for t in trees for n in lengths}

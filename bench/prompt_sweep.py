@@ -25,7 +25,6 @@ import argparse
 import gc
 import json
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from typing import Any
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PLOTS, PYTHON, REPO, _text
+from bench.common import PLOTS, PYTHON, REPO, _text, export_ref
 
 BLOCK = 16
 MIN_MESSAGES = 12  # infera.kv.render_cache.MIN_MESSAGES (this file also runs on code from before it)
@@ -221,14 +220,10 @@ def plot(res: dict[str, Any], out: Path = PLOTS / "prompt_cpu.png") -> Path:
 
 def ab(ref: str, tok: Path, quick: bool, rounds: int) -> dict[str, Any]:
     """The sweep on git ``ref`` and on this tree, in alternating subprocesses (``rounds`` each); per cell the
-    median over rounds. The ref's tree gets this tree's C extension (same ``csrc``), as bench/relay_ab.py does."""
+    median over rounds. The ref's tree runs its own C extensions (``export_ref``)."""
     runs: dict[str, list[dict[str, Any]]] = {"ref": [], "this": []}
     with tempfile.TemporaryDirectory(prefix="infera-ab-") as tmp:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "infera"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        for so in (REPO / "infera" / "kv").glob("_native*.so"):
-            shutil.copy(so, Path(tmp) / "infera" / "kv" / so.name)
+        export_ref(ref, Path(tmp))
         for r in range(rounds):
             for side, root in (("ref", Path(tmp)), ("this", REPO)) if r % 2 == 0 else (("this", REPO),
                                                                                       ("ref", Path(tmp))):

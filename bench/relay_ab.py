@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
     PYTHON,
-    REPO,
     Proc,
     chat_body,
     default_tokenizer_dir,
+    export_ref,
     frontend_ready,
     machine_info,
     make_session,
@@ -78,22 +77,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=600, help="measured requests per cell")
     ap.add_argument("--policy", default="round-robin", help="both frontends' --router-policy (kv-aware: with the "
                     "prompt stage, the index and the mocks' KV events)")
-    ap.add_argument("--ref-ext", default=None, help="a directory holding the ref's built C extension "
-                    "(e.g. /work/main/infera/kv), for a ref whose csrc/ differs from this tree's")
+    ap.add_argument("--ref-ext", default=None, help="a directory holding a C extension for the ref to run instead "
+                    "of the one built from its own csrc/ (e.g. /work/main/infera/kv)")
     args = ap.parse_args()
     tok = default_tokenizer_dir()
     log_dir = Path(tempfile.mkdtemp(prefix="infera-bench-relay-ab-"))
-    base = log_dir / "base"
-    base.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", args.ref, "infera"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-    # the index's C extension is built in place, untracked: give the ref's tree this tree's build when the
-    # ref's C source is the same (else the ref would run the index's pure-Python path)
-    same_c = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", args.ref, "--", "csrc"]).returncode == 0
-    # --ref-ext: the ref's own build
-    ext_dir = Path(args.ref_ext) if args.ref_ext else (REPO / "infera" / "kv" if same_c else None)
-    for ext in ext_dir.glob("_native*.so") if ext_dir is not None else ():
+    base = export_ref(args.ref, log_dir / "base")  # with its own C extensions
+    for ext in Path(args.ref_ext).glob("_native*.so") if args.ref_ext else ():
         shutil.copy(ext, base / "infera" / "kv" / ext.name)
     bodies = {s: [chat_body(i, MODEL, s, 64 if s else 8) for i in range(400)] for s in (False, True)}
     engines = [mock_engine(f"engine-{i}", tok, MODEL, log_dir) for i in range(2)]
