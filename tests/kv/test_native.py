@@ -72,6 +72,18 @@ def _state(index: PrefixIndex) -> Any:
             sorted((e, s, w, h) for e, s, w, h in index._expiry_heap))
 
 
+def _step(index: PrefixIndex, o: tuple[Any, ...], now: float) -> None:
+    """One op of the random streams (``op``) on ``index``; "tick" moves the caller's clock and is not applied."""
+    if o[0] == "events":
+        index.apply(o[1], EventBatch(1.0, _events(o[2])), now=5.0)
+    elif o[0] == "clear":
+        index.apply(o[1], EventBatch(1.0, [AllBlocksCleared()]), now=5.0)
+    elif o[0] == "remove_worker":
+        index.remove_worker(o[1])
+    elif o[0] == "predict":
+        index.predict(o[1], ROUTER[o[2]][: o[3]], ttl=o[4], now=now)
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.lists(op, max_size=40), st.sampled_from([1, 2, 64]))
 def test_random_streams_give_the_same_state_and_answers(ops: list[tuple[Any, ...]], run_min: int) -> None:
@@ -81,14 +93,7 @@ def test_random_streams_give_the_same_state_and_answers(ops: list[tuple[Any, ...
         now = 100.0
         for o in ops:
             for index in (c, py):
-                if o[0] == "events":
-                    index.apply(o[1], EventBatch(1.0, _events(o[2])), now=5.0)
-                elif o[0] == "clear":
-                    index.apply(o[1], EventBatch(1.0, [AllBlocksCleared()]), now=5.0)
-                elif o[0] == "remove_worker":
-                    index.remove_worker(o[1])
-                elif o[0] == "predict":
-                    index.predict(o[1], ROUTER[o[2]][: o[3]], ttl=o[4], now=now)
+                _step(index, o, now)
             if o[0] == "tick":
                 now += o[1]
             assert _state(c) == _state(py)
@@ -463,14 +468,7 @@ def test_holding_is_the_one_block_overlap_query(ops: list[tuple[Any, ...]]) -> N
     now = 100.0
     for o in ops:
         for index in (c, py):
-            if o[0] == "events":
-                index.apply(o[1], EventBatch(1.0, _events(o[2])), now=5.0)
-            elif o[0] == "clear":
-                index.apply(o[1], EventBatch(1.0, [AllBlocksCleared()]), now=5.0)
-            elif o[0] == "remove_worker":
-                index.remove_worker(o[1])
-            elif o[0] == "predict":
-                index.predict(o[1], ROUTER[o[2]][: o[3]], ttl=o[4], now=now)
+            _step(index, o, now)
         if o[0] == "tick":
             now += o[1]
         for block in [h for hashes in ROUTER for h in hashes] + [12345]:
