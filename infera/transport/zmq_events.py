@@ -89,7 +89,8 @@ class ZmqEventSource:
         self._subs.add(sub)
         loop = asyncio.get_running_loop()
         fd = cast(int, sub.getsockopt(zmq.FD))
-        events_opt, pollin, noblock, again = zmq.EVENTS, zmq.POLLIN, zmq.NOBLOCK, zmq.Again
+        events_opt, pollin, noblock, again, more = zmq.EVENTS, zmq.POLLIN, zmq.NOBLOCK, zmq.Again, zmq.RCVMORE
+        recv, option = sub.recv, sub.getsockopt
         # the callback's state: the next expected seq, the message past a gap (the task repairs it), whether
         # the task owns the socket (busy), and the future the task waits on
         expected: int | None = None
@@ -103,9 +104,11 @@ class ZmqEventSource:
             # the descriptor signals a change of state, not a level: read until the socket itself says nothing
             # is queued (a receive may have taken the signal of a later batch). Asked before each receive, not
             # after a failed one: pyzmq's zmq.Again cost an exception per wake-up
-            while cast(int, sub.getsockopt(events_opt)) & pollin:
-                try:
-                    frames = sub.recv_multipart(noblock)
+            while cast(int, option(events_opt)) & pollin:
+                try:  # recv_multipart's loop without its wrapper (~0.4 µs a message)
+                    frames = [recv(noblock)]
+                    while option(more):
+                        frames.append(recv(noblock))
                 except again:
                     continue
                 if len(frames) != 3:
