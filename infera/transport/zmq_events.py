@@ -78,7 +78,8 @@ class ZmqEventSource:
         # A plain socket read in the loop's reader callback: the callback itself takes every batch queued at
         # each wake-up and applies the ones in sequence, with no task step, future or coroutine per batch
         # (zmq.asyncio's awaited receive cost ~35 µs of CPU per message against ~12, bench/README.md "Issue 15,
-        # fifth round"; the task hop ~4 more, "eighth round: the KV-event intake"). The engines publish
+        # fifth round"; the task hop and a coroutine per batch ~1.5 more,
+        # "eighth round: the KV-event intake"). The engines publish
         # about one batch per request. This task runs only what must wait: the start-up replay and the
         # repair of a gap, during which the callback leaves the socket's queue alone.
         sub: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(zmq.SUB)
