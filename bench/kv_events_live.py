@@ -6,7 +6,7 @@ the engines publish meanwhile; the script counts batches, events and blocks per 
 recorded batches in process into a fresh index (decode + ``PrefixIndex.apply``, as the frontend's feed
 does) and reports the CPU per batch and per request. The ZMQ receive itself is not in that figure.
 
-    .venv/bin/python bench/kv_events_live.py --n 3000
+    .venv/bin/python bench/kv_events_live.py --n 3000 [--dump /tmp/batches.pkl]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import pickle
 import sys
 import tempfile
 import threading
@@ -47,6 +48,7 @@ MODEL = "bench-model"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=3000)
+    ap.add_argument("--dump", help="also write the recorded batches here, for bench/kv_feed_replay.py")
     args = ap.parse_args()
     tok = default_tokenizer_dir()
     log_dir = Path(tempfile.mkdtemp(prefix="infera-bench-kv-events-"))
@@ -95,6 +97,9 @@ def main() -> None:
         stop.set()
         stop_all([front, *engines])
         ctx.destroy(0)
+    if args.dump:
+        with open(args.dump, "wb") as f:
+            pickle.dump(got, f)
     events: Counter[str] = Counter()
     blocks: Counter[str] = Counter()
     for _, payload in got:

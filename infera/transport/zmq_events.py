@@ -75,10 +75,13 @@ class ZmqEventSource:
 
     async def _follow(self, worker_id: str, endpoint: str, replay: str | None, topic: str) -> None:
         assert self._ctx is not None
-        # A plain socket read without a future per message: the loop watches its file descriptor and the task
-        # takes every batch queued at each wake-up. zmq.asyncio's awaited receive cost ~35 µs of CPU per
-        # message here against ~12 (bench/README.md, "Issue 15, fifth round"), and the engines publish about
-        # one batch per request.
+        # A plain socket read in the loop's reader callback: the callback itself takes every batch queued at
+        # each wake-up and applies the ones in sequence, with no task step, future or coroutine per batch
+        # (zmq.asyncio's awaited receive cost ~35 µs of CPU per message against ~12, bench/README.md "Issue 15,
+        # fifth round"; the task hop and a coroutine per batch ~1.5 more,
+        # "eighth round: the KV-event intake"). The engines publish
+        # about one batch per request. This task runs only what must wait: the start-up replay and the
+        # repair of a gap, during which the callback leaves the socket's queue alone.
         sub: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 0)
@@ -87,37 +90,74 @@ class ZmqEventSource:
         self._subs.add(sub)
         loop = asyncio.get_running_loop()
         fd = cast(int, sub.getsockopt(zmq.FD))
+        events_opt, pollin, noblock, again, more = zmq.EVENTS, zmq.POLLIN, zmq.NOBLOCK, zmq.Again, zmq.RCVMORE
+        recv, option = sub.recv, sub.getsockopt
+        # the callback's state: the next expected seq, the message past a gap (the task repairs it), whether
+        # the task owns the socket (busy), and the future the task waits on
+        expected: int | None = None
+        pending: list[bytes] | None = None
+        busy = True
         wake: asyncio.Future[None] = loop.create_future()
 
+        def drain() -> None:
+            """Apply every queued batch in sequence; stop at a gap and hand it to the task."""
+            nonlocal expected, pending, busy
+            # the descriptor signals a change of state, not a level: read until the socket itself says nothing
+            # is queued (a receive may have taken the signal of a later batch). Asked before each receive, not
+            # after a failed one: pyzmq's zmq.Again cost an exception per wake-up
+            while cast(int, option(events_opt)) & pollin:
+                try:  # recv_multipart's loop without its wrapper (~0.4 µs a message)
+                    frames = [recv(noblock)]
+                    while option(more):
+                        frames.append(recv(noblock))
+                except again:
+                    continue
+                if len(frames) != 3:
+                    log.warning("worker %s: KV-event message with %d frames ignored", worker_id, len(frames))
+                    continue
+                seq = seq_from_bytes(frames[1])
+                if expected is not None:
+                    if seq < expected:
+                        continue  # already applied from a replay
+                    if seq > expected:
+                        pending, busy = frames, True
+                        if not wake.done():
+                            wake.set_result(None)
+                        return
+                deliver(worker_id, frames[2], self._sink, self._on_gap)
+                expected = seq + 1
+
         def readable() -> None:
-            if not wake.done():
-                wake.set_result(None)
-            else:  # the task is busy (a replay): take the signal, or the loop would call this at every turn
-                sub.getsockopt(zmq.EVENTS)
+            nonlocal busy
+            if busy:  # the task owns the socket (a replay): take the signal, or the loop would call this at every turn
+                sub.getsockopt(events_opt)
+                return
+            try:
+                drain()
+            except Exception as exc:  # the stream is broken (a bad seq frame, a closed socket): the task ends it
+                busy = True
+                if not wake.done():
+                    wake.set_exception(exc)
 
         loop.add_reader(fd, readable)
-        expected: int | None = None
         try:
             if replay:
                 expected = await self._replay(worker_id, replay, 0, None)
             while True:
-                # the descriptor signals a change of state, not a level: wait only when the socket itself says
-                # nothing is queued (a receive may have taken the signal of a later batch). Asked before the
-                # receive, not after a failed one: pyzmq's zmq.Again cost an exception per wake-up
-                if not cast(int, sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                    await wake
-                    wake = loop.create_future()
-                    continue
-                try:
-                    frames = sub.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    continue
+                busy = False
+                drain()  # what queued while the task owned the socket
+                if not busy:
+                    await wake  # a gap, or the callback's failure
+                wake = loop.create_future()
+                frames, pending = pending, None
+                assert frames is not None
                 expected = await self._take(worker_id, frames, expected, replay)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("worker %s: KV-event stream from %s failed", worker_id, endpoint)
         finally:
+            busy = True
             loop.remove_reader(fd)
             sub.close(linger=0)
             self._subs.discard(sub)

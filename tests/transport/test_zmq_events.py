@@ -195,3 +195,61 @@ async def test_batches_one_at_a_time_each_arrive_while_the_stream_idles_between_
         await source.stop()
         pub.close()
         ctx.destroy(0)
+
+
+async def test_after_a_repaired_gap_live_batches_flow_again_one_at_a_time(golden_dir: Path) -> None:
+    """The repair runs in the follow task; once it is done the live stream goes on, each later batch
+    applied in order as it arrives (the reader takes the socket back)."""
+    frames = golden_frames(golden_dir)
+    assert len(frames) >= 10
+    ctx = zmq.asyncio.Context()
+    pub = Publisher(ctx, [])
+    got: list[EventBatch] = []
+    gaps: list[int] = []
+    source = ZmqEventSource()
+    source.bind(lambda w, b: got.append(b), lambda w, n: gaps.append(n))
+    await source.start()
+    try:
+        source.watch(pub.record())
+        await pub.subscribed()
+        await await_until(lambda: pub.replays == [0], 5, "the start-up replay (of nothing)")
+        pub.frames = frames
+        await pub.pub.send_multipart(frames[0])
+        await pub.pub.send_multipart(frames[2])  # seq 1 is repaired from the replay socket
+        await await_until(lambda: len(got) == 3, 5, "the repaired gap")
+        assert pub.replays == [0, 1]
+        for n in range(3, 10):
+            await pub.pub.send_multipart(frames[n])
+            await await_until(lambda n=n: len(got) == n + 1, 5, f"batch {n}")  # type: ignore[misc]
+        assert got == [decode_batch(f[2]) for f in frames[:10]]
+        assert gaps == [] and pub.replays == [0, 1]
+    finally:
+        await source.stop()
+        pub.close()
+        ctx.destroy(0)
+
+
+async def test_a_broken_sequence_frame_ends_the_stream_and_stop_still_works(golden_dir: Path) -> None:
+    """A message whose seq frame is not 8 bytes is a broken stream: it is logged and the worker's stream ends
+    (its socket closed), as before; the batches before it were applied, and stopping the source is clean."""
+    frames = golden_frames(golden_dir)
+    ctx = zmq.asyncio.Context()
+    pub = Publisher(ctx, [])
+    got: list[EventBatch] = []
+    source = ZmqEventSource()
+    source.bind(lambda w, b: got.append(b), lambda w, n: None)
+    await source.start()
+    try:
+        source.watch(pub.record(replay=False))
+        await pub.subscribed()
+        await pub.pub.send_multipart(frames[0])
+        await pub.pub.send_multipart([frames[1][0], b"\x00\x01", frames[1][2]])
+        task = source._tasks["w1"]
+        await await_until(task.done, 5, "the stream's end")
+        assert not task.cancelled() and task.exception() is None  # ended by its own handler, logged
+        assert got == [decode_batch(frames[0][2])]
+        assert not source._subs  # its socket is closed
+    finally:
+        await source.stop()
+        pub.close()
+        ctx.destroy(0)
