@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -26,6 +25,7 @@ import harness.process
 from bench.common import (
     chat_body,
     default_tokenizer_dir,
+    export_ref,
     frontend,
     frontend_ready,
     make_session,
@@ -92,11 +92,7 @@ def main() -> None:
     here = Path(__file__).resolve().parent.parent
     tok = default_tokenizer_dir()
     log_dir = Path(tempfile.mkdtemp(prefix="infera-bench-intake-"))
-    ref = Path(tempfile.mkdtemp(prefix="infera-ref-"))
-    archive = subprocess.run(["git", "-C", str(here), "archive", args.ref], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(ref)], input=archive, check=True)
-    for so in here.glob("infera/**/*.so"):  # the C extensions, if the ref's sources match (else rebuild there)
-        (ref / so.relative_to(here)).write_bytes(so.read_bytes())
+    ref = export_ref(args.ref, Path(tempfile.mkdtemp(prefix="infera-ref-")))  # with its own C extensions
     runs: dict[str, list[dict[str, float]]] = {"ref": [], "tree": []}
     for r in range(args.rounds):
         order = [("ref", ref), ("tree", here)] if r % 2 == 0 else [("tree", here), ("ref", ref)]
