@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import zmq
@@ -62,16 +64,29 @@ class Publisher:
         self.router.close(0)
 
 
-async def test_late_subscriber_catches_up_by_replay_then_repairs_a_gap(golden_dir: Path) -> None:
-    frames = golden_frames(golden_dir)
+@contextlib.asynccontextmanager
+async def following(frames: list[list[bytes]] | None = None) -> AsyncIterator[
+        tuple[Publisher, ZmqEventSource, list[EventBatch], list[int]]]:
+    """A publisher holding ``frames`` (for replay) and a started source bound to it: (publisher, source, the
+    batches it delivered, the gaps it reported); both stopped afterwards."""
     ctx = zmq.asyncio.Context()
-    pub = Publisher(ctx, frames[:6])  # the engine has already published seq 0..5
-    got: list[tuple[str, EventBatch]] = []
+    pub = Publisher(ctx, frames or [])
+    got: list[EventBatch] = []
     gaps: list[int] = []
     source = ZmqEventSource()
-    source.bind(lambda w, b: got.append((w, b)), lambda w, n: gaps.append(n))
+    source.bind(lambda w, b: got.append(b), lambda w, n: gaps.append(n))
     await source.start()
     try:
+        yield pub, source, got, gaps
+    finally:
+        await source.stop()
+        pub.close()
+        ctx.destroy(0)
+
+
+async def test_late_subscriber_catches_up_by_replay_then_repairs_a_gap(golden_dir: Path) -> None:
+    frames = golden_frames(golden_dir)
+    async with following(frames[:6]) as (pub, source, got, gaps):  # the engine has already published seq 0..5
         source.watch(pub.record())
         await await_until(lambda: len(got) == 6, 5, "the replayed batches")  # everything so far, from replay
         assert pub.replays == [0]
@@ -83,11 +98,7 @@ async def test_late_subscriber_catches_up_by_replay_then_repairs_a_gap(golden_di
         assert pub.replays == [0, 7]
         assert gaps == []
         expected = [decode_batch(f[2]) for f in frames[:10]]
-        assert [b for _, b in got] == expected
-    finally:
-        await source.stop()
-        pub.close()
-        ctx.destroy(0)
+        assert got == expected
 
 
 async def test_a_queued_burst_with_a_gap_inside_arrives_whole_and_in_order(golden_dir: Path) -> None:
@@ -95,14 +106,7 @@ async def test_a_queued_burst_with_a_gap_inside_arrives_whole_and_in_order(golde
     from the replay socket before the batch after it."""
     frames = golden_frames(golden_dir)
     assert len(frames) >= 10
-    ctx = zmq.asyncio.Context()
-    pub = Publisher(ctx, [])
-    got: list[EventBatch] = []
-    gaps: list[int] = []
-    source = ZmqEventSource()
-    source.bind(lambda w, b: got.append(b), lambda w, n: gaps.append(n))
-    await source.start()
-    try:
+    async with following() as (pub, source, got, gaps):
         source.watch(pub.record())
         await pub.subscribed()
         await await_until(lambda: pub.replays == [0], 5, "the start-up replay (of nothing)")
@@ -113,32 +117,17 @@ async def test_a_queued_burst_with_a_gap_inside_arrives_whole_and_in_order(golde
         await await_until(lambda: len(got) == 10, 5, "the burst and the repaired gap")
         assert got == [decode_batch(f[2]) for f in frames[:10]]
         assert gaps == []
-    finally:
-        await source.stop()
-        pub.close()
-        ctx.destroy(0)
 
 
 async def test_unrepairable_gap_is_reported(golden_dir: Path) -> None:
     frames = golden_frames(golden_dir)
-    ctx = zmq.asyncio.Context()
-    pub = Publisher(ctx, [])
-    got: list[EventBatch] = []
-    gaps: list[int] = []
-    source = ZmqEventSource()
-    source.bind(lambda w, b: got.append(b), lambda w, n: gaps.append(n))
-    await source.start()
-    try:
+    async with following() as (pub, source, got, gaps):
         source.watch(pub.record(replay=False))
         await pub.subscribed()
         await pub.pub.send_multipart(frames[0])
         await pub.pub.send_multipart(frames[3])
         await await_until(lambda: len(got) == 2, 5, "two live batches")
         assert gaps == [2]
-    finally:
-        await source.stop()
-        pub.close()
-        ctx.destroy(0)
 
 
 async def test_a_batch_the_router_cannot_apply_resets_the_view_and_the_stream_goes_on(golden_dir: Path) -> None:
@@ -176,13 +165,7 @@ async def test_batches_one_at_a_time_each_arrive_while_the_stream_idles_between_
     """The live case: about one batch per request, the subscriber idle in between. Every batch must wake it
     (its socket's descriptor signals changes, not a level), in order."""
     frames = golden_frames(golden_dir)
-    ctx = zmq.asyncio.Context()
-    pub = Publisher(ctx, [])
-    got: list[EventBatch] = []
-    source = ZmqEventSource()
-    source.bind(lambda w, b: got.append(b), lambda w, n: None)
-    await source.start()
-    try:
+    async with following() as (pub, source, got, _):
         source.watch(pub.record(replay=False))
         await pub.subscribed()
         for round_ in range(3):  # the same trace again under new seqs: 3 x len(frames) batches, one by one
@@ -191,10 +174,6 @@ async def test_batches_one_at_a_time_each_arrive_while_the_stream_idles_between_
                 await pub.pub.send_multipart([topic, seq_to_bytes(n), payload])
                 await await_until(lambda n=n: len(got) == n + 1, 5, f"batch {n}")  # type: ignore[misc]
         assert got == [decode_batch(f[2]) for f in frames] * 3
-    finally:
-        await source.stop()
-        pub.close()
-        ctx.destroy(0)
 
 
 async def test_after_a_repaired_gap_live_batches_flow_again_one_at_a_time(golden_dir: Path) -> None:
@@ -202,14 +181,7 @@ async def test_after_a_repaired_gap_live_batches_flow_again_one_at_a_time(golden
     applied in order as it arrives (the reader takes the socket back)."""
     frames = golden_frames(golden_dir)
     assert len(frames) >= 10
-    ctx = zmq.asyncio.Context()
-    pub = Publisher(ctx, [])
-    got: list[EventBatch] = []
-    gaps: list[int] = []
-    source = ZmqEventSource()
-    source.bind(lambda w, b: got.append(b), lambda w, n: gaps.append(n))
-    await source.start()
-    try:
+    async with following() as (pub, source, got, gaps):
         source.watch(pub.record())
         await pub.subscribed()
         await await_until(lambda: pub.replays == [0], 5, "the start-up replay (of nothing)")
@@ -223,23 +195,13 @@ async def test_after_a_repaired_gap_live_batches_flow_again_one_at_a_time(golden
             await await_until(lambda n=n: len(got) == n + 1, 5, f"batch {n}")  # type: ignore[misc]
         assert got == [decode_batch(f[2]) for f in frames[:10]]
         assert gaps == [] and pub.replays == [0, 1]
-    finally:
-        await source.stop()
-        pub.close()
-        ctx.destroy(0)
 
 
 async def test_a_broken_sequence_frame_ends_the_stream_and_stop_still_works(golden_dir: Path) -> None:
     """A message whose seq frame is not 8 bytes is a broken stream: it is logged and the worker's stream ends
     (its socket closed), as before; the batches before it were applied, and stopping the source is clean."""
     frames = golden_frames(golden_dir)
-    ctx = zmq.asyncio.Context()
-    pub = Publisher(ctx, [])
-    got: list[EventBatch] = []
-    source = ZmqEventSource()
-    source.bind(lambda w, b: got.append(b), lambda w, n: None)
-    await source.start()
-    try:
+    async with following() as (pub, source, got, _):
         source.watch(pub.record(replay=False))
         await pub.subscribed()
         await pub.pub.send_multipart(frames[0])
@@ -249,7 +211,3 @@ async def test_a_broken_sequence_frame_ends_the_stream_and_stop_still_works(gold
         assert not task.cancelled() and task.exception() is None  # ended by its own handler, logged
         assert got == [decode_batch(frames[0][2])]
         assert not source._subs  # its socket is closed
-    finally:
-        await source.stop()
-        pub.close()
-        ctx.destroy(0)
