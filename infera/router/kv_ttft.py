@@ -279,10 +279,10 @@ class KvTtftPolicy:
         scales = self._relative_scales(candidates)
         decoding: list[int] | None = None
         if self._c_terms is not None and self._plain_terms:
-            terms, decoding = self._c_all_terms(ctx, candidates, overlaps)
+            terms, sums, decoding = self._c_all_terms(ctx, candidates, overlaps)
         else:
             terms = [self.terms(ctx, cand, overlap) for cand, overlap in zip(candidates, overlaps, strict=True)]
-        sums = [sum(t) for t in terms]
+            sums = [sum(t) for t in terms]
         self.stay_added = [0.0] * len(candidates)
         if self.stay_floor and self._confirmed_best:
             self._floor(candidates, overlaps, terms, sums, decoding)
@@ -291,7 +291,7 @@ class KvTtftPolicy:
         if best_overlap == 0:
             reason = "no-hit"
         else:
-            cheapest = min(range(len(costs)), key=costs.__getitem__)
+            cheapest = costs.index(min(costs))  # the first cheapest, as min(range(n), key=costs.__getitem__)
             reason = "cache-hit" if overlaps[cheapest] == best_overlap else "load"
         return Scores(costs=costs, reason=reason, overlap_blocks=overlaps)
 
@@ -361,10 +361,11 @@ class KvTtftPolicy:
         return prefill, batch, memory, horizon, eviction, stall, occupancy, duplication
 
     def _c_all_terms(self, ctx: RoutingContext, candidates: Sequence[Candidate], overlaps: list[int]
-                     ) -> tuple[list[tuple[float, ...]], list[int]]:
+                     ) -> tuple[list[tuple[float, ...]], list[float], list[int]]:
         """:meth:`terms` of every candidate on the C path, the same call with the same arguments, gathered once per
         decision instead of once per candidate (issue 15: the Python glue around the one C call was most of a
-        candidate's cost); also each candidate's decode batch, which the stay floor reads."""
+        candidate's cost); with their sums (``sum(terms)``, the cost before the floor and the scale) and each
+        candidate's decode batch, which the stay floor reads."""
         c_terms = self._c_terms
         assert c_terms is not None
         index = self._index
@@ -374,6 +375,7 @@ class KvTtftPolicy:
         weight, horizon, eviction, occupancy = self._weight, self.horizon, self.eviction_weight, self._occupancy
         recency = self._recency_args
         out: list[tuple[float, ...]] = []
+        sums: list[float] = []
         decoding: list[int] = []
         for cand, overlap in zip(candidates, overlaps, strict=True):
             worker = cand.worker
@@ -383,14 +385,15 @@ class KvTtftPolicy:
             d = load_decoding(wid)
             decoding.append(d)
             if recency is None:
-                out.append(c_terms(prompt, credit, size, cand.prefill_tokens, cand.active_blocks, d,
-                                   worker.capacity.kv_blocks, max_tokens, weight, horizon, eviction, block_count(wid),
-                                   occupancy))
+                t = c_terms(prompt, credit, size, cand.prefill_tokens, cand.active_blocks, d, worker.capacity.kv_blocks,
+                            max_tokens, weight, horizon, eviction, block_count(wid), occupancy)
             else:
-                out.append(c_terms(prompt, credit, size, cand.prefill_tokens, cand.active_blocks, d,
-                                   worker.capacity.kv_blocks, max_tokens, weight, horizon, eviction, block_count(wid),
-                                   occupancy, recency[0].get(wid), recency[1], recency[2]))
-        return out, decoding
+                t = c_terms(prompt, credit, size, cand.prefill_tokens, cand.active_blocks, d, worker.capacity.kv_blocks,
+                            max_tokens, weight, horizon, eviction, block_count(wid), occupancy, recency[0].get(wid),
+                            recency[1], recency[2])
+            out.append(t)
+            sums.append(sum(t))
+        return out, sums, decoding
 
     @staticmethod
     def _next_step(own: float, queued: float, age: float, decoding: int, active: int,
