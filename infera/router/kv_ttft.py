@@ -89,9 +89,7 @@ The previous cost (blocks of prefill plus blocks held by in-flight requests) is
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
-from itertools import compress
 from typing import Any
 
 from infera.kv.load import LoadTracker
@@ -249,6 +247,8 @@ class KvTtftPolicy:
         self._c_terms = native.kv_terms if model and plain else None
         self._c_modelled = native.kv_modelled if model else None  # a TTFT sample's modelled_ms(1.0, ...)
         self._c_scales = getattr(native, "kv_scales", None)  # _relative_scales' arithmetic (the same doubles)
+        # score gathers the C terms itself unless a subclass computes its own terms (bench/cost_sweep.py's variants)
+        self._plain_terms = type(self).terms is KvTtftPolicy.terms
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
         overlaps: list[int] = []
@@ -277,17 +277,21 @@ class KvTtftPolicy:
             if self.busy_occupancy:
                 self._occupancy += (self.busy_occupancy - self.occupancy_weight) * busy
         scales = self._relative_scales(candidates)
-        terms = [self.terms(ctx, cand, overlap) for cand, overlap in zip(candidates, overlaps, strict=True)]
-        sums = [sum(t) for t in terms]
+        decoding: list[int] | None = None
+        if self._c_terms is not None and self._plain_terms:
+            terms, sums, decoding = self._c_all_terms(ctx, candidates, overlaps)
+        else:
+            terms = [self.terms(ctx, cand, overlap) for cand, overlap in zip(candidates, overlaps, strict=True)]
+            sums = [sum(t) for t in terms]
         self.stay_added = [0.0] * len(candidates)
         if self.stay_floor and self._confirmed_best:
-            self._floor(candidates, overlaps, terms, sums)
+            self._floor(candidates, overlaps, terms, sums, decoding)
         costs = [scale * total for total, scale in zip(sums, scales, strict=True)]
         best_overlap = max(overlaps, default=0)
         if best_overlap == 0:
             reason = "no-hit"
         else:
-            cheapest = min(range(len(costs)), key=costs.__getitem__)
+            cheapest = costs.index(min(costs))  # the first cheapest, as min(range(n), key=costs.__getitem__)
             reason = "cache-hit" if overlaps[cheapest] == best_overlap else "load"
         return Scores(costs=costs, reason=reason, overlap_blocks=overlaps)
 
@@ -356,6 +360,41 @@ class KvTtftPolicy:
         stall = self.stall_ms(queued, own, decoding) if self._stall else 0.0
         return prefill, batch, memory, horizon, eviction, stall, occupancy, duplication
 
+    def _c_all_terms(self, ctx: RoutingContext, candidates: Sequence[Candidate], overlaps: list[int]
+                     ) -> tuple[list[tuple[float, ...]], list[float], list[int]]:
+        """:meth:`terms` of every candidate on the C path, the same call with the same arguments, gathered once per
+        decision instead of once per candidate (issue 15: the Python glue around the one C call was most of a
+        candidate's cost); with their sums (``sum(terms)``, the cost before the floor and the scale) and each
+        candidate's decode batch, which the stay floor reads."""
+        c_terms = self._c_terms
+        assert c_terms is not None
+        index = self._index
+        block_count = index.block_count
+        load_decoding = self._load.decoding
+        prompt, max_tokens = ctx.prompt_tokens, ctx.max_tokens
+        weight, horizon, eviction, occupancy = self._weight, self.horizon, self.eviction_weight, self._occupancy
+        recency = self._recency_args
+        out: list[tuple[float, ...]] = []
+        sums: list[float] = []
+        decoding: list[int] = []
+        for cand, overlap in zip(candidates, overlaps, strict=True):
+            worker = cand.worker
+            wid = worker.instance_id
+            size = worker.kv_block_size
+            credit = cached_credit(index, wid, ctx.hashes(size), overlap) if overlap else 0
+            d = load_decoding(wid)
+            decoding.append(d)
+            if recency is None:
+                t = c_terms(prompt, credit, size, cand.prefill_tokens, cand.active_blocks, d, worker.capacity.kv_blocks,
+                            max_tokens, weight, horizon, eviction, block_count(wid), occupancy)
+            else:
+                t = c_terms(prompt, credit, size, cand.prefill_tokens, cand.active_blocks, d, worker.capacity.kv_blocks,
+                            max_tokens, weight, horizon, eviction, block_count(wid), occupancy, recency[0].get(wid),
+                            recency[1], recency[2])
+            out.append(t)
+            sums.append(sum(t))
+        return out, sums, decoding
+
     @staticmethod
     def _next_step(own: float, queued: float, age: float, decoding: int, active: int,
                    capacity: int) -> tuple[float, float]:
@@ -373,29 +412,48 @@ class KvTtftPolicy:
         return wait + prefill_ms(own), decode_ms(own, decoding, active, capacity)
 
     def _floor(self, candidates: Sequence[Candidate], overlaps: list[int], terms: Sequence[Sequence[float]],
-               sums: list[float]) -> None:
+               sums: list[float], decoding: list[int] | None = None) -> None:
         """The stay floor: a worker short of the longest *confirmed* prefix (blocks the engines reported, not
         predictions) gets no advantage from the decode terms over the best of the workers that hold it, unless
-        those holders decode :attr:`stay_margin` or more requests than it does. Adds to ``sums`` in place."""
+        those holders decode :attr:`stay_margin` or more requests than it does. Adds to ``sums`` in place.
+        ``decoding``: each candidate's decode batch if the caller has it (else read here)."""
+        # one pass, no comprehension per step (issue 15: six of them were most of the floor's ~5 µs per decision):
+        # the candidates short of the longest confirmed prefix at their block size, and over the holders of it
+        # (> 0 blocks) the least decode terms and decode batch, as min() finds them (the first least, by <)
         best = self._confirmed_best
-        short = [overlaps[i] < best.get(c.worker.kv_block_size, 0) for i, c in enumerate(candidates)]
-        holders = [i for i, c in enumerate(candidates) if not short[i] and best.get(c.worker.kv_block_size, 0) > 0]
-        if not holders:
+        horizon_only = self.stay_floor == "horizon"
+        short: list[int] = []
+        holders = 0
+        floor = 0.0
+        held = 0
+        for i, cand in enumerate(candidates):
+            wanted = best.get(cand.worker.kv_block_size, 0)
+            if overlaps[i] < wanted:
+                short.append(i)
+            elif wanted > 0:
+                if decoding is None:
+                    decoding = list(map(self._load.decoding, [c.worker.instance_id for c in candidates]))
+                # the decode terms: the batch's share (1) and the horizon (3), or the horizon alone; added as sum()
+                # adds them (0 + a is a), so the floor is the same to the bit
+                t = terms[i]
+                part = t[3] if horizon_only else t[1] + t[3]
+                if not holders or part < floor:
+                    floor = part
+                if not holders or decoding[i] < held:
+                    held = decoding[i]
+                holders += 1
+        if not holders or decoding is None:
             return
-        decoding = list(map(self._load.decoding, [c.worker.instance_id for c in candidates]))
         if self.stay_fair:
             fair = max(1.0, self.stay_fair * sum(decoding) / len(candidates))
-            if min(decoding[i] for i in holders) > fair:
+            if held > fair:
                 return  # the holders carry more than their share of the fleet's decoding: balance may move it
-        # the decode terms: the batch's share (1) and the horizon (3), or the horizon alone; added as sum() adds
-        # them (0 + a is a), so the floor is the same to the bit
-        parts = [t[3] for t in terms] if self.stay_floor == "horizon" else [t[1] + t[3] for t in terms]
-        floor = min(parts[i] for i in holders)
-        held = min(decoding[i] for i in holders)
-        for i in compress(range(len(candidates)), short):
-            if self.stay_margin and held - decoding[i] >= self.stay_margin:
+        margin = self.stay_margin
+        for i in short:
+            if margin and held - decoding[i] >= margin:
                 continue  # the holders decode this many more requests than w: balance may move the request
-            mine = parts[i]
+            t = terms[i]
+            mine = t[3] if horizon_only else t[1] + t[3]
             if mine < floor:
                 sums[i] += floor - mine
                 self.stay_added[i] = floor - mine
@@ -412,19 +470,28 @@ class KvTtftPolicy:
         of the median, so that the noise of a shared host cannot starve or flood a worker; a worker
         with fewer than :data:`MIN_SAMPLES` samples is typical.
         """
-        sums = [self._sums(c) for c in candidates]
+        # a worker without new samples since the last refresh is its kept sums (no call into _sums)
+        kept, samples_of = self._scales, self._load.ttft_samples
+        sums = []
+        for c in candidates:
+            x = kept.get(c.worker.instance_id)
+            sums.append(x if x is not None and x.count == samples_of(c.worker.instance_id)[0] else self._sums(c))
+        return self._scales_of(sums)
+
+    def _scales_of(self, sums: Sequence[_Scale]) -> list[float]:
+        """:meth:`_relative_scales` from the candidates' sums (C's ``kv_scales`` when built: the same doubles)."""
         if self._c_scales is not None:
             scales: list[float] = self._c_scales(sums, MIN_SAMPLES, SCALE_DEAD_BAND, MAX_RELATIVE_SCALE)
             return scales
         floors = [x.floor for x in sums if x.n >= MIN_SAMPLES]
         if not floors:
-            return [1.0] * len(candidates)
+            return [1.0] * len(sums)
         fixed = min(floors)  # the fleet's fastest request: the fixed cost no model covers
         raw = [x.observed / (x.modelled + x.n * fixed) if x.n >= MIN_SAMPLES and x.modelled + x.n * fixed > 0
                else None for x in sums]
         known = sorted(r for r in raw if r is not None and r > 0.0)
         if not known:
-            return [1.0] * len(candidates)
+            return [1.0] * len(sums)
         mid = known[len(known) // 2]
         out = []
         for r in raw:
@@ -449,12 +516,15 @@ class KvTtftPolicy:
             n = len(samples)
             fresh = sums.source is not samples or sums.capacity != capacity or not 0 <= sums.count <= count
             new = n if fresh else min(n, count - sums.count)
-            kept = sums.parts[len(sums.parts) - (n - new):] if n > new else []
+            parts = sums.parts
+            del parts[:len(parts) - (n - new)]  # keep the last n - new (in place: no copy of the window per refresh)
+            # the new samples, the window's last ``new`` (indexed from the end: a deque's islice walks from the start)
+            fresh_samples = [samples[i] for i in range(n - new, n)] if new < n else samples
             c_model = self._c_modelled
-            sums.parts = kept + ([c_model(x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks, capacity)
-                                  for x in itertools.islice(samples, n - new, n)] if c_model is not None else
-                                 [modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks,
-                                              capacity) for x in itertools.islice(samples, n - new, n)])
+            parts.extend([c_model(x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks, capacity)
+                          for x in fresh_samples] if c_model is not None else
+                         [modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks, capacity)
+                          for x in fresh_samples])
             sums.capacity = capacity
             sums.source = samples
             sums.count = count

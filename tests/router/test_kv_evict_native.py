@@ -115,11 +115,10 @@ def test_the_speed_scales_in_c_are_the_same_doubles(sums: list[tuple[int, float,
     pol: Any = KvTtftPolicy(PolicyDeps(_Index(None, 0, 0), 1.0, lambda w: False,  # type: ignore[arg-type]
                                        _Load(0), lambda: 0.0))  # type: ignore[arg-type]
     assert pol._c_scales is None
-    pol._sums = objs.__getitem__
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kv_ttft, "MIN_SAMPLES", min_samples)
         mp.setattr(kv_ttft, "SCALE_DEAD_BAND", band)
-        want = pol._relative_scales(list(range(len(objs))))
+        want = pol._scales_of(objs)
     got = native.kv_scales(objs, min_samples, band, kv_ttft.MAX_RELATIVE_SCALE)
     assert got == want and all(type(x) is float for x in got), (got, want)
 

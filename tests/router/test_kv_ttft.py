@@ -412,3 +412,62 @@ def test_the_wait_for_a_running_step_counts_what_it_has_computed_already() -> No
     fleet.load.begin("w0", 1670, block_hashes(tokens(83, 1670), BS), 3)
     fleet.now += 0.001
     assert fleet.pick(tokens(90, 1670)) in ("w1", "w2", "w3")
+
+
+def _floor_from_definition(policy: KvTtftPolicy, candidates: list[Candidate], overlaps: list[int],
+                           terms: list[tuple[float, ...]], sums: list[float], decoding: list[int]) -> list[float]:
+    """The stay floor as it was written before issue 15's eighth round made it one pass: min() over the holders."""
+    best = policy._confirmed_best
+    added = [0.0] * len(candidates)
+    short = [overlaps[i] < best.get(c.worker.kv_block_size, 0) for i, c in enumerate(candidates)]
+    holders = [i for i, c in enumerate(candidates) if not short[i] and best.get(c.worker.kv_block_size, 0) > 0]
+    if not holders:
+        return added
+    if policy.stay_fair:
+        fair = max(1.0, policy.stay_fair * sum(decoding) / len(candidates))
+        if min(decoding[i] for i in holders) > fair:
+            return added
+    parts = [t[3] for t in terms] if policy.stay_floor == "horizon" else [t[1] + t[3] for t in terms]
+    floor = min(parts[i] for i in holders)
+    held = min(decoding[i] for i in holders)
+    for i in [i for i in range(len(candidates)) if short[i]]:
+        if policy.stay_margin and held - decoding[i] >= policy.stay_margin:
+            continue
+        if parts[i] < floor:
+            sums[i] += floor - parts[i]
+            added[i] = floor - parts[i]
+    return added
+
+
+def test_the_one_pass_stay_floor_equals_its_definition() -> None:
+    """KvTtftPolicy._floor (one loop, issue 15) against the comprehension form it replaced, to the bit: random
+    candidates at one or two block sizes, overlaps around the longest confirmed prefix, decode terms with ties and
+    zeros, decode batches around the margin, the "horizon" variant, a studied fairness gate, the batches passed in or
+    read from the load tracker."""
+    rng = random.Random(9)
+    load = LoadTracker()
+    sizes = (BS, 2 * BS)
+    for step in range(3000):
+        n = rng.randrange(1, 7)
+        workers = [WorkerRecord(instance_id=f"w{k}", model="m", http_url="http://x",
+                                kv_block_size=rng.choice(sizes) if step % 2 else BS, capacity=Capacity(kv_blocks=64))
+                   for k in range(n)]
+        decoding = [rng.randrange(0, 9) for _ in range(n)]
+        for w, d in zip(workers, decoding, strict=True):
+            load.forget(w.instance_id)
+            for _ in range(d):  # d requests past their first token
+                load.prefill_done(load.begin(w.instance_id, 1, [], 0))
+        policy = KvTtftPolicy(PolicyDeps(PrefixIndex(), 1.0, lambda _w: False, load, lambda: 0.0))
+        policy.stay_floor = rng.choice(("decode", "decode", "horizon"))
+        policy.stay_margin = rng.choice((0, 2, 4))
+        policy.stay_fair = rng.choice((0.0, 0.0, 1.5))
+        policy._confirmed_best = {s: rng.randrange(0, 5) for s in sizes if rng.random() < 0.8}
+        candidates = [Candidate(w, 0, 0, 0) for w in workers]
+        overlaps = [rng.randrange(0, 6) for _ in range(n)]
+        terms = [tuple(rng.choice((0.0, 1.5, 2.25, rng.uniform(0, 50))) for _ in range(8)) for _ in range(n)]
+        sums = [rng.uniform(0, 500) for _ in range(n)]
+        want_sums = list(sums)
+        want = _floor_from_definition(policy, candidates, overlaps, terms, want_sums, decoding)
+        policy.stay_added = [0.0] * n
+        policy._floor(candidates, overlaps, terms, sums, decoding if step % 3 else None)
+        assert (sums, policy.stay_added) == (want_sums, want), step
