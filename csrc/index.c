@@ -2546,8 +2546,111 @@ done:
     return out;
 }
 
+/* kv_window(parts, samples, keep, capacity, seconds) -> (observed, modelled) | None: KvTtftPolicy._sums' refresh of one
+ * worker's window. ``parts`` (a list of the samples' modelled ms, oldest first) keeps its last ``keep`` (Python's
+ * ``del parts[:len(parts) - keep]``), then gets kv_modelled of ``samples[keep:]`` (TtftSample: queued_tokens +
+ * prefill_tokens, decoding, active_blocks) appended; returns ``sum(seconds) * 1000.0`` and ``sum(parts)``, summed
+ * in order from 0.0 as Python 3.11's sum() adds floats, so the doubles are the same to the bit. None (parts already
+ * updated) when an item of either sum is not a float: the caller sums those itself. */
+static PyObject *STR_QUEUED, *STR_PREFILL, *STR_DECODING, *STR_ACTIVE;
+
+static int window_attr(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* the in-order sum of a sequence of exact floats: 1 done, 0 an item is not a float, -1 error */
+static int float_sum(PyObject *seq, double *out) {
+    double total = 0.0;
+    if (PyList_CheckExact(seq) || PyTuple_CheckExact(seq)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        PyObject **items = PySequence_Fast_ITEMS(seq);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!PyFloat_CheckExact(items[i])) return 0;
+            total += PyFloat_AS_DOUBLE(items[i]);
+        }
+        *out = total;
+        return 1;
+    }
+    PyObject *it = PyObject_GetIter(seq);
+    if (it == NULL) return -1;
+    PyObject *x;
+    int ok = 1;
+    while ((x = PyIter_Next(it)) != NULL) {
+        if (!PyFloat_CheckExact(x)) ok = 0;
+        else total += PyFloat_AS_DOUBLE(x);
+        Py_DECREF(x);
+        if (!ok) break;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) return -1;
+    *out = total;
+    return ok;
+}
+
+static NO_FMA PyObject *kv_window(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "kv_window takes 5 arguments");
+        return NULL;
+    }
+    PyObject *parts = args[0], *samples = args[1], *seconds = args[4];
+    if (!PyList_Check(parts)) {
+        PyErr_SetString(PyExc_TypeError, "kv_window: parts must be a list");
+        return NULL;
+    }
+    Py_ssize_t keep = PyLong_AsSsize_t(args[2]);
+    long long capacity = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t n = PySequence_Size(samples);
+    if (n < 0) return NULL;
+    /* del parts[:len(parts) - keep], with a slice's clamping */
+    Py_ssize_t len = PyList_GET_SIZE(parts), stop = len - keep;
+    if (stop < 0) stop += len;
+    if (stop < 0) stop = 0;
+    if (stop > len) stop = len;
+    if (stop > 0 && PyList_SetSlice(parts, 0, stop, NULL) < 0) return NULL;
+    /* samples[keep:], as a slice clamps its start */
+    Py_ssize_t first = keep < 0 ? (keep + n > 0 ? keep + n : 0) : (keep < n ? keep : n);
+    for (Py_ssize_t i = first; i < n; i++) {
+        PyObject *x = PySequence_GetItem(samples, i);
+        if (x == NULL) return NULL;
+        /* as kv_modelled(x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks, capacity) converts them */
+        long long decoding, active;
+        double tokens = -1.0;
+        PyObject *q = PyObject_GetAttr(x, STR_QUEUED), *p = q ? PyObject_GetAttr(x, STR_PREFILL) : NULL;
+        PyObject *sum = p ? PyNumber_Add(q, p) : NULL;
+        Py_XDECREF(q);
+        Py_XDECREF(p);
+        if (sum != NULL) {
+            tokens = PyFloat_AsDouble(sum);
+            Py_DECREF(sum);
+        }
+        int bad = sum == NULL || (tokens == -1.0 && PyErr_Occurred()) || window_attr(x, STR_DECODING, &decoding) < 0
+                  || window_attr(x, STR_ACTIVE, &active) < 0;
+        Py_DECREF(x);
+        if (bad) return NULL;
+        PyObject *f = PyFloat_FromDouble(1.0 * py_prefill_ms(tokens) + py_decode_ms(tokens, decoding, active,
+                                                                                   capacity));
+        if (f == NULL) return NULL;
+        int r = PyList_Append(parts, f);
+        Py_DECREF(f);
+        if (r < 0) return NULL;
+    }
+    double observed, modelled;
+    int a = float_sum(seconds, &observed);
+    if (a < 0) return NULL;
+    int b = a ? float_sum(parts, &modelled) : 0;
+    if (b < 0) return NULL;
+    if (!a || !b) Py_RETURN_NONE;
+    return Py_BuildValue("(dd)", observed * 1000.0, modelled);
+}
+
 static PyMethodDef scale_methods[] = {
     {"kv_scales", (PyCFunction)(void (*)(void))kv_scales, METH_FASTCALL, NULL},
+    {"kv_window", (PyCFunction)(void (*)(void))kv_window, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2556,6 +2659,12 @@ static int add_scales(PyObject *mod) {
     STR_OBSERVED = PyUnicode_InternFromString("observed");
     STR_MODELLED = PyUnicode_InternFromString("modelled");
     STR_FLOOR = PyUnicode_InternFromString("floor");
-    if (STR_N == NULL || STR_OBSERVED == NULL || STR_MODELLED == NULL || STR_FLOOR == NULL) return -1;
+    STR_QUEUED = PyUnicode_InternFromString("queued_tokens");
+    STR_PREFILL = PyUnicode_InternFromString("prefill_tokens");
+    STR_DECODING = PyUnicode_InternFromString("decoding");
+    STR_ACTIVE = PyUnicode_InternFromString("active_blocks");
+    if (STR_N == NULL || STR_OBSERVED == NULL || STR_MODELLED == NULL || STR_FLOOR == NULL || STR_QUEUED == NULL
+        || STR_PREFILL == NULL || STR_DECODING == NULL || STR_ACTIVE == NULL)
+        return -1;
     return PyModule_AddFunctions(mod, scale_methods);
 }

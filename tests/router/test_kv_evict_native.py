@@ -4,6 +4,7 @@ after random touch sequences, the same oldest last use, the same value and evict
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from infera.kv.load import TtftSample
 from infera.kv.native import load as load_native
 from infera.protocols.worker import Capacity, WorkerRecord
 from infera.router.base import Candidate, PolicyDeps, RoutingContext
@@ -151,3 +153,90 @@ def test_an_extension_built_before_the_shadow_was_in_c_still_routes_the_same() -
         assert shadows and all(isinstance(x, PyShadow) == (module is stale) for x in shadows)
     assert costs[0] == costs[1]
     assert costs[0][0] != costs[0][1]
+
+
+def _window_py(parts: list[float], samples: Any, keep: int, capacity: int,
+               seconds: Any) -> tuple[float, float]:
+    """kv_window's definition: KvTtftPolicy._sums' Python (trim, model the new samples, both sums)."""
+    from infera.router.kv_ttft import modelled_ms
+
+    del parts[:len(parts) - keep]
+    parts.extend(modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks, capacity)
+                 for x in list(samples)[keep:])
+    return sum(seconds) * 1000.0, sum(parts)
+
+
+sample = st.builds(TtftSample, st.floats(0.0, 30.0), st.integers(0, 40_000), st.integers(0, 20_000),
+                   st.integers(0, 80), st.integers(0, 30_000))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.floats(0.0, 5e4), max_size=40), st.lists(sample, max_size=40), st.integers(-45, 45),
+       st.sampled_from([0, 1, 50, 876, 20_000]), st.booleans(), st.booleans())
+def test_the_window_refresh_in_c_is_the_same_doubles(parts: list[float], samples: list[TtftSample], keep: int,
+                                                     capacity: int, as_deque: bool, int_second: bool) -> None:
+    """kv_window against _sums' Python: the same parts kept and appended, the same two sums to the bit, from
+    lists and deques (the tracker's), with a keep past either end (a slice's clamping); a second that is not a
+    float: None, the parts updated all the same (the caller sums with sum())."""
+    assert native is not None
+    seconds: list[Any] = [x.seconds for x in samples]
+    if int_second and seconds:
+        seconds[len(seconds) // 2] = 3
+    src: Any = collections.deque(samples) if as_deque else samples
+    secs: Any = collections.deque(seconds) if as_deque else seconds
+    want_parts, got_parts = list(parts), list(parts)
+    want = _window_py(want_parts, src, keep, capacity, secs)
+    got = native.kv_window(got_parts, src, keep, capacity, secs)
+    assert got_parts == want_parts and all(type(x) is float for x in got_parts)
+    if int_second and seconds:
+        assert got is None
+    else:
+        assert got == want, (got, want)
+
+
+def test_the_window_refresh_rejects_what_is_not_a_window() -> None:
+    assert native is not None
+    with pytest.raises(TypeError):
+        native.kv_window((1.0,), [], 0, 10, [])
+    with pytest.raises(AttributeError):
+        native.kv_window([], [object()], 0, 10, [])
+    assert native.kv_window([], [], 0, 10, []) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("variant", ["stale", "pure"])
+def test_the_speed_scales_with_the_window_in_c_equal_the_python_window(variant: str) -> None:
+    """Random loads through a real LoadTracker (a worker that leaves and comes back, a capacity change): the
+    policy refreshing its windows in C (kv_window) keeps the same parts and sums, to the bit, as one on an
+    extension built before kv_window and one on the pure path."""
+    import random
+
+    from infera.router.kv_ttft import KvTtftPolicy
+    from tests.router.test_kv_ttft import WORKERS, Fleet
+
+    assert native is not None
+    rng = random.Random(9)
+    fleet = Fleet()
+    c_pol = fleet.policy
+    assert isinstance(c_pol, KvTtftPolicy) and c_pol._c_window is not None
+    other = KvTtftPolicy(PolicyDeps(fleet.index, 1.0, lambda _w: False, fleet.load, lambda: fleet.now))
+    if variant == "stale":
+        other._c_window = None
+    else:
+        other._c_window = other._c_modelled = other._c_scales = None
+    workers = list(WORKERS)
+    for step in range(300):
+        wid = f"w{rng.randrange(4)}"
+        if step in (100, 101):
+            fleet.load.forget("w1")
+            wid = "w1"
+        for _ in range(rng.randrange(0, 4) if step not in (100, 101) else 40 + step - 100):
+            t = fleet.load.begin(wid, rng.randrange(1, 9000), [], 1)
+            fleet.now += rng.uniform(0.001, 0.5)
+            fleet.load.prefill_done(t)
+            fleet.load.end(t)
+        if step == 200:
+            workers[2] = workers[2].model_copy(update={"capacity": Capacity(kv_blocks=512)})
+        cands = [Candidate(w, 0, 0, rng.randrange(0, 600)) for w in workers]
+        assert c_pol._relative_scales(cands) == other._relative_scales(cands)
+        assert [(s.n, s.observed, s.modelled, s.floor, s.parts) for s in map(c_pol._sums, cands)] == \
+            [(s.n, s.observed, s.modelled, s.floor, s.parts) for s in map(other._sums, cands)]
