@@ -92,7 +92,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infera.kv.load import LoadTracker
+from infera.kv.load import LoadTracker, TtftSample
 from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores, cached_credit
 
 STEP_TOKENS = 8192  # prompt tokens one engine step computes (vLLM's default max_num_batched_tokens)
@@ -472,12 +472,15 @@ class KvTtftPolicy:
         of the median, so that the noise of a shared host cannot starve or flood a worker; a worker
         with fewer than :data:`MIN_SAMPLES` samples is typical.
         """
-        # a worker without new samples since the last refresh is its kept sums (no call into _sums)
+        # a worker without new samples since the last refresh is its kept sums (no call into _refresh); the tracker
+        # is asked once per candidate, its answer passed on
         kept, samples_of = self._scales, self._load.ttft_samples
         sums = []
         for c in candidates:
-            x = kept.get(c.worker.instance_id)
-            sums.append(x if x is not None and x.count == samples_of(c.worker.instance_id)[0] else self._sums(c))
+            wid = c.worker.instance_id
+            x = kept.get(wid)
+            count, samples = samples_of(wid)
+            sums.append(x if x is not None and x.count == count else self._refresh(c, wid, count, samples))
         return self._scales_of(sums)
 
     def _scales_of(self, sums: Sequence[_Scale]) -> list[float]:
@@ -507,6 +510,10 @@ class KvTtftPolicy:
         """Observed and modelled TTFT over the worker's last samples, and its fastest one."""
         wid = cand.worker.instance_id
         count, samples = self._load.ttft_samples(wid)
+        return self._refresh(cand, wid, count, samples)
+
+    def _refresh(self, cand: Candidate, wid: str, count: int, samples: Sequence[TtftSample]) -> _Scale:
+        """:meth:`_sums` given what ``ttft_samples(wid)`` answered (``count`` samples ever, the window)."""
         sums = self._scales.get(wid)
         if sums is None:
             sums = self._scales[wid] = _Scale()
