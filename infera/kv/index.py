@@ -603,6 +603,12 @@ class PrefixIndex:
         worker = self._workers.get(worker_id)
         return len(worker.blocks) if worker is not None else 0
 
+    def held(self, worker_id: str) -> tuple[int, bool]:
+        """``(block_count(worker_id), whether it holds any block only below the device)``: one lookup for what
+        kv-aware's terms read per candidate (with False, :meth:`lower_tier_blocks` is empty for any prompt)."""
+        worker = self._workers.get(worker_id)
+        return (len(worker.blocks), bool(worker.lower)) if worker is not None else (0, False)
+
     def cache_view(self, worker_id: str, max_hashes: int = CACHE_VIEW_MAX_HASHES) -> dict[str, Any]:
         """A JSON-able summary of one worker's cache, for the admin API."""
         worker = self._workers.get(worker_id) or WorkerTable(-1, 0)

@@ -371,7 +371,7 @@ class KvTtftPolicy:
         c_terms = self._c_terms
         assert c_terms is not None
         index = self._index
-        block_count = index.block_count
+        held = index.held
         load_decoding = self._load.decoding
         prompt, max_tokens = ctx.prompt_tokens, ctx.max_tokens
         weight, horizon, eviction, occupancy = self._weight, self.horizon, self.eviction_weight, self._occupancy
@@ -383,15 +383,18 @@ class KvTtftPolicy:
             worker = cand.worker
             wid = worker.instance_id
             size = worker.kv_block_size
-            credit = cached_credit(index, wid, ctx.hashes(size), overlap) if overlap else 0
+            # one index lookup for the cached count and the lower tiers: a worker with no block below the device
+            # has cached_credit == overlap (the same int), without the call
+            cached, lower = held(wid)
+            credit = (cached_credit(index, wid, ctx.hashes(size), overlap) if lower else overlap) if overlap else 0
             d = load_decoding(wid)
             decoding.append(d)
             if recency is None:
                 t = c_terms(prompt, credit, size, cand.prefill_tokens, cand.active_blocks, d, worker.capacity.kv_blocks,
-                            max_tokens, weight, horizon, eviction, block_count(wid), occupancy)
+                            max_tokens, weight, horizon, eviction, cached, occupancy)
             else:
                 t = c_terms(prompt, credit, size, cand.prefill_tokens, cand.active_blocks, d, worker.capacity.kv_blocks,
-                            max_tokens, weight, horizon, eviction, block_count(wid), occupancy, recency[0].get(wid),
+                            max_tokens, weight, horizon, eviction, cached, occupancy, recency[0].get(wid),
                             recency[1], recency[2])
             out.append(t)
             sums.append(sum(t))

@@ -28,19 +28,24 @@ def test_the_index_lists_blocks_held_only_below_the_device() -> None:
     engine = list(range(1, 9))
     index.apply("w", stored(engine, TOKENS, "GPU"))
     assert index.lower_tier_blocks("w", hashes, 8) == {}
+    assert index.held("w") == (8, False)
     index.apply("w", stored(engine[:4], TOKENS[:16], "CPU"))  # offloaded copies of the first 4
     assert index.lower_tier_blocks("w", hashes, 8) == {}  # still on the device too
+    assert index.held("w") == (8, False)
     index.apply("w", removed(engine[:3], "GPU"))  # the device evicted 3 of them
     assert index.lower_tier_blocks("w", hashes, 8) == {"CPU": 3}
+    assert index.held("w") == (index.block_count("w"), True)
     assert index.lower_tier_blocks("w", hashes, 2) == {"CPU": 2}
     assert index.overlaps(hashes) == {"w": 8}  # still held, in some tier
     index.apply("w", stored(engine[:1], TOKENS[:4], "GPU"))  # promoted back
     assert index.lower_tier_blocks("w", hashes, 8) == {"CPU": 2}
     index.apply("w", removed(engine[1:3], "CPU"))  # gone from host memory too
     assert index.lower_tier_blocks("w", hashes, 8) == {}
+    assert index.held("w") == (index.block_count("w"), False)
     assert index.overlaps(hashes) == {"w": 1}
     index.remove_worker("w")
     assert index.lower_tier_blocks("w", hashes, 8) == {}
+    assert index.held("w") == (0, False)
 
 
 def test_host_memory_blocks_earn_three_quarters_of_a_device_block() -> None:
