@@ -209,6 +209,7 @@ def test_the_speed_scales_with_the_window_in_c_equal_the_python_window(variant: 
     policy refreshing its windows in C (kv_window) keeps the same parts and sums, to the bit, as one on an
     extension built before kv_window and one on the pure path."""
     import random
+    import types
 
     from infera.router.kv_ttft import KvTtftPolicy
     from tests.router.test_kv_ttft import WORKERS, Fleet
@@ -218,10 +219,15 @@ def test_the_speed_scales_with_the_window_in_c_equal_the_python_window(variant: 
     fleet = Fleet()
     c_pol = fleet.policy
     assert isinstance(c_pol, KvTtftPolicy) and c_pol._c_window is not None
-    other = KvTtftPolicy(PolicyDeps(fleet.index, 1.0, lambda _w: False, fleet.load, lambda: fleet.now))
-    if variant == "stale":
-        other._c_window = None
+    if variant == "stale":  # built before kv_window: the policy is made while the index answers that module
+        real = fleet.index._native
+        fleet.index._native = types.SimpleNamespace(**{k: getattr(native, k) for k in dir(native)
+                                                       if k != "kv_window" and not k.startswith("__")})
+        other = KvTtftPolicy(PolicyDeps(fleet.index, 1.0, lambda _w: False, fleet.load, lambda: fleet.now))
+        fleet.index._native = real
+        assert other._c_window is None and other._c_modelled is not None
     else:
+        other = KvTtftPolicy(PolicyDeps(fleet.index, 1.0, lambda _w: False, fleet.load, lambda: fleet.now))
         other._c_window = other._c_modelled = other._c_scales = None
     workers = list(WORKERS)
     for step in range(300):
