@@ -229,7 +229,14 @@ class PreparedTemplate:
         """``template.render(*args, **kwargs)``: the same text, the same exceptions."""
         if not self._plain:
             return self.template.render(*args, **kwargs)
-        ctx = self.new_context(dict(*args, **kwargs))
+        return self.render_vars(dict(*args, **kwargs))
+
+    def render_vars(self, variables: dict[str, Any]) -> str:
+        """``template.render(variables)`` (``variables`` is read, not kept): :meth:`render` without copying the
+        caller's dict of variables again."""
+        if not self._plain:
+            return self.template.render(variables)
+        ctx = self.new_context(variables)
         try:
             out: str = self._concat(self._run(ctx))
         except Exception:

@@ -173,3 +173,20 @@ def test_a_template_python_rejects_inlined_is_generated_as_jinja_generates_it(mo
     source = "{% for m in messages %}{{ m.role }}{% endfor %}"
     assert "t_ga" not in str(env.compile(source, raw=True))
     assert env.from_string(source).render(messages=[{"role": "user"}]) == "user"
+
+
+def test_render_vars_renders_as_render_and_leaves_the_variables_as_given() -> None:
+    template = make_env().from_string(TEMPLATES["attributes"])
+    prepared = PreparedTemplate(template)
+    rng = random.Random(11)
+    for messages in _steps(rng, 40):
+        variables = _variables(rng, messages, rng.choice(["string", "openai"]))
+        before = dict(variables)
+        assert _outcome(lambda v=variables: prepared.render_vars(v)) == _outcome(lambda v=variables: template.render(v))
+        assert variables == before
+
+
+def test_a_special_token_named_as_a_render_argument_is_refused_as_before() -> None:
+    renderer = PromptRenderer(ByteCodec(BYTE_LEVEL_SPECIALS), {"default": CHATML_TEMPLATE}, {"messages": "x"})
+    with pytest.raises(TypeError):
+        renderer.render_chat([{"role": "user", "content": "hi"}])
