@@ -147,6 +147,7 @@ class PromptRenderer:
         self._formats = {n: detect_content_format(self._env, t) for n, t in templates.items()}
         self._renders = {n: self._render_cache(t, self._formats[n]) for n, t in templates.items()}
         self._special = dict(special_tokens)
+        self._special_free = _RENDER_ARGS.isdisjoint(self._special)  # no special token named as a render argument
         self._adhoc: dict[str, tuple[PreparedTemplate, ContentFormat, RenderCache | None]] = {}
         self.name = name
         eos = special_tokens.get("eos_token")
@@ -303,6 +304,10 @@ class PromptRenderer:
             if text is not None:
                 return text
         try:
+            if not template_kwargs and self._special_free:  # the special tokens only: one dict made here
+                return template.render_vars({"messages": normalize_messages(messages, fmt), "tools": tools,
+                                             "documents": None, "add_generation_prompt": add_generation_prompt,
+                                             **self._special})
             return template.render(
                 messages=normalize_messages(messages, fmt),
                 tools=tools,

@@ -23,6 +23,9 @@ TEMPLATES: dict[str, str] = {
     "blocks": "{% block head %}[{{ bos_token }}]{% endblock %}{% for m in messages %}{{ m.role }}{% endfor %}",
     "set leaks?": "{{ x is defined }}{% set x = 1 %}{% for m in messages %}{{ m.content }}{% endfor %}{{ x }}",
     "globals read": "{{ dict(a=1) | tojson }}{{ namespace(a=2).a }}{% for m in messages %}{{ m.role }}{% endfor %}",
+    "attributes": "{% set ns = namespace(a=1) %}{% for m in messages %}{{ m.role }}|{{ m.name is defined }}|"
+                  "{{ m.items is defined }}|{{ m.get('content') }}|{{ ns.a }}|{{ m.nope }}|{{ m.role.upper() }}|"
+                  "{{ (m.tool_calls or [{}])[0].function }}|{{ loop.index }}{% endfor %}",
     "autoescape": "{% autoescape true %}{{ '<b>' }}{% endautoescape %}{{ '<i>' }}{{ messages | length }}",
 }
 
@@ -135,3 +138,55 @@ def test_a_loops_private_parts_stay_out_of_reach() -> None:
     source = "{% for m in messages %}{{ loop._length }}|{{ loop.__class__ }}|{{ loop.cycle('a', 'b') }}{% endfor %}"
     text = make_env().from_string(source).render(messages=[1, 2])
     assert text == "||a||b"
+
+
+def test_the_chat_sandbox_reads_a_dicts_keys_in_the_templates_own_code(qwen_tokenizer_dir: Path) -> None:
+    """The inline ``obj.name`` read is in the generated code (not only the environment's getattr), and the
+    Qwen template renders through it as through the plain sandbox, text and errors."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    ours = make_env()
+    source = _qwen_template(qwen_tokenizer_dir)
+    assert "t_ga" in str(ours.compile(source, raw=True))
+    assert "t_ga" not in str(ours.compile("{{ m.items }}{{ m.get('a') }}", raw=True))  # dict's own attributes
+    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                          extensions=[type(e) for e in ours.extensions.values()])
+    plain.filters["tojson"] = ours.filters["tojson"]
+    plain.globals.update(ours.globals)
+    fast, slow = PreparedTemplate(ours.from_string(source)), plain.from_string(source)
+    rng = random.Random(9)
+    for messages in _steps(rng, 150):
+        variables = _variables(rng, messages, "string")
+        variables["enable_thinking"] = rng.choice([True, False, None])
+        assert _outcome(lambda v=variables: fast.render(v)) == _outcome(lambda v=variables: slow.render(**v))
+
+
+def test_a_template_python_rejects_inlined_is_generated_as_jinja_generates_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import infera.kv.chat_template as ct
+
+    def broken(self: Any, node: Any, frame: Any) -> None:
+        self.write("(t_ga := ")  # unbalanced: a SyntaxError
+        self.visit(node.node, frame)
+
+    monkeypatch.setattr(ct._InlineGetattr, "visit_Getattr", broken)
+    env = make_env()
+    source = "{% for m in messages %}{{ m.role }}{% endfor %}"
+    assert "t_ga" not in str(env.compile(source, raw=True))
+    assert env.from_string(source).render(messages=[{"role": "user"}]) == "user"
+
+
+def test_render_vars_renders_as_render_and_leaves_the_variables_as_given() -> None:
+    template = make_env().from_string(TEMPLATES["attributes"])
+    prepared = PreparedTemplate(template)
+    rng = random.Random(11)
+    for messages in _steps(rng, 40):
+        variables = _variables(rng, messages, rng.choice(["string", "openai"]))
+        before = dict(variables)
+        assert _outcome(lambda v=variables: prepared.render_vars(v)) == _outcome(lambda v=variables: template.render(v))
+        assert variables == before
+
+
+def test_a_special_token_named_as_a_render_argument_is_refused_as_before() -> None:
+    renderer = PromptRenderer(ByteCodec(BYTE_LEVEL_SPECIALS), {"default": CHATML_TEMPLATE}, {"messages": "x"})
+    with pytest.raises(TypeError):
+        renderer.render_chat([{"role": "user", "content": "hi"}])
