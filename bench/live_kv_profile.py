@@ -4,7 +4,7 @@ Runs ``bench/router_overhead.py`` (rr and kv scenarios, two mock engines, ~1k-to
 ``sitecustomize`` that, in each infera frontend only, profiles the event-loop thread with cProfile on
 ``time.thread_time`` (CPU, not wall: py-spy's samples on this 2-core box count a frontend preempted
 after its socket writes as busy) and times every GC collection (``gc.callbacks``). The frontend dumps
-both at SIGTERM. Prints, per request and per policy: profiled µs (cProfile inflates small calls ~3x;
+both at SIGTERM; collections count from the start-up freeze (infera/server/__main__.py) on. Prints, per request and per policy: profiled µs (cProfile inflates small calls ~3x;
 read shares, not absolutes), Python calls, GC collections and CPU, and kv - rr per area.
 
     PYTHONPATH=$PWD .venv/bin/python bench/live_kv_profile.py [--n32 5000] [--n1 400]
@@ -35,6 +35,8 @@ if b"infera.server" in _cmd and b"--router-policy" in _cmd:
     _gc = {"n": [0, 0, 0], "cpu": [0.0, 0.0, 0.0]}
     _t0 = [0.0]
     def _cb(phase, info):
+        if not gc.get_freeze_count():
+            return  # start-up (imports, tokenizer) collects at Python's 700 until the server freezes its heap
         if phase == "start":
             _t0[0] = time.thread_time()
         else:
