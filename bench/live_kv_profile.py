@@ -3,9 +3,10 @@
 Runs ``bench/router_overhead.py`` (rr and kv scenarios, two mock engines, ~1k-token chats) with a
 ``sitecustomize`` that, in each infera frontend only, profiles the event-loop thread with cProfile on
 ``time.thread_time`` (CPU, not wall: py-spy's samples on this 2-core box count a frontend preempted
-after its socket writes as busy) and times every GC collection (``gc.callbacks``). The frontend dumps
-both at SIGTERM; collections count from the start-up freeze (infera/server/__main__.py) on. Prints, per request and per policy: profiled µs (cProfile inflates small calls ~3x;
-read shares, not absolutes), Python calls, GC collections and CPU, and kv - rr per area.
+after its socket writes as busy) and times every GC collection (``gc.callbacks``; from the start-up
+freeze in infera/server/__main__.py on). The frontend dumps both at SIGTERM. Prints, per request and
+per policy: profiled µs (cProfile inflates small calls ~3x; read shares, not absolutes), Python calls,
+GC collections and CPU, and kv - rr per area.
 
     PYTHONPATH=$PWD .venv/bin/python bench/live_kv_profile.py [--n32 5000] [--n1 400]
 """
