@@ -123,7 +123,7 @@ class LeanPath:
         finally:
             cycle.on_response = _nothing
             # break the request's reference cycles, so that its objects die by reference count now, not in a
-            # young GC collection later (each ~10 ms with ~2,000-5,000 such objects; bench/README.md, "Issue 15,
+            # young GC collection later (thousands of such objects per collection; bench/README.md, "Issue 15,
             # eighth round: why a live kv-aware request costs more than its stages"): the scope's Disconnects holds
             # this task and the watch's callback (watch -> Disconnects -> watch), the cycle its HeadHold (-> cycle)
             disconnects = cast(dict[str, Any], cycle.scope).get(DISCONNECTS)

@@ -330,7 +330,7 @@ async def test_observe_sees_the_same_requests_on_the_lean_path() -> None:
 
 async def test_an_answered_requests_objects_die_by_reference_count() -> None:
     """No reference cycle keeps a lean request's cycle, watch, response or accounting for the cyclic GC (whose
-    young collections then cost ~10 ms each in a loaded frontend): with the GC saving what it finds instead of
+    young collections then come more often and find thousands of them): with the GC saving what it finds instead of
     freeing it, the requests answered before the last leave nothing of theirs to find."""
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as Cycle
 
