@@ -11,7 +11,9 @@ lowest id wins the last tie), and a policy that does not read the cache is not c
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import math
 import random
 from collections import Counter
@@ -31,16 +33,23 @@ class RouterStats:
 
     decisions: Counter[tuple[str, str]] = dataclasses.field(default_factory=Counter)  # (policy, reason)
     retries: int = 0
-    overlap_buckets: list[int] = dataclasses.field(default_factory=lambda: [0] * len(OVERLAP_BUCKETS))
+    # per OVERLAP_BUCKETS bound, the fractions whose first bound at or above them it is (one count each, found by
+    # bisection); ``overlap_buckets`` accumulates them on read, when the metrics endpoint asks
+    overlap_hits: list[int] = dataclasses.field(default_factory=lambda: [0] * len(OVERLAP_BUCKETS))
     overlap_sum: float = 0.0
     overlap_count: int = 0
 
     def observe_overlap(self, fraction: float) -> None:
-        for i, bound in enumerate(OVERLAP_BUCKETS):
-            if fraction <= bound:
-                self.overlap_buckets[i] += 1
+        i = bisect.bisect_left(OVERLAP_BUCKETS, fraction)
+        if i < len(OVERLAP_BUCKETS):
+            self.overlap_hits[i] += 1
         self.overlap_sum += fraction
         self.overlap_count += 1
+
+    @property
+    def overlap_buckets(self) -> list[int]:
+        """Cumulative counts per :data:`OVERLAP_BUCKETS` bound (observations ``<=`` it)."""
+        return list(itertools.accumulate(self.overlap_hits))
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: a frozen init sets each field through object.__setattr__

@@ -61,6 +61,13 @@ class HeadHold:
             if not self._transport.is_closing():
                 self._transport.write(head)
 
+    def idle(self) -> bool:
+        """No head is held: the cycle may write to :meth:`inner` directly from now on."""
+        return self._head is None
+
+    def inner(self) -> asyncio.Transport:
+        return self._transport
+
     def close(self) -> None:
         self.flush()
         self._transport.close()

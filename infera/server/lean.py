@@ -43,6 +43,7 @@ from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, 
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from infera.server.auth import AdminTokenMiddleware, is_admin_path
+from infera.server.coalesce import HeadHold
 from infera.server.deadlines import DeadlineHttpToolsProtocol
 from infera.server.direct import DefaultWorkerHeader, with_default_worker
 from infera.server.drain import DrainState
@@ -121,6 +122,17 @@ class LeanPath:
                 cycle.transport.close()
         finally:
             cycle.on_response = _nothing
+            # break the request's reference cycles, so that its objects die by reference count now, not in a
+            # young GC collection later (thousands of such objects per collection; bench/README.md, "Issue 15,
+            # eighth round: why a live kv-aware request costs more than its stages"): the scope's Disconnects holds
+            # this task and the watch's callback (watch -> Disconnects -> watch), the cycle its HeadHold (-> cycle)
+            disconnects = cast(dict[str, Any], cycle.scope).get(DISCONNECTS)
+            if disconnects is not None:
+                disconnects.action = None
+                disconnects.task = None
+            hold: object = cycle.transport  # a HeadHold where the coalescing protocol put one
+            if isinstance(hold, HeadHold) and hold.idle():
+                cycle.transport = hold.inner()
 
     async def serve(self, cycle: RequestResponseCycle) -> None:
         scope: Any = cycle.scope

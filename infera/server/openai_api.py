@@ -148,19 +148,21 @@ class Accounting(BackgroundTask):
     that the client's answer does not wait for the metrics (at one request in flight, the
     added latency is the frontend's time between the request's arrival and the answer's write)."""
 
-    __slots__ = ("_accounts", "_response", "_started", "_ttft")
+    # the response's status and body, not the response: it holds this as its ``background``, and that reference
+    # cycle kept every answered request's response and accounting alive until a GC collection
+    __slots__ = ("_accounts", "_body", "_started", "_status", "_ttft")
 
     def __init__(self, accounts: EndpointAccounts, response: Response, started: float,
                  ttft: float | None = None) -> None:  # no super().__init__: nothing of it is used
         self._accounts = accounts
-        self._response = response
+        self._status = response.status_code
+        self._body = response.body
         self._started = started
         self._ttft = ttft
 
     async def __call__(self) -> None:
-        response = self._response
-        status = response.status_code
-        usage = usage_of(bytes(response.body)) if status == 200 else None
+        status = self._status
+        usage = usage_of(bytes(self._body)) if status == 200 else None
         self._accounts.record(str(status), self._started, self._ttft, usage)  # what complete() records of it
 
 

@@ -6,7 +6,9 @@ pipelining, keep-alive, a client that leaves)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import gc
 import io
 import random
 import time
@@ -324,3 +326,35 @@ async def test_observe_sees_the_same_requests_on_the_lean_path() -> None:
     assert len(seen[True]) == 13  # every request
     assert seen[True][0][:2] == ("/v1/chat/completions", 200) and seen[True][0][3:5] == (MODEL, "r0")
     assert {s for _, s, *_ in seen[True]} >= {200, 400, 413}
+
+
+async def test_an_answered_requests_objects_die_by_reference_count() -> None:
+    """No reference cycle keeps a lean request's cycle, watch, response or accounting for the cyclic GC (whose
+    young collections then come more often and find thousands of them): with the GC saving what it finds instead of
+    freeing it, the requests answered before the last leave nothing of theirs to find."""
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as Cycle
+
+    from infera.server.openai_api import Accounting
+    from infera.server.relay import ClientWatch, Disconnects
+
+    kinds = (Cycle, Disconnects, ClientWatch, Accounting)
+    app, _, _ = make()
+    async with serve(app, True) as port:
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                for body in (CHAT, STREAM, CHAT, STREAM, CHAT):  # one after the other on a kept-alive connection
+                    writer.write(post("/v1/chat/completions", body))
+                    assert (await read_response(reader))[0] == 200
+            finally:
+                writer.close()
+            gc.collect()
+            found = collections.Counter(type(o).__name__ for o in gc.garbage if isinstance(o, kinds))
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert found == {}
