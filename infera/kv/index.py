@@ -117,6 +117,7 @@ class PrefixIndex:
             worker = self._workers[worker_id] = WorkerTable(slot, 1 << slot)
             if self._native is not None:
                 worker.blocks = self._native.U64Map(False)
+                worker.tables = self._tables(worker)
         return worker
 
     # -- events --------------------------------------------------------------------------
@@ -127,29 +128,48 @@ class PrefixIndex:
         ``worker_id`` names one event stream (a data-parallel rank publishes its own).
         ``now`` (wall-clock seconds, default ``time.time()``) is recorded as the last event time.
         """
-        worker = self._worker(worker_id)
-        for kind, run in groupby(batch.events, type):  # vLLM: one BlockRemoved per block, in runs
-            if issubclass(kind, BlockRemoved):
-                self._remove_run(worker, list(run))  # type: ignore[arg-type]
-            elif issubclass(kind, BlockStored):
-                for event in run:
-                    self.counters.block_stored += 1
-                    self._store(worker, event)  # type: ignore[arg-type]
-            elif issubclass(kind, AllBlocksCleared):
-                for _ in run:
-                    self.counters.all_blocks_cleared += 1
-                    self._clear(worker)
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            worker = self._worker(worker_id)
+        events = batch.events
+        if len(events) == 1:  # most batches (one stored event, or one removed block): no grouping
+            event = events[0]
+            kind = event.__class__
+            if kind is BlockStored:
+                self.counters.block_stored += 1
+                self._store(worker, event)  # type: ignore[arg-type]
+            elif kind is BlockRemoved:
+                self._remove_run(worker, events)  # type: ignore[arg-type]
+            else:
+                self._apply_run(worker, kind, events)
+        else:
+            for kind, run in groupby(events, type):  # vLLM: one BlockRemoved per block, in runs
+                self._apply_run(worker, kind, list(run))
         worker.last_event_ts = batch.ts
         worker.last_applied_at = time.time() if now is None else now
 
+    def _apply_run(self, worker: WorkerTable, kind: type, run: list[Any]) -> None:
+        """A run of events of one class (the exact classes first; a subclass is applied as its base)."""
+        if kind is BlockRemoved or (kind is not BlockStored and issubclass(kind, BlockRemoved)):
+            self._remove_run(worker, run)
+        elif kind is BlockStored or issubclass(kind, BlockStored):
+            for event in run:
+                self.counters.block_stored += 1
+                self._store(worker, event)
+        elif issubclass(kind, AllBlocksCleared):
+            for _ in run:
+                self.counters.all_blocks_cleared += 1
+                self._clear(worker)
+
     def _tables(self, worker: WorkerTable) -> tuple[Any, ...]:
-        """What the C loops take: the worker's tables, the index's, and the worker's bit."""
+        """What the C loops take: the worker's tables, the index's, and the worker's bit (kept in
+        ``worker.tables``)."""
         return (worker.blocks, worker.media, worker.extra, worker.lower, worker.predicted, self._holders,
                 self._shared, self._watched, self._predicted, worker.bit)
 
     def _remove_run_native(self, worker: WorkerTable, events: list[BlockRemoved], hashes: list[int]) -> None:
         """:meth:`_remove_run` in C, block by block; a block held in other tiers goes through :meth:`_remove`."""
-        tables, start, n = self._tables(worker), 0, len(hashes)
+        tables, start, n = worker.tables, 0, len(hashes)
         # Their router hashes, while remembered runs are watched: the C loop says whether one of those masks
         # changed, and its rows are patched from these.
         locals_ = list(map(worker.blocks.get, hashes)) if self._watched else []
@@ -287,7 +307,7 @@ class PrefixIndex:
         medium = event.medium
         holders, bit = self._holders, worker.bit
         if self._native is not None and medium == _PLAIN:
-            done, forget = self._native.store_blocks(*self._tables(worker), hashes, locals_, 0)
+            done, forget = self._native.store_blocks(*worker.tables, hashes, locals_, 0)
             if forget:
                 self._touch(locals_)
             if done == len(hashes):
