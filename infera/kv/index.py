@@ -276,18 +276,35 @@ class PrefixIndex:
         if self.block_size is not None and bs != self.block_size:
             self.counters.block_size_mismatch += n
             return
+        tokens = event.token_ids
+        medium = event.medium
+        if medium == _PLAIN and type(tokens) is TokenIds and self._native is not None and bs > 0:
+            # As decoded, on the device (the live case): parent lookup, hashing from the msgpack bytes (no int per
+            # token) and the store loop in one C call; None: not msgpack ints in uint32, the general path below.
+            got = self._native.store_packed(*worker.tables, hashes, event.parent_block_hash, tokens.packed, bs)
+            if got is not None:
+                locals_, done, forget = got
+                if locals_ is None:
+                    self._orphans(worker, n)
+                    return
+                if len(locals_) < n:
+                    self._orphans(worker, n - len(locals_))
+                    hashes = hashes[: len(locals_)]
+                if forget:
+                    self._touch(locals_)
+                if done < len(hashes):  # a block held in other tiers: Python goes on
+                    self._store_each(worker, hashes[done:], locals_[done:], medium)
+                return
         blocks = worker.blocks
         if event.parent_block_hash is None:
             parent = 0
         else:
             found = blocks.get(event.parent_block_hash)
             if found is None:  # missed the parent's event: its children cannot be hashed
-                worker.orphan_blocks += n
-                self.counters.orphan_blocks += n
+                self._orphans(worker, n)
                 return
             parent = found
-        tokens = event.token_ids
-        locals_: list[int] | None = None
+        locals_ = None
         if self._native is not None and bs > 0:  # None: a token id outside uint32 (or not msgpack ints)
             if type(tokens) is TokenIds:  # as decoded: hashed from the msgpack bytes, no int per token
                 locals_ = self._native.chain_hashes_packed(tokens.packed, n, bs, parent)
@@ -300,12 +317,8 @@ class PrefixIndex:
                 tokens = tokens[: n * bs]
             locals_ = pure_block_hashes(tokens, bs, parent) if bs > 0 else []
         if len(locals_) < n:  # too few token ids: the tail blocks cannot be hashed
-            missing = n - len(locals_)
-            worker.orphan_blocks += missing
-            self.counters.orphan_blocks += missing
+            self._orphans(worker, n - len(locals_))
             hashes = hashes[: len(locals_)]
-        medium = event.medium
-        holders, bit = self._holders, worker.bit
         if self._native is not None and medium == _PLAIN:
             done, forget = self._native.store_blocks(*worker.tables, hashes, locals_, 0)
             if forget:
@@ -315,7 +328,18 @@ class PrefixIndex:
             hashes, locals_ = hashes[done:], locals_[done:]  # a block held in other tiers: Python goes on
         elif medium == _PLAIN and blocks.keys().isdisjoint(hashes) and self._store_new(worker, hashes, locals_):
             return
+        self._store_each(worker, hashes, locals_, medium)
+
+    def _orphans(self, worker: WorkerTable, n: int) -> None:
+        """``n`` stored blocks not inserted: the parent's event was missed, or too few token ids to hash them."""
+        worker.orphan_blocks += n
+        self.counters.orphan_blocks += n
+
+    def _store_each(self, worker: WorkerTable, hashes: Sequence[int], locals_: Sequence[int],
+                    medium: str | None) -> None:
+        """Stored blocks one by one (any tier; ``_store``'s bulk paths leave these)."""
         top = medium in TOP_MEDIA
+        blocks, holders, bit = worker.blocks, self._holders, worker.bit
         extra, lower, predicted = worker.extra, worker.lower, worker.predicted
         for engine_hash, local in zip(hashes, locals_, strict=True):
             if engine_hash in blocks:
