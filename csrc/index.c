@@ -927,11 +927,6 @@ static int tables(PyObject *const *args, Tables *t) {
 
 /* ---- stores ------------------------------------------------------------------------------------ */
 
-/* store_blocks(blocks, media, extra, lower, predicted, holders, shared, watched, guess_masks, bit,
- *              engine_hashes, router_hashes, start) -> (stop, forget)
- * PrefixIndex._store's loop for blocks stored on the device ("GPU"), from ``start``: stops before a block
- * the worker holds already in another tier (stop < len: Python goes on from there). ``forget``: a mask a
- * remembered walk covers changed (the caller forgets its runs). */
 /* store_blocks' loop over ``ehs`` and ``locals`` (PySequence_Fast results) from ``i``: the stop, or -1 on error;
  * *forget set when a mask a remembered walk covers changed. */
 static Py_ssize_t store_loop(Tables *tp, PyObject *ehs, PyObject *locals, Py_ssize_t i, int *forget) {
@@ -983,6 +978,11 @@ static Py_ssize_t store_loop(Tables *tp, PyObject *ehs, PyObject *locals, Py_ssi
     return i;
 }
 
+/* store_blocks(blocks, media, extra, lower, predicted, holders, shared, watched, guess_masks, bit,
+ *              engine_hashes, router_hashes, start) -> (stop, forget)
+ * PrefixIndex._store's loop for blocks stored on the device ("GPU"), from ``start``: stops before a block
+ * the worker holds already in another tier (stop < len: Python goes on from there). ``forget``: a mask a
+ * remembered walk covers changed (the caller forgets its runs). */
 static PyObject *store_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Tables t;
     if (nargs != 13) {
