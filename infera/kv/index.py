@@ -144,7 +144,14 @@ class PrefixIndex:
                 self._apply_run(worker, kind, events)
         else:
             for kind, run in groupby(events, type):  # vLLM: one BlockRemoved per block, in runs
-                self._apply_run(worker, kind, list(run))
+                if kind is BlockRemoved:
+                    self._remove_run(worker, list(run))  # type: ignore[arg-type]
+                elif kind is BlockStored:
+                    for event in run:
+                        self.counters.block_stored += 1
+                        self._store(worker, event)  # type: ignore[arg-type]
+                else:
+                    self._apply_run(worker, kind, list(run))
         worker.last_event_ts = batch.ts
         worker.last_applied_at = time.time() if now is None else now
 
@@ -167,17 +174,20 @@ class PrefixIndex:
         return (worker.blocks, worker.media, worker.extra, worker.lower, worker.predicted, self._holders,
                 self._shared, self._watched, self._predicted, worker.bit)
 
-    def _remove_run_native(self, worker: WorkerTable, events: list[BlockRemoved], hashes: list[int]) -> None:
-        """:meth:`_remove_run` in C, block by block; a block held in other tiers goes through :meth:`_remove`."""
+    def _remove_run_native(self, worker: WorkerTable, events: list[BlockRemoved], hashes: list[int],
+                           stop: int | None) -> None:
+        """:meth:`_remove_run` in C, block by block; a block held in other tiers goes through :meth:`_remove`.
+        ``stop``: the C loop ran already, up to that block (no remembered walk was watched); None: not yet."""
         tables, start, n = worker.tables, 0, len(hashes)
         # Their router hashes, while remembered runs are watched: the C loop says whether one of those masks
         # changed, and its rows are patched from these.
         locals_ = list(map(worker.blocks.get, hashes)) if self._watched else []
         while True:
-            stop, unknown, forget = self._native.remove_blocks(*tables, hashes, start)
-            self.counters.unknown_removed += unknown
-            if forget:
-                self._touch([local for local in locals_ if local is not None])
+            if stop is None:
+                stop, unknown, forget = self._native.remove_blocks(*tables, hashes, start)
+                self.counters.unknown_removed += unknown
+                if forget:
+                    self._touch([local for local in locals_ if local is not None])
             if stop >= n:
                 return
             offset = 0  # the event holding block ``stop`` says the medium
@@ -186,13 +196,20 @@ class PrefixIndex:
                 if offset > stop:
                     self._remove(worker, hashes[stop], event.medium)
                     break
-            start = stop + 1
+            start, stop = stop + 1, None
 
     def _remove_run(self, worker: WorkerTable, events: list[BlockRemoved]) -> None:
         self.counters.block_removed += len(events)
         hashes = events[0].block_hashes if len(events) == 1 else list(chain.from_iterable(map(_HASHES, events)))
         if self._native is not None:
-            self._remove_run_native(worker, events, hashes)
+            if not self._watched:  # no remembered walk to patch: one C call unless a block is in other tiers
+                stop, unknown, _ = self._native.remove_blocks(*worker.tables, hashes, 0)
+                if unknown:
+                    self.counters.unknown_removed += unknown
+                if stop < len(hashes):
+                    self._remove_run_native(worker, events, hashes, stop)
+                return
+            self._remove_run_native(worker, events, hashes, None)
             return
         if worker.media and not worker.media.keys().isdisjoint(hashes):  # tiers to track: block by block
             for event in events:
