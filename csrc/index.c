@@ -755,6 +755,8 @@ static int packed_u32(const unsigned char **p, const unsigned char *end, uint32_
  * chain_hashes(tokens, 0, n_blocks, block_size, parent) for ``raw``, the msgpack encoding of the token-id array
  * (any bytes-like object), read in place: no int object per token. None when ``raw`` is not exactly one msgpack
  * array of ints in [0, 2**32) (the caller decodes it and takes the Python path, which raises what it raises). */
+static PyObject *packed_chain(PyObject *raw, Py_ssize_t n_blocks, Py_ssize_t bs, unsigned long long h);
+
 static PyObject *chain_hashes_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "chain_hashes_packed takes 4 arguments");
@@ -768,8 +770,13 @@ static PyObject *chain_hashes_packed(PyObject *self, PyObject *const *args, Py_s
         PyErr_SetString(PyExc_ValueError, "block_size must be positive");
         return NULL;
     }
+    return packed_chain(args[0], n_blocks, bs, h);
+}
+
+/* chain_hashes_packed's work, its arguments read (bs > 0) */
+static PyObject *packed_chain(PyObject *raw, Py_ssize_t n_blocks, Py_ssize_t bs, unsigned long long h) {
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE) < 0) return NULL;
     const unsigned char *p = view.buf, *end = p + view.len;
     PyObject *out = NULL;
     uint32_t stack[256];
@@ -920,6 +927,57 @@ static int tables(PyObject *const *args, Tables *t) {
 
 /* ---- stores ------------------------------------------------------------------------------------ */
 
+/* store_blocks' loop over ``ehs`` and ``locals`` (PySequence_Fast results) from ``i``: the stop, or -1 on error;
+ * *forget set when a mask a remembered walk covers changed. */
+static Py_ssize_t store_loop(Tables *tp, PyObject *ehs, PyObject *locals, Py_ssize_t i, int *forget) {
+    Tables t = *tp;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ehs);
+    if (PySequence_Fast_GET_SIZE(locals) < n) n = PySequence_Fast_GET_SIZE(locals);
+    for (; i < n; i++) {
+        PyObject *eh = PySequence_Fast_GET_ITEM(ehs, i), *local = PySequence_Fast_GET_ITEM(locals, i);
+        int r, added;
+        if (tab_setdefault(t.blocks, eh, local, &added) == NULL) return -1;
+        if (!added) {  /* held already: nothing to do if only on the device */
+            if (PyDict_GET_SIZE(t.media) == 0) continue;
+            r = PyDict_Contains(t.media, eh);
+            if (r < 0) return -1;
+            if (r) break;  /* tiers to merge: Python's _add_tier */
+            continue;
+        }
+        PyObject *mask = tab_setdefault(t.holders, local, t.bit, &added);  /* held by this worker alone if new */
+        if (mask == NULL) return -1;
+        if (added) mask = NULL;
+        r = mask == NULL ? 0 : has_bit(mask, t.bit, t.slot);
+        if (r < 0) return -1;
+        if (r) {  /* another engine block of this worker has the same tokens: one more reference */
+            PyObject *refs = PyDict_GetItemWithError(t.extra, local);
+            if (refs == NULL && PyErr_Occurred()) return -1;
+            PyObject *one = PyLong_FromLong(1);
+            PyObject *more = refs == NULL ? one : PyNumber_Add(refs, one);
+            if (more == NULL) return -1;
+            r = PyDict_SetItem(t.extra, local, more);
+            if (more != one) Py_DECREF(more);
+            Py_DECREF(one);
+            if (r < 0) return -1;
+        } else if (mask != NULL) {  /* held by others: shared now */
+            PyObject *m = PyNumber_Or(mask, t.bit);
+            if (m == NULL) return -1;
+            r = tab_set(t.holders, local, m);
+            if (r == 0) r = PyDict_SetItem(t.shared, local, m);
+            Py_DECREF(m);
+            if (r < 0) return -1;
+            if (!*forget && PySet_GET_SIZE(t.watched)) {
+                r = PySet_Contains(t.watched, local);
+                if (r < 0) return -1;
+                *forget = r;
+            }
+        }
+        if (discard(t.lower, local) < 0) return -1;
+        if (drop_guess(t.predicted, t.guess_masks, t.bit, local) < 0) return -1;
+    }
+    return i;
+}
+
 /* store_blocks(blocks, media, extra, lower, predicted, holders, shared, watched, guess_masks, bit,
  *              engine_hashes, router_hashes, start) -> (stop, forget)
  * PrefixIndex._store's loop for blocks stored on the device ("GPU"), from ``start``: stops before a block
@@ -941,56 +999,58 @@ static PyObject *store_blocks(PyObject *self, PyObject *const *args, Py_ssize_t 
         Py_DECREF(ehs);
         return NULL;
     }
-    PyObject *out = NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(ehs);
-    if (PySequence_Fast_GET_SIZE(locals) < n) n = PySequence_Fast_GET_SIZE(locals);
     int forget = 0;
-    for (; i < n; i++) {
-        PyObject *eh = PySequence_Fast_GET_ITEM(ehs, i), *local = PySequence_Fast_GET_ITEM(locals, i);
-        int r, added;
-        if (tab_setdefault(t.blocks, eh, local, &added) == NULL) goto done;
-        if (!added) {  /* held already: nothing to do if only on the device */
-            if (PyDict_GET_SIZE(t.media) == 0) continue;
-            r = PyDict_Contains(t.media, eh);
-            if (r < 0) goto done;
-            if (r) break;  /* tiers to merge: Python's _add_tier */
-            continue;
-        }
-        PyObject *mask = tab_setdefault(t.holders, local, t.bit, &added);  /* held by this worker alone if new */
-        if (mask == NULL) goto done;
-        if (added) mask = NULL;
-        r = mask == NULL ? 0 : has_bit(mask, t.bit, t.slot);
-        if (r < 0) goto done;
-        if (r) {  /* another engine block of this worker has the same tokens: one more reference */
-            PyObject *refs = PyDict_GetItemWithError(t.extra, local);
-            if (refs == NULL && PyErr_Occurred()) goto done;
-            PyObject *one = PyLong_FromLong(1);
-            PyObject *more = refs == NULL ? one : PyNumber_Add(refs, one);
-            if (more == NULL) goto done;
-            r = PyDict_SetItem(t.extra, local, more);
-            if (more != one) Py_DECREF(more);
-            Py_DECREF(one);
-            if (r < 0) goto done;
-        } else if (mask != NULL) {  /* held by others: shared now */
-            PyObject *m = PyNumber_Or(mask, t.bit);
-            if (m == NULL) goto done;
-            r = tab_set(t.holders, local, m);
-            if (r == 0) r = PyDict_SetItem(t.shared, local, m);
-            Py_DECREF(m);
-            if (r < 0) goto done;
-            if (!forget && PySet_GET_SIZE(t.watched)) {
-                r = PySet_Contains(t.watched, local);
-                if (r < 0) goto done;
-                forget = r;
-            }
-        }
-        if (discard(t.lower, local) < 0) goto done;
-        if (drop_guess(t.predicted, t.guess_masks, t.bit, local) < 0) goto done;
-    }
-    out = Py_BuildValue("(nO)", i, forget ? Py_True : Py_False);
-done:
+    Py_ssize_t stop = store_loop(&t, ehs, locals, i, &forget);
+    PyObject *out = stop < 0 ? NULL : Py_BuildValue("(nO)", stop, forget ? Py_True : Py_False);
     Py_DECREF(ehs);
     Py_DECREF(locals);
+    return out;
+}
+
+/* store_packed(blocks, media, extra, lower, predicted, holders, shared, watched, guess_masks, bit,
+ *              engine_hashes, parent_engine_hash, packed, block_size) -> (router_hashes, stop, forget) | None
+ * PrefixIndex._store's C path for a decoded event on the device, in one call: the parent's router hash (0 for no
+ * parent), chain_hashes_packed, then store_blocks from 0. ``router_hashes`` None: the worker does not hold the
+ * parent (nothing changed); fewer than the engine hashes: too few token ids (only those blocks are stored).
+ * None: ``packed`` is not one msgpack array of ints in [0, 2**32) (nothing changed; the caller decodes it). */
+static PyObject *store_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Tables t;
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "store_packed takes 14 arguments");
+        return NULL;
+    }
+    if (tables(args, &t) < 0) return NULL;
+    Py_ssize_t bs = PyLong_AsSsize_t(args[13]);
+    if (bs == -1 && PyErr_Occurred()) return NULL;
+    if (bs <= 0) {
+        PyErr_SetString(PyExc_ValueError, "block_size must be positive");
+        return NULL;
+    }
+    unsigned long long h = 0;
+    if (args[11] != Py_None) {
+        PyObject *found = tab_get_new(t.blocks, args[11]);
+        if (found == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            return Py_BuildValue("(OnO)", Py_None, (Py_ssize_t)0, Py_False);  /* missed the parent's event */
+        }
+        h = PyLong_AsUnsignedLongLong(found);
+        Py_DECREF(found);
+        if (h == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    }
+    PyObject *ehs = PySequence_Fast(args[10], "engine hashes must be a sequence");
+    if (ehs == NULL) return NULL;
+    PyObject *locals = packed_chain(args[12], PySequence_Fast_GET_SIZE(ehs), bs, h);
+    PyObject *out = NULL;
+    if (locals == Py_None) {
+        out = locals;
+        locals = NULL;
+    } else if (locals != NULL) {
+        int forget = 0;
+        Py_ssize_t stop = store_loop(&t, ehs, locals, 0, &forget);
+        if (stop >= 0) out = Py_BuildValue("(OnO)", locals, stop, forget ? Py_True : Py_False);
+    }
+    Py_DECREF(ehs);
+    Py_XDECREF(locals);
     return out;
 }
 
@@ -1856,6 +1916,7 @@ static PyMethodDef methods[] = {
     {"chain_hashes", (PyCFunction)(void (*)(void))chain_hashes, METH_FASTCALL, NULL},
     {"chain_hashes_packed", (PyCFunction)(void (*)(void))chain_hashes_packed, METH_FASTCALL, NULL},
     {"store_blocks", (PyCFunction)(void (*)(void))store_blocks, METH_FASTCALL, NULL},
+    {"store_packed", (PyCFunction)(void (*)(void))store_packed, METH_FASTCALL, NULL},
     {"remove_blocks", (PyCFunction)(void (*)(void))remove_blocks, METH_FASTCALL, NULL},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL, NULL},
     {"walk_both", (PyCFunction)(void (*)(void))walk_both, METH_FASTCALL, NULL},

@@ -13,6 +13,12 @@ def store_blocks(
     predicted: dict[int, float], holders: dict[int, int], shared: dict[int, int], watched: set[int],
     guess_masks: dict[int, int], bit: int, engine_hashes: Sequence[int], router_hashes: Sequence[int], start: int,
 ) -> tuple[int, bool]: ...
+def store_packed(
+    blocks: dict[int, int], media: dict[int, list[str | None]], extra: dict[int, int], lower: dict[int, str],
+    predicted: dict[int, float], holders: dict[int, int], shared: dict[int, int], watched: set[int],
+    guess_masks: dict[int, int], bit: int, engine_hashes: Sequence[int], parent_engine_hash: int | None,
+    packed: Buffer, block_size: int,
+) -> tuple[list[int] | None, int, bool] | None: ...
 def remove_blocks(
     blocks: dict[int, int], media: dict[int, list[str | None]], extra: dict[int, int], lower: dict[int, str],
     predicted: dict[int, float], holders: dict[int, int], shared: dict[int, int], watched: set[int],

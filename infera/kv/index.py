@@ -117,6 +117,7 @@ class PrefixIndex:
             worker = self._workers[worker_id] = WorkerTable(slot, 1 << slot)
             if self._native is not None:
                 worker.blocks = self._native.U64Map(False)
+                worker.tables = self._tables(worker)
         return worker
 
     # -- events --------------------------------------------------------------------------
@@ -127,37 +128,66 @@ class PrefixIndex:
         ``worker_id`` names one event stream (a data-parallel rank publishes its own).
         ``now`` (wall-clock seconds, default ``time.time()``) is recorded as the last event time.
         """
-        worker = self._worker(worker_id)
-        for kind, run in groupby(batch.events, type):  # vLLM: one BlockRemoved per block, in runs
-            if issubclass(kind, BlockRemoved):
-                self._remove_run(worker, list(run))  # type: ignore[arg-type]
-            elif issubclass(kind, BlockStored):
-                for event in run:
-                    self.counters.block_stored += 1
-                    self._store(worker, event)  # type: ignore[arg-type]
-            elif issubclass(kind, AllBlocksCleared):
-                for _ in run:
-                    self.counters.all_blocks_cleared += 1
-                    self._clear(worker)
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            worker = self._worker(worker_id)
+        events = batch.events
+        if len(events) == 1:  # most batches (one stored event, or one removed block): no grouping
+            event = events[0]
+            kind = event.__class__
+            if kind is BlockStored:
+                self.counters.block_stored += 1
+                self._store(worker, event)  # type: ignore[arg-type]
+            elif kind is BlockRemoved:
+                self._remove_run(worker, events)  # type: ignore[arg-type]
+            else:
+                self._apply_run(worker, kind, events)
+        else:
+            for kind, run in groupby(events, type):  # vLLM: one BlockRemoved per block, in runs
+                if kind is BlockRemoved:
+                    self._remove_run(worker, list(run))  # type: ignore[arg-type]
+                elif kind is BlockStored:
+                    for event in run:
+                        self.counters.block_stored += 1
+                        self._store(worker, event)  # type: ignore[arg-type]
+                else:
+                    self._apply_run(worker, kind, list(run))
         worker.last_event_ts = batch.ts
         worker.last_applied_at = time.time() if now is None else now
 
+    def _apply_run(self, worker: WorkerTable, kind: type, run: list[Any]) -> None:
+        """A run of events of one class (the exact classes first; a subclass is applied as its base)."""
+        if kind is BlockRemoved or (kind is not BlockStored and issubclass(kind, BlockRemoved)):
+            self._remove_run(worker, run)
+        elif kind is BlockStored or issubclass(kind, BlockStored):
+            for event in run:
+                self.counters.block_stored += 1
+                self._store(worker, event)
+        elif issubclass(kind, AllBlocksCleared):
+            for _ in run:
+                self.counters.all_blocks_cleared += 1
+                self._clear(worker)
+
     def _tables(self, worker: WorkerTable) -> tuple[Any, ...]:
-        """What the C loops take: the worker's tables, the index's, and the worker's bit."""
+        """What the C loops take: the worker's tables, the index's, and the worker's bit (kept in
+        ``worker.tables``)."""
         return (worker.blocks, worker.media, worker.extra, worker.lower, worker.predicted, self._holders,
                 self._shared, self._watched, self._predicted, worker.bit)
 
-    def _remove_run_native(self, worker: WorkerTable, events: list[BlockRemoved], hashes: list[int]) -> None:
-        """:meth:`_remove_run` in C, block by block; a block held in other tiers goes through :meth:`_remove`."""
-        tables, start, n = self._tables(worker), 0, len(hashes)
+    def _remove_run_native(self, worker: WorkerTable, events: list[BlockRemoved], hashes: list[int],
+                           stop: int | None) -> None:
+        """:meth:`_remove_run` in C, block by block; a block held in other tiers goes through :meth:`_remove`.
+        ``stop``: the C loop ran already, up to that block (no remembered walk was watched); None: not yet."""
+        tables, start, n = worker.tables, 0, len(hashes)
         # Their router hashes, while remembered runs are watched: the C loop says whether one of those masks
         # changed, and its rows are patched from these.
         locals_ = list(map(worker.blocks.get, hashes)) if self._watched else []
         while True:
-            stop, unknown, forget = self._native.remove_blocks(*tables, hashes, start)
-            self.counters.unknown_removed += unknown
-            if forget:
-                self._touch([local for local in locals_ if local is not None])
+            if stop is None:
+                stop, unknown, forget = self._native.remove_blocks(*tables, hashes, start)
+                self.counters.unknown_removed += unknown
+                if forget:
+                    self._touch([local for local in locals_ if local is not None])
             if stop >= n:
                 return
             offset = 0  # the event holding block ``stop`` says the medium
@@ -166,13 +196,20 @@ class PrefixIndex:
                 if offset > stop:
                     self._remove(worker, hashes[stop], event.medium)
                     break
-            start = stop + 1
+            start, stop = stop + 1, None
 
     def _remove_run(self, worker: WorkerTable, events: list[BlockRemoved]) -> None:
         self.counters.block_removed += len(events)
         hashes = events[0].block_hashes if len(events) == 1 else list(chain.from_iterable(map(_HASHES, events)))
         if self._native is not None:
-            self._remove_run_native(worker, events, hashes)
+            if not self._watched:  # no remembered walk to patch: one C call unless a block is in other tiers
+                stop, unknown, _ = self._native.remove_blocks(*worker.tables, hashes, 0)
+                if unknown:
+                    self.counters.unknown_removed += unknown
+                if stop < len(hashes):
+                    self._remove_run_native(worker, events, hashes, stop)
+                return
+            self._remove_run_native(worker, events, hashes, None)
             return
         if worker.media and not worker.media.keys().isdisjoint(hashes):  # tiers to track: block by block
             for event in events:
@@ -256,18 +293,35 @@ class PrefixIndex:
         if self.block_size is not None and bs != self.block_size:
             self.counters.block_size_mismatch += n
             return
+        tokens = event.token_ids
+        medium = event.medium
+        if medium == _PLAIN and type(tokens) is TokenIds and self._native is not None and bs > 0:
+            # As decoded, on the device (the live case): parent lookup, hashing from the msgpack bytes (no int per
+            # token) and the store loop in one C call; None: not msgpack ints in uint32, the general path below.
+            got = self._native.store_packed(*worker.tables, hashes, event.parent_block_hash, tokens.packed, bs)
+            if got is not None:
+                locals_, done, forget = got
+                if locals_ is None:
+                    self._orphans(worker, n)
+                    return
+                if len(locals_) < n:
+                    self._orphans(worker, n - len(locals_))
+                    hashes = hashes[: len(locals_)]
+                if forget:
+                    self._touch(locals_)
+                if done < len(hashes):  # a block held in other tiers: Python goes on
+                    self._store_each(worker, hashes[done:], locals_[done:], medium)
+                return
         blocks = worker.blocks
         if event.parent_block_hash is None:
             parent = 0
         else:
             found = blocks.get(event.parent_block_hash)
             if found is None:  # missed the parent's event: its children cannot be hashed
-                worker.orphan_blocks += n
-                self.counters.orphan_blocks += n
+                self._orphans(worker, n)
                 return
             parent = found
-        tokens = event.token_ids
-        locals_: list[int] | None = None
+        locals_ = None
         if self._native is not None and bs > 0:  # None: a token id outside uint32 (or not msgpack ints)
             if type(tokens) is TokenIds:  # as decoded: hashed from the msgpack bytes, no int per token
                 locals_ = self._native.chain_hashes_packed(tokens.packed, n, bs, parent)
@@ -280,14 +334,10 @@ class PrefixIndex:
                 tokens = tokens[: n * bs]
             locals_ = pure_block_hashes(tokens, bs, parent) if bs > 0 else []
         if len(locals_) < n:  # too few token ids: the tail blocks cannot be hashed
-            missing = n - len(locals_)
-            worker.orphan_blocks += missing
-            self.counters.orphan_blocks += missing
+            self._orphans(worker, n - len(locals_))
             hashes = hashes[: len(locals_)]
-        medium = event.medium
-        holders, bit = self._holders, worker.bit
         if self._native is not None and medium == _PLAIN:
-            done, forget = self._native.store_blocks(*self._tables(worker), hashes, locals_, 0)
+            done, forget = self._native.store_blocks(*worker.tables, hashes, locals_, 0)
             if forget:
                 self._touch(locals_)
             if done == len(hashes):
@@ -295,7 +345,18 @@ class PrefixIndex:
             hashes, locals_ = hashes[done:], locals_[done:]  # a block held in other tiers: Python goes on
         elif medium == _PLAIN and blocks.keys().isdisjoint(hashes) and self._store_new(worker, hashes, locals_):
             return
+        self._store_each(worker, hashes, locals_, medium)
+
+    def _orphans(self, worker: WorkerTable, n: int) -> None:
+        """``n`` stored blocks not inserted: the parent's event was missed, or too few token ids to hash them."""
+        worker.orphan_blocks += n
+        self.counters.orphan_blocks += n
+
+    def _store_each(self, worker: WorkerTable, hashes: Sequence[int], locals_: Sequence[int],
+                    medium: str | None) -> None:
+        """Stored blocks one by one (any tier; ``_store``'s bulk paths leave these)."""
         top = medium in TOP_MEDIA
+        blocks, holders, bit = worker.blocks, self._holders, worker.bit
         extra, lower, predicted = worker.extra, worker.lower, worker.predicted
         for engine_hash, local in zip(hashes, locals_, strict=True):
             if engine_hash in blocks:

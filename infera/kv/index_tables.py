@@ -29,6 +29,8 @@ class WorkerTable:
     orphan_blocks: int = 0
     last_event_ts: float | None = None  # engine clock (batch ts)
     last_applied_at: float | None = None  # router wall clock
+    # On the C path, what its loops take (PrefixIndex._tables), built once: none of these tables is replaced.
+    tables: tuple[Any, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
 
 class Predictions:

@@ -158,6 +158,7 @@ class _WireBatch(msgspec.Struct, array_like=True, gc=False):
 
 _fast_decoder = msgspec.msgpack.Decoder(_WireBatch)
 _astuple = msgspec.structs.astuple
+_new_ids = object.__new__
 _ARRAY_HEADS = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])  # the first byte of a msgpack array
 
 
@@ -283,9 +284,14 @@ def decode_batch(payload: bytes) -> EventBatch:
                 ev.medium = None  # left out on the wire, as the general path reads it
         elif cls is _WireStored:
             f = _astuple(ev)
-            if memoryview(f[2])[0] not in _ARRAY_HEADS:  # not an array (nil, say): the general path's reading
+            raw = f[2]
+            if memoryview(raw)[0] not in _ARRAY_HEADS:  # not an array (nil, say): the general path's reading
                 return _decode_general(payload)
-            events[i] = BlockStored(f[0], f[1], TokenIds(f[2]), *f[3:])
+            ids: TokenIds = _new_ids(TokenIds)  # TokenIds(raw) without its __init__'s Python frame
+            ids.packed = raw
+            ids._ids = None
+            stored = events[i] = BlockStored(*f)
+            stored.token_ids = ids
     return EventBatch(wire.ts, events, wire.data_parallel_rank)
 
 

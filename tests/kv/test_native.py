@@ -7,6 +7,7 @@ import struct
 from typing import Any
 from unittest.mock import patch
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -58,6 +59,8 @@ def _events(spec: list[tuple[Any, ...]]) -> list[KvEvent]:
             parent = None if start == 0 else _engine_hash(p, start - 1, lora)
             hashes = [_engine_hash(p, j, lora) + (1 if fresh else 0) for j in range(start, end)]  # fresh: new ids
             out.append(BlockStored(hashes, parent, PROMPTS[p][start * BLOCK : end * BLOCK], BLOCK, medium=med))
+        elif s[0] == "clear":
+            out.append(AllBlocksCleared())
         else:
             _, p, blocks, lora = s
             out += [BlockRemoved([_engine_hash(p, j, lora)], medium=med) for j, med in blocks]
@@ -106,6 +109,46 @@ def test_random_streams_give_the_same_state_and_answers(ops: list[tuple[Any, ...
             for w in WORKERS:
                 assert c.cache_view(w) == py.cache_view(w)
                 assert c.lower_tier_blocks(w, ROUTER[0], 6) == py.lower_tier_blocks(w, ROUTER[0], 6)
+
+
+class _Stored(BlockStored):
+    pass
+
+
+class _Removed(BlockRemoved):
+    pass
+
+
+class _Cleared(AllBlocksCleared):
+    pass
+
+
+_SUBCLASS = {BlockStored: _Stored, BlockRemoved: _Removed, AllBlocksCleared: _Cleared}
+
+
+def _as_subclass(event: KvEvent) -> KvEvent:
+    """The same event as an instance of a subclass of its class (built in code by a caller that extends them)."""
+    return _SUBCLASS[type(event)](*msgspec.structs.astuple(event))  # type: ignore[no-any-return]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(store, store, remove, st.just(("clear",))), max_size=12),
+       st.lists(st.one_of(store, remove), max_size=6), st.booleans(), st.booleans())
+def test_a_batch_applies_as_its_events_one_per_batch(spec: list[tuple[Any, ...]], other: list[tuple[Any, ...]],
+                                                     c_path: bool, subclass: bool) -> None:
+    """Whole batches (runs of one kind applied together) and one-event batches (no grouping) give the same
+    state, on each path, with the events' exact classes or subclasses of them; another worker shares blocks."""
+    events = _events(spec)
+    whole, single = PrefixIndex(block_size=BLOCK, native=c_path), PrefixIndex(block_size=BLOCK, native=c_path)
+    for index in (whole, single):
+        index.apply("b", EventBatch(0.5, _events(other)), now=4.0)
+    whole.apply("a", EventBatch(1.0, [_as_subclass(e) for e in events] if subclass else events), now=5.0)
+    for event in events:
+        single.apply("a", EventBatch(1.0, [event]), now=5.0)
+    if not events:
+        single.apply("a", EventBatch(1.0, []), now=5.0)
+    assert _state(whole) == _state(single)
+    assert whole.cache_view("a") == single.cache_view("a")
 
 
 def _hold_staggered(index: PrefixIndex, holds: list[tuple[int, list[int]]], long: list[int]) -> None:

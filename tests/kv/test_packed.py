@@ -142,3 +142,49 @@ def test_any_bytes_hash_as_their_decoding_or_give_none(raw: bytes, n_blocks: int
         return
     ok = isinstance(ids, list) and all(type(t) is int and 0 <= t < 2**32 for t in ids)
     assert got == (_want(ids, n_blocks, block_size, 0) if ok else None)
+
+
+def _tables() -> list[object]:
+    """A worker's and an index's tables as PrefixIndex's C path holds them; the worker (bit 1) holds engine block 7
+    (router hash 1234)."""
+    assert native is not None
+    blocks, holders = native.U64Map(False), native.U64Map(True)
+    blocks[7], holders[1234] = 1234, 1
+    return [blocks, {}, {}, {}, {}, holders, {}, set(), {}, 1]
+
+
+def _contents(tables: list[object]) -> list[object]:
+    return [sorted(t.items()) if hasattr(t, "items") else t for t in tables]  # type: ignore[attr-defined]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.binary(max_size=48), st.lists(st.integers(0, 2**32 - 1), max_size=24).map(msgpack.packb)),
+       st.lists(st.one_of(st.integers(0, 2**64 - 1), st.just(7)), max_size=6, unique=True), st.integers(1, 4),
+       st.sampled_from([None, 7, 8, -1]))
+def test_store_packed_is_the_parent_lookup_the_hashing_and_the_store_loop(raw: bytes, hashes: list[int],
+                                                                          block_size: int, parent: int | None) -> None:
+    """One call does what _store's three steps do, and changes nothing when it gives None or an unknown parent."""
+    assert native is not None
+    one, two = _tables(), _tables()
+    got = native.store_packed(*one, hashes, parent, raw, block_size)  # type: ignore[arg-type]
+    found = 0 if parent is None else two[0].get(parent)  # type: ignore[attr-defined]
+    if found is None:
+        assert got == (None, 0, False)
+    else:
+        locals_ = native.chain_hashes_packed(raw, len(hashes), block_size, found)
+        if locals_ is None:
+            assert got is None
+        else:
+            done, forget = native.store_blocks(*two, hashes, locals_, 0)  # type: ignore[arg-type]
+            assert got == (locals_, done, forget)
+    assert _contents(one) == _contents(two)
+
+
+def test_store_packed_checks_its_arguments() -> None:
+    assert native is not None
+    with pytest.raises(ValueError, match="block_size"):
+        native.store_packed(*_tables(), [1], None, b"\x92\x01\x02", 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        native.store_packed(*_tables(), [1], None, b"\x92\x01\x02")  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        native.store_packed(*_tables(), [1], None, [1, 2], 2)  # type: ignore[arg-type]  # not bytes-like

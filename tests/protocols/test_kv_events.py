@@ -225,3 +225,16 @@ def test_replay_step_rules() -> None:
     assert replay_step(7, 6, 5, 9) == "done"  # a hole in the engine's buffer after progress
     assert replay_step(7, 5, 5, 9) == "unreachable"  # the buffer starts after what we need
     assert replay_step(7, 0, 0, None) == "deliver"  # a fresh subscriber takes what the buffer holds
+
+
+def test_a_decoded_events_token_ids_are_those_the_constructor_gives() -> None:
+    """The fast path builds TokenIds without calling __init__: every slot is set as TokenIds(raw) sets it."""
+    ev = {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None, "token_ids": [5, 6, 7, 8],
+          "block_size": 2, "lora_id": None, "medium": "GPU", "lora_name": None}
+    stored = decode_batch(msgpack.packb([1.0, [ev], 0], use_bin_type=True)).events[0]
+    assert isinstance(stored, BlockStored) and type(stored.token_ids) is TokenIds
+    built = TokenIds(stored.token_ids.packed)
+    assert {s: getattr(stored.token_ids, s) for s in TokenIds.__slots__} == \
+        {s: getattr(built, s) for s in TokenIds.__slots__}
+    assert bytes(stored.token_ids.packed) == msgpack.packb([5, 6, 7, 8])
+    assert stored.token_ids == [5, 6, 7, 8] and len(stored.token_ids) == 4
