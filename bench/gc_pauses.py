@@ -36,6 +36,7 @@ def wrap() -> None:
     stats = {0: [0, 0.0], 1: [0, 0.0], 2: [0, 0.0]}
     start = [0.0]
     census: collections.Counter[str] = collections.Counter()
+    referents: collections.Counter[str] = collections.Counter()  # by type: what the collection visits in them
     counting = [False]  # between the two SIGUSR1s only
     sizes = [0, 0]  # young collections counted, young objects in them
 
@@ -46,6 +47,8 @@ def wrap() -> None:
                 sizes[0] += 1
                 sizes[1] += len(young)
                 census.update(type(o).__qualname__ for o in young)
+                for o in young:
+                    referents[type(o).__qualname__] += len(gc.get_referents(o))
                 del young
             start[0] = time.thread_time()
         else:
@@ -69,7 +72,7 @@ def wrap() -> None:
     def dump(*_: object) -> None:
         if counting[0] and os.environ.get("GCCENSUS"):  # first: the driver waits for the stats' second line
             with open(os.environ["GCCENSUS"], "w") as f:
-                f.write(repr((sizes, census.most_common(20))) + "\n")
+                f.write(repr((sizes, [(k, n, referents[k]) for k, n in census.most_common(20)])) + "\n")
         counting[0] = not counting[0]
         with open(os.environ["GCSTATS"], "a") as f:
             f.write(repr({g: (n, t * 1e3) for g, (n, t) in stats.items()}) + "\n")
@@ -137,9 +140,9 @@ def drive(threshold: str, census: bool) -> None:
     if census:
         (n, objects), common = eval((log / "census.txt").read_text())  # our own repr
         print(f"  census: {n} young collections, {objects / max(n, 1):.0f} tracked young objects each; by type, per"
-              " collection:")
-        for name, k in common:
-            print(f"    {name:<28} {k / max(n, 1):8.0f}")
+              " collection: objects, their referents")
+        for name, k, refs in common:
+            print(f"    {name:<28} {k / max(n, 1):8.0f} {refs / max(n, 1):8.0f}")
 
 
 if __name__ == "__main__":
