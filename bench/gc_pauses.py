@@ -18,6 +18,7 @@ the GC figures: compare trees without it.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import collections
 import gc
@@ -130,7 +131,7 @@ def drive(threshold: str, census: bool) -> None:
         front.wait_until(lambda: len(stats.read_text().splitlines()) == 2 if stats.exists() else False, 10, "stats")
     finally:
         stop_all([front, *engines])
-    a, b = (eval(line) for line in stats.read_text().splitlines())  # our own repr
+    a, b = (ast.literal_eval(line) for line in stats.read_text().splitlines())  # our own repr of literals
     total = 0.0
     for g in (0, 1, 2):
         n, ms = b[g][0] - a[g][0], b[g][1] - a[g][1]
@@ -138,7 +139,7 @@ def drive(threshold: str, census: bool) -> None:
         print(f"  generation {g}: {n} collections, {ms:.1f} ms")
     print(f"  GC total {total:.1f} ms over {len(bodies)} requests: {total * 1e3 / len(bodies):.0f} µs/req")
     if census:
-        (n, objects), common = eval((log / "census.txt").read_text())  # our own repr
+        (n, objects), common = ast.literal_eval((log / "census.txt").read_text())  # our own repr of literals
         print(f"  census: {n} young collections, {objects / max(n, 1):.0f} tracked young objects each; by type, per"
               " collection: objects, their referents")
         for name, k, refs in common:
@@ -148,6 +149,8 @@ def drive(threshold: str, census: bool) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--wrap"]:
         wrap()
+    elif {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
     else:
         args = [a for a in sys.argv[1:] if a != "--census"]
         drive(args[0] if args else "", "--census" in sys.argv[1:])
