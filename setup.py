@@ -1,9 +1,10 @@
-"""The optional C parts: the prefix index's (``infera.kv._native``, csrc/index.c) and the OTLP span encoder
-(``infera.telemetry._otlp``, csrc/otlp.c); everything else is in pyproject.toml.
+"""The optional C parts: the prefix index's (``infera.kv._native``, csrc/index.c), the OTLP span encoder
+(``infera.telemetry._otlp``, csrc/otlp.c) and tiktoken's encoder for ASCII text (``infera.kv._bpe``, csrc/bpe.c);
+everything else is in pyproject.toml.
 
-``optional=True``: without a C compiler or the Python headers the install still succeeds and both run their
-pure-Python paths (``infera.kv.native``, ``infera.telemetry.otlp``). Build them in place with
-``python setup.py build_ext --inplace``.
+``optional=True``: without a C compiler or the Python headers the install still succeeds and each runs its
+pure-Python path (``infera.kv.native``, ``infera.telemetry.otlp``; tiktoken for ``infera.kv.bpe``). Build them
+in place with ``python setup.py build_ext --inplace``.
 """
 
 from setuptools import Extension, setup
@@ -13,6 +14,14 @@ setup(
         Extension(
             "infera.kv._native",
             sources=["csrc/index.c"],
+            depends=["csrc/xxhash.h"],
+            include_dirs=["csrc"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
+        Extension(
+            "infera.kv._bpe",
+            sources=["csrc/bpe.c"],
             depends=["csrc/xxhash.h"],
             include_dirs=["csrc"],
             extra_compile_args=["-O3"],

@@ -34,7 +34,8 @@ TOKENIZER_CANDIDATES = (REPO / ".cache" / "qwen-tokenizer",)  # needs a chat tem
 # ---------------------------------------------------------------------------------------
 # A git ref's tree, for A/B runs
 
-C_EXTENSIONS = (("csrc/index.c", "infera/kv/_native"), ("csrc/otlp.c", "infera/telemetry/_otlp"))  # as setup.py
+C_EXTENSIONS = (("csrc/index.c", "infera/kv/_native"), ("csrc/otlp.c", "infera/telemetry/_otlp"),
+                ("csrc/bpe.c", "infera/kv/_bpe"))  # as setup.py
 
 
 def export_ref(ref: str, dest: Path) -> Path:

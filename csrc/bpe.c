@@ -1,0 +1,368 @@
+/* infera.kv._bpe: tiktoken's ``encode_ordinary`` for ASCII text, in C, for the pre-tokenizer pattern family of
+ * cl100k / Llama 3 / Qwen2 (the pattern strings infera/kv/bpe.py lists; nothing else comes here).
+ *
+ * ``Bpe(ranks, digits, fallback).encode(text)``: an all-ASCII ``text`` is split by a hand-written equivalent of
+ * the pattern (below), each piece looked up whole in a hash table of the ranks, and a piece not in it merged by
+ * tiktoken's own rule (the adjacent pair whose concatenation has the lowest rank, leftmost on ties). Any other
+ * text goes to ``fallback`` (tiktoken's ``encode_ordinary``) whole, as does a vocabulary that lacks a byte.
+ * tests/kv/test_bpe.py checks the ids against tiktoken's on random text.
+ *
+ * The pattern, with ``\p{N}`` (Qwen2) or ``\p{N}{1,3}`` (cl100k, Llama 3) as its third alternative:
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * On ASCII, \p{L} is [A-Za-z], \p{N} [0-9], \s [\t\n\v\f\r ] (Unicode White_Space; not 0x1c-0x1f), and every other
+ * byte is "punctuation" ([^\s\p{L}\p{N}]).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#define XXH_STATIC_LINKING_ONLY
+#include "xxhash.h"
+
+#define GIL_FREE_BYTES 16384 /* longer text is encoded without the GIL (tiktoken releases it too) */
+#define STACK_PARTS 128      /* pieces up to this long merge in stack arrays */
+#define NO_RANK UINT32_MAX
+
+enum { K_P = 0, K_L = 1, K_N = 2, K_W = 3 };
+static unsigned char kind[128];
+
+/* ---- the ranks: an open-addressing table of byte strings --------------------------------------------- */
+
+typedef struct {
+    uint32_t off;  /* into the blob */
+    uint32_t rank;
+    uint32_t tag;  /* the hash's high half, compared before the bytes */
+    uint32_t len;  /* 0: empty (no token is empty) */
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    uint64_t mask;
+    unsigned char *blob;
+    int digits;          /* the longest run of digits one piece takes: 1 or 3 */
+    PyObject *fallback;  /* str -> list[int] */
+    PyObject **ints;     /* rank -> its int, made on first use (a list then holds a new reference, no allocation) */
+    uint32_t n_ints;
+    Py_ssize_t fallbacks;
+} Bpe;
+
+static inline uint32_t lookup(const Bpe *t, const unsigned char *p, size_t n) {
+    uint64_t h = XXH3_64bits(p, n);
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (uint64_t i = h & t->mask;; i = (i + 1) & t->mask) {
+        const Slot *s = &t->slots[i];
+        if (s->len == 0) return NO_RANK;
+        if (s->tag == tag && s->len == n && memcmp(t->blob + s->off, p, n) == 0) return s->rank;
+    }
+}
+
+/* ---- the pre-tokenizer: where the piece that starts at i ends ----------------------------------------- */
+
+static inline int crlf(unsigned char c) { return c == '\r' || c == '\n'; }
+
+static Py_ssize_t piece_end(const unsigned char *s, Py_ssize_t i, Py_ssize_t n, int digits) {
+    unsigned char c = s[i];
+    int k = kind[c];
+    Py_ssize_t j;
+    if (c == '\'' && i + 1 < n) {  /* (?i:'s|'t|'re|'ve|'m|'ll|'d); x|0x20 maps only 'S' and 's' to 's', etc. */
+        unsigned char a = s[i + 1] | 0x20;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if (i + 2 < n) {
+            unsigned char b = s[i + 2] | 0x20;
+            if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+        }
+    }
+    if (k == K_L || (k != K_N && !crlf(c) && i + 1 < n && kind[s[i + 1]] == K_L)) {  /* [^\r\n\p{L}\p{N}]?\p{L}+ */
+        for (j = i + 1; j < n && kind[s[j]] == K_L; j++) {}
+        return j;
+    }
+    if (k == K_N) {  /* \p{N}{1,digits} */
+        Py_ssize_t end = i + digits < n ? i + digits : n;
+        for (j = i + 1; j < end && kind[s[j]] == K_N; j++) {}
+        return j;
+    }
+    Py_ssize_t p = (c == ' ' && i + 1 < n && kind[s[i + 1]] == K_P) ? i + 1 : i;
+    if (kind[s[p]] == K_P) {  /*  ?[^\s\p{L}\p{N}]+[\r\n]* */
+        for (j = p + 1; j < n && kind[s[j]] == K_P; j++) {}
+        while (j < n && crlf(s[j])) j++;
+        return j;
+    }
+    for (j = i + 1; j < n && kind[s[j]] == K_W; j++) {}  /* c is whitespace; the run is [i, j) */
+    for (Py_ssize_t q = j - 1; q >= i; q--)  /* \s*[\r\n]+: up to the run's last CR or LF */
+        if (crlf(s[q])) return q + 1;
+    if (j == n || j - 1 == i) return j;  /* \s+(?!\S) at the end, or \s+ for one whitespace before a non-space */
+    return j - 1;                        /* \s+(?!\S): all but the last */
+}
+
+/* ---- tiktoken's byte_pair_merge, then the parts' ranks ------------------------------------------------ */
+
+static inline uint32_t pair_rank(const Bpe *t, const unsigned char *p, const size_t *start, size_t n_parts,
+                                 size_t i) {
+    return i + 3 < n_parts ? lookup(t, p + start[i], start[i + 3] - start[i]) : NO_RANK;
+}
+
+/* Appends the piece's ids to out; returns how many, or -1 when a part is not a token (a byte missing). */
+static Py_ssize_t merge(const Bpe *t, const unsigned char *p, size_t m, uint32_t *out) {
+    size_t start_stack[STACK_PARTS + 1];
+    uint32_t rank_stack[STACK_PARTS + 1];
+    size_t *start = start_stack;
+    uint32_t *rank = rank_stack;
+    if (m > STACK_PARTS) {
+        start = (size_t *)malloc((m + 1) * sizeof(size_t));
+        rank = (uint32_t *)malloc((m + 1) * sizeof(uint32_t));
+        if (start == NULL || rank == NULL) {
+            free(start);
+            free(rank);
+            return -2;
+        }
+    }
+    uint32_t min_rank = NO_RANK;
+    size_t min_i = 0;
+    for (size_t i = 0; i + 1 < m; i++) {
+        start[i] = i;
+        rank[i] = lookup(t, p + i, 2);
+        if (rank[i] < min_rank) {
+            min_rank = rank[i];
+            min_i = i;
+        }
+    }
+    start[m - 1] = m - 1;
+    rank[m - 1] = NO_RANK;
+    start[m] = m;
+    rank[m] = NO_RANK;
+    size_t n_parts = m + 1;
+    while (min_rank != NO_RANK) {
+        size_t i = min_i;
+        if (i > 0) rank[i - 1] = pair_rank(t, p, start, n_parts, i - 1);
+        rank[i] = pair_rank(t, p, start, n_parts, i);
+        memmove(start + i + 1, start + i + 2, (n_parts - i - 2) * sizeof(size_t));
+        memmove(rank + i + 1, rank + i + 2, (n_parts - i - 2) * sizeof(uint32_t));
+        n_parts--;
+        min_rank = NO_RANK;
+        for (size_t k = 0; k + 1 < n_parts; k++) {
+            if (rank[k] < min_rank) {
+                min_rank = rank[k];
+                min_i = k;
+            }
+        }
+    }
+    Py_ssize_t n_out = 0;
+    for (size_t k = 0; k + 1 < n_parts; k++) {
+        uint32_t r = lookup(t, p + start[k], start[k + 1] - start[k]);
+        if (r == NO_RANK) {
+            n_out = -1;
+            break;
+        }
+        out[n_out++] = r;
+    }
+    if (start != start_stack) {
+        free(start);
+        free(rank);
+    }
+    return n_out;
+}
+
+/* The ids of s[0:n] into out (room for n); their number, -1 to fall back, -2 out of memory. */
+static Py_ssize_t encode_ascii(const Bpe *t, const unsigned char *s, Py_ssize_t n, uint32_t *out) {
+    Py_ssize_t n_out = 0;
+    for (Py_ssize_t i = 0; i < n;) {
+        Py_ssize_t j = piece_end(s, i, n, t->digits);
+        uint32_t r = lookup(t, s + i, (size_t)(j - i));
+        if (r != NO_RANK) {
+            out[n_out++] = r;
+        } else {
+            Py_ssize_t got = merge(t, s + i, (size_t)(j - i), out + n_out);
+            if (got < 0) return got;
+            n_out += got;
+        }
+        i = j;
+    }
+    return n_out;
+}
+
+/* ---- the type ----------------------------------------------------------------------------------------- */
+
+static void Bpe_dealloc(Bpe *self) {
+    PyMem_Free(self->slots);
+    PyMem_Free(self->blob);
+    for (uint32_t i = 0; i < self->n_ints; i++) Py_XDECREF(self->ints[i]);
+    PyMem_Free(self->ints);
+    Py_XDECREF(self->fallback);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Bpe_init(Bpe *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"ranks", "digits", "fallback", NULL};
+    PyObject *ranks, *fallback;
+    int digits;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iO:Bpe", names, &PyDict_Type, &ranks, &digits, &fallback))
+        return -1;
+    if (self->slots != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Bpe is initialised once");
+        return -1;
+    }
+    if (digits < 1) {
+        PyErr_SetString(PyExc_ValueError, "digits must be at least 1");
+        return -1;
+    }
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "fallback must be callable");
+        return -1;
+    }
+    Py_ssize_t n = PyDict_Size(ranks), pos = 0, total = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(ranks, &pos, &key, &value)) {
+        if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) == 0 || PyBytes_GET_SIZE(key) > UINT32_MAX / 2) {
+            PyErr_SetString(PyExc_ValueError, "ranks' keys must be non-empty bytes");
+            return -1;
+        }
+        total += PyBytes_GET_SIZE(key);
+    }
+    if (total > (Py_ssize_t)UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "ranks too large");
+        return -1;
+    }
+    uint64_t cap = 16;
+    while (cap < (uint64_t)n * 2) cap <<= 1;
+    Slot *slots = (Slot *)PyMem_Calloc(cap, sizeof(Slot));
+    unsigned char *blob = (unsigned char *)PyMem_Malloc(total > 0 ? (size_t)total : 1);
+    if (slots == NULL || blob == NULL) {
+        PyMem_Free(slots);
+        PyMem_Free(blob);
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint32_t off = 0, top = 0;
+    pos = 0;
+    while (PyDict_Next(ranks, &pos, &key, &value)) {
+        unsigned long r = PyLong_Check(value) ? PyLong_AsUnsignedLong(value) : (unsigned long)-1;
+        if (r >= NO_RANK) {
+            PyMem_Free(slots);
+            PyMem_Free(blob);
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "ranks' values must be ints in [0, 2**32 - 1)");
+            }
+            return -1;
+        }
+        size_t len = (size_t)PyBytes_GET_SIZE(key);
+        memcpy(blob + off, PyBytes_AS_STRING(key), len);
+        uint64_t h = XXH3_64bits(blob + off, len);
+        uint64_t i = h & (cap - 1);
+        while (slots[i].len != 0) i = (i + 1) & (cap - 1);
+        slots[i] = (Slot){off, (uint32_t)r, (uint32_t)(h >> 32), (uint32_t)len};
+        if ((uint32_t)r >= top) top = (uint32_t)r + 1;
+        off += (uint32_t)len;
+    }
+    PyObject **ints = (PyObject **)PyMem_Calloc(top > 0 ? top : 1, sizeof(PyObject *));
+    if (ints == NULL) {
+        PyMem_Free(slots);
+        PyMem_Free(blob);
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->slots = slots;
+    self->ints = ints;
+    self->n_ints = top;
+    self->mask = cap - 1;
+    self->blob = blob;
+    self->digits = digits;
+    Py_INCREF(fallback);
+    Py_XSETREF(self->fallback, fallback);
+    return 0;
+}
+
+static PyObject *Bpe_encode(Bpe *self, PyObject *text) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "encode() takes a str");
+        return NULL;
+    }
+    if (self->slots == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Bpe not initialised");
+        return NULL;
+    }
+    if (!PyUnicode_IS_ASCII(text)) goto fall_back;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    const unsigned char *s = (const unsigned char *)PyUnicode_DATA(text);
+    uint32_t stack[512];
+    uint32_t *ids = n <= 512 ? stack : (uint32_t *)PyMem_RawMalloc((size_t)n * sizeof(uint32_t));
+    if (ids == NULL) return PyErr_NoMemory();
+    Py_ssize_t got;
+    if (n >= GIL_FREE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        got = encode_ascii(self, s, n, ids);
+        Py_END_ALLOW_THREADS
+    } else {
+        got = encode_ascii(self, s, n, ids);
+    }
+    PyObject *out = NULL;
+    if (got == -2) {
+        PyErr_NoMemory();
+    } else if (got >= 0 && (out = PyList_New(got)) != NULL) {
+        for (Py_ssize_t k = 0; k < got; k++) {
+            PyObject *v = self->ints[ids[k]];
+            if (v == NULL && (v = self->ints[ids[k]] = PyLong_FromUnsignedLong(ids[k])) == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            Py_INCREF(v);
+            PyList_SET_ITEM(out, k, v);
+        }
+    }
+    if (ids != stack) PyMem_RawFree(ids);
+    if (got != -1) return out;
+fall_back:
+    self->fallbacks++;
+    return PyObject_CallOneArg(self->fallback, text);
+}
+
+static PyMethodDef Bpe_methods[] = {
+    {"encode", (PyCFunction)Bpe_encode, METH_O,
+     "encode(text) -> list[int]: the ids of text, in C when it is ASCII, else by the fallback"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Bpe_members[] = {
+    {"fallbacks", T_PYSSIZET, offsetof(Bpe, fallbacks), READONLY, "how many texts went to the fallback"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject BpeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "infera.kv._bpe.Bpe",
+    .tp_basicsize = sizeof(Bpe),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Bpe(ranks, digits, fallback): tiktoken's encode_ordinary for ASCII text (see csrc/bpe.c)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Bpe_init,
+    .tp_dealloc = (destructor)Bpe_dealloc,
+    .tp_methods = Bpe_methods,
+    .tp_members = Bpe_members,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "infera.kv._bpe", "tiktoken's encode_ordinary for ASCII text, in C (csrc/bpe.c)", -1,
+    NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__bpe(void) {
+    for (int c = 0; c < 128; c++)
+        kind[c] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ? K_L
+                  : (c >= '0' && c <= '9')                         ? K_N
+                  : (c == ' ' || (c >= '\t' && c <= '\r'))         ? K_W
+                                                                   : K_P;
+    if (PyType_Ready(&BpeType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&BpeType);
+    if (PyModule_AddObject(m, "Bpe", (PyObject *)&BpeType) < 0) {
+        Py_DECREF(&BpeType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,7 @@
+# tiktoken's encode_ordinary for ASCII text in C (csrc/bpe.c); see infera/kv/bpe.py for when it runs.
+from collections.abc import Callable
+
+class Bpe:
+    fallbacks: int
+    def __init__(self, ranks: dict[bytes, int], digits: int, fallback: Callable[[str], list[int]]) -> None: ...
+    def encode(self, text: str) -> list[int]: ...

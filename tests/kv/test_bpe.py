@@ -1,0 +1,135 @@
+"""The C encoder of ASCII text (``infera.kv._bpe``) against tiktoken's ``encode_ordinary``, its reference: the same
+ids for both patterns it knows, on random text built from every ASCII class the patterns tell apart, on random
+unicode (which goes to tiktoken whole), on pieces long enough to merge off the stack and text long enough to run
+without the GIL; and the codec really uses it where it is built."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import string
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infera.kv import bpe
+from infera.kv.codecs import TiktokenSpec, tiktoken_spec
+from infera.kv.native import ENV
+
+tiktoken = pytest.importorskip("tiktoken")
+try:
+    from infera.kv import _bpe
+except ImportError:
+    _bpe = None  # type: ignore[assignment]
+needs_c = pytest.mark.skipif(_bpe is None, reason="the C extension infera.kv._bpe is not built")
+
+QWEN, CL100K = (p for p, _ in sorted(bpe.PATTERN_DIGITS.items(), key=lambda kv: kv[1]))
+
+# Fragments covering what the pattern tells apart: letters, digits (runs longer than 3), each punctuation mark,
+# each ASCII whitespace (\v and \f are \s; 0x1c-0x1f and 0x7f are not), CR/LF runs, contractions in both cases
+# and apostrophes that start none.
+FRAGMENTS = [
+    *"aZ09", "hello", "World", "the", " the", "ing", "Qwen", "xqzj", "1234567", "12",
+    *string.punctuation, "...", "--", "==>", "://",
+    " ", "  ", "\t", "\r", "\n", "\r\n", "\n\n", "\x0b", "\x0c", "\x1c", "\x1f", "\x00", "\x7f", " \n ",
+    "'s", "'S", "'t", "'T", "'re", "'RE", "'rE", "'ve", "'Ve", "'m", "'M", "'ll", "'Ll", "'d", "'D", "'x", "'",
+    "'r", "'l", "'v",
+]
+
+
+@pytest.fixture(scope="module")
+def spec(qwen_tokenizer_dir: Path) -> TiktokenSpec:
+    found = tiktoken_spec(json.loads((qwen_tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8")))
+    assert found is not None and found.pattern == QWEN
+    return found
+
+
+Pair = tuple[Callable[[str], list[int]], Any]
+_pairs: dict[str, Pair] = {}
+
+
+def pair(spec: TiktokenSpec, pattern: str) -> Pair:
+    """(tiktoken's encode_ordinary, the C encoder) for ``pattern`` over Qwen's ranks."""
+    if pattern not in _pairs:
+        ref = tiktoken.Encoding("ref", pat_str=pattern, mergeable_ranks=spec.ranks, special_tokens={})
+        _pairs[pattern] = (ref.encode_ordinary, _bpe.Bpe(spec.ranks, bpe.PATTERN_DIGITS[pattern], ref.encode_ordinary))
+    return _pairs[pattern]
+
+
+def ascii_texts() -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.lists(st.sampled_from(FRAGMENTS), max_size=40).map("".join),
+        st.text(alphabet=st.characters(max_codepoint=127), max_size=60),
+    )
+
+
+@needs_c
+@pytest.mark.parametrize("pattern", [QWEN, CL100K], ids=["qwen2", "cl100k"])
+@settings(max_examples=1500, deadline=None)
+@given(text=ascii_texts())
+def test_ascii_text_gives_tiktokens_ids_in_c(spec: TiktokenSpec, pattern: str, text: str) -> None:
+    ref, fast = pair(spec, pattern)
+    before = fast.fallbacks
+    assert fast.encode(text) == ref(text)
+    assert fast.fallbacks == before  # ASCII never falls back: the C path answered
+
+
+@needs_c
+@pytest.mark.parametrize("pattern", [QWEN, CL100K], ids=["qwen2", "cl100k"])
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(
+    st.text(max_size=60),
+    st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.sampled_from(["é", "e\u0301", "数据", "🙂", "\u00a0", "١٢"])),
+             max_size=30).map("".join),
+))
+def test_any_text_gives_tiktokens_ids(spec: TiktokenSpec, pattern: str, text: str) -> None:
+    ref, fast = pair(spec, pattern)
+    assert fast.encode(text) == ref(text)
+
+
+@needs_c
+def test_long_pieces_and_long_text(spec: TiktokenSpec) -> None:
+    ref, fast = pair(spec, QWEN)
+    before = fast.fallbacks
+    texts = [
+        "-" * 300, "xq" * 200, "zqxjkvbw" * 40 + "!?" * 150, " " * 1000 + "a", "\n" * 500,  # merged off the stack
+        ("Ticket 12: the refund's status isn't clear.\n\n  - see https://x.example/a?b=1\t" * 400),  # no GIL
+    ]
+    for text in texts:
+        assert fast.encode(text) == ref(text)
+    assert fast.fallbacks == before
+
+
+@needs_c
+def test_a_vocabulary_without_some_byte_falls_back_whole() -> None:
+    ranks = {bytes([b]): b for b in range(256) if b != ord("z")} | {b"ab": 256}
+    fast = _bpe.Bpe(ranks, 1, lambda text: [-1])
+    assert fast.encode("ab ab") == [256, ord(" "), 256]  # " ab" is no token: merged in C
+    assert fast.encode("ab z") == [-1] and fast.fallbacks == 1
+    assert fast.encode("é") == [-1] and fast.fallbacks == 2
+
+
+def test_only_known_patterns_and_not_in_pure_python(spec: TiktokenSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fallback(text: str) -> list[int]:
+        return []
+
+    assert bpe.ordinary(QWEN.replace(r"\p{N}", r"\p{N}+"), spec.ranks, fallback) is None
+    monkeypatch.setenv(ENV, "1")
+    assert bpe.ordinary(QWEN, spec.ranks, fallback) is None
+
+
+def test_the_codec_encodes_in_c_where_a_compiler_and_headers_are(qwen_tokenizer_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    if shutil.which("gcc") is None or not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        pytest.skip("no C compiler or Python headers here: tiktoken encodes by design")
+    from infera.kv.tokenizer import PromptRenderer
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert _bpe is not None, "gcc and Python.h are here but infera.kv._bpe is not built: run ./scripts/setup"
+    codec: Any = PromptRenderer.from_dir(qwen_tokenizer_dir)._codec
+    assert isinstance(codec._ordinary.__self__, _bpe.Bpe)
