@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from tokenizers import Tokenizer
 
+from infera.kv.bpe import ordinary
+
 BYTE_LEVEL_SPECIALS = {"<|im_start|>": 256, "<|im_end|>": 257, "<|endoftext|>": 258}
 
 
@@ -98,7 +100,8 @@ class TiktokenCodec:
             "infera", pat_str=spec.pattern, mergeable_ranks=spec.ranks, special_tokens=spec.specials
         )
         self._encode = self._enc.encode
-        self._ordinary = self._enc.encode_ordinary
+        # the same ids, in C for ASCII text when the pattern is one csrc/bpe.c knows (~6x faster on a chat turn)
+        self._ordinary = ordinary(spec.pattern, spec.ranks, self._enc.encode_ordinary) or self._enc.encode_ordinary
         self._special_ids = dict(spec.specials)
         # what ``allowed_special="all"`` stands for, taken once: with it and nothing disallowed, tiktoken skips
         # building ``all - allowed`` (an empty set) on every short encode
