@@ -285,6 +285,9 @@ static PyObject *Bpe_encode(Bpe *self, PyObject *text) {
         PyErr_SetString(PyExc_ValueError, "Bpe not initialised");
         return NULL;
     }
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(text) < 0) return NULL;
+#endif
     if (!PyUnicode_IS_ASCII(text)) goto fall_back;
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
     const unsigned char *s = (const unsigned char *)PyUnicode_DATA(text);
