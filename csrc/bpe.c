@@ -227,7 +227,7 @@ static int Bpe_init(Bpe *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     uint64_t cap = 16;
-    while (cap < (uint64_t)n * 2) cap <<= 1;
+    while (cap < (uint64_t)n + (uint64_t)n / 2) cap <<= 1; /* load factor <= 2/3: 4 MB of slots for 150k tokens */
     Slot *slots = (Slot *)PyMem_Calloc(cap, sizeof(Slot));
     unsigned char *blob = (unsigned char *)PyMem_Malloc(total > 0 ? (size_t)total : 1);
     if (slots == NULL || blob == NULL) {
