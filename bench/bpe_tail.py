@@ -1,10 +1,11 @@
 """A chat's fresh user turn encoded: tiktoken (the ref's only encoder, and the fallback) vs infera.kv._bpe (csrc/bpe.c).
 
-router_overhead.py's workload (``bench.common.chat_messages``, ~1k-token chats): the segments the Qwen codec
-encodes that its segment cache has not seen (the unique user turn, ~890 characters, ~130 tokens) are collected,
-then encoded by each encoder in interleaved rounds (tiktoken's ``encode_ordinary``, then the C encoder, then again),
-µs per segment and ns per token; and the whole prompt through the codec (``TiktokenCodec.encode``: the system prompt
-and history from the segment cache, the turn encoded) with each encoder. Same ids checked on every segment.
+router_overhead.py's workload (``bench.common.chat_messages``, ~1k-token chats): the unique user turns the Qwen
+codec encodes (~940 characters, ~135 tokens; its segment cache has not seen them) are collected, then encoded by
+each encoder in interleaved rounds (tiktoken's ``encode_ordinary``, then the C encoder, then again): µs per turn
+and ns per token; the same turns with two curly apostrophes and an emoji (C between them, tiktoken around them);
+and the whole prompt through the codec (``TiktokenCodec.encode``: the system prompt and history from the segment
+cache, the turn encoded) with each encoder. CPU time (``process_time``). Same ids checked on every turn.
 
     .venv/bin/python bench/bpe_tail.py --rounds 5
 """
@@ -60,10 +61,16 @@ def main() -> None:
     print(f"{len(turns)} fresh turns, {statistics.mean(map(len, turns)):.0f} chars and {tokens:.1f} tokens each; "
           f"load {machine_info()['loadavg_at_start']} at {time.strftime('%H:%M:%S', time.gmtime())} UTC")
 
-    rows: dict[str, list[float]] = {"turn tiktoken": [], "turn C": [], "prompt tiktoken": [], "prompt C": []}
+    # the same turns with a few non-ASCII characters (curly apostrophes, an emoji): C between them, tiktoken around
+    mixed = [t.replace(" the ", " the\u2019s ", 2) + " \U0001f642" for t in turns]
+    assert all(codec_new._ordinary(t) == spy_of(t) for t in mixed)
+    rows: dict[str, list[float]] = {"turn tiktoken": [], "turn C": [], "prompt tiktoken": [], "prompt C": [],
+                                    "mixed tiktoken": [], "mixed C": []}
     for r in range(args.rounds):
         rows["turn tiktoken"].append(per_call_us(spy_of, turns, args.repeats))
         rows["turn C"].append(per_call_us(codec_new._ordinary, turns, args.repeats))
+        rows["mixed tiktoken"].append(per_call_us(spy_of, mixed, args.repeats))
+        rows["mixed C"].append(per_call_us(codec_new._ordinary, mixed, args.repeats))
         for name, codec in (("prompt tiktoken", codec_old), ("prompt C", codec_new)):
             codec._segments.clear()  # per round: the first pass fills the shared segments, the turns stay fresh
             for prompt in prompts[:16]:
@@ -76,11 +83,12 @@ def main() -> None:
         print(f"round {r + 1}: turn {rows['turn tiktoken'][-1]:.2f} -> {rows['turn C'][-1]:.2f} µs "
               f"({rows['turn tiktoken'][-1] / rows['turn C'][-1]:.2f}x); prompt {rows['prompt tiktoken'][-1]:.2f} -> "
               f"{rows['prompt C'][-1]:.2f} µs ({rows['prompt tiktoken'][-1] / rows['prompt C'][-1]:.2f}x)")
-    print("\n| encoder | turn µs (median) | ns/token | whole prompt µs (median) |")
-    print("|---|---:|---:|---:|")
+    print("\n| encoder | turn µs (median) | ns/token | whole prompt µs (median) | turn with 3 non-ASCII chars µs |")
+    print("|---|---:|---:|---:|---:|")
     for name in ("tiktoken", "C"):
         turn, prompt = statistics.median(rows[f"turn {name}"]), statistics.median(rows[f"prompt {name}"])
-        print(f"| {name} | {turn:.2f} | {turn * 1000 / tokens:.0f} | {prompt:.2f} |")
+        print(f"| {name} | {turn:.2f} | {turn * 1000 / tokens:.0f} | {prompt:.2f} | "
+              f"{statistics.median(rows[f'mixed {name}']):.2f} |")
 
 
 if __name__ == "__main__":

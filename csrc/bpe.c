@@ -276,6 +276,118 @@ static int Bpe_init(Bpe *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
+/* ---- encode: ASCII runs in C, the stretches around other characters by the fallback ----------------------
+ *
+ * A text with non-ASCII characters is cut where a piece always ends whatever follows and whatever came before:
+ * before a space that follows an ASCII letter (the letter's piece, a \p{L}+ run or a contraction, stops at the
+ * space; the pattern has no look-behind, so the pieces from the space on depend only on the text from there).
+ * The stretch from the last such cut before a non-ASCII character to the first one after it goes to the
+ * fallback; the ASCII text between stretches is encoded here. */
+
+typedef struct {
+    uint32_t *p;
+    Py_ssize_t n, cap;
+    uint32_t stack[512];
+} Ids;
+
+static int ids_reserve(Ids *b, Py_ssize_t more) {
+    if (b->n + more <= b->cap) return 0;
+    Py_ssize_t cap = b->cap * 2 > b->n + more ? b->cap * 2 : b->n + more;
+    uint32_t *p = (uint32_t *)PyMem_RawMalloc((size_t)cap * sizeof(uint32_t));
+    if (p == NULL) return -1;
+    memcpy(p, b->p, (size_t)b->n * sizeof(uint32_t));
+    if (b->p != b->stack) PyMem_RawFree(b->p);
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+/* s[0:n] (ASCII) encoded onto b: 0, -1 to fall back whole, -2 out of memory */
+static int run_c(Bpe *self, const unsigned char *s, Py_ssize_t n, Ids *b) {
+    if (ids_reserve(b, n) < 0) return -2;
+    Py_ssize_t got;
+    if (n >= GIL_FREE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        got = encode_ascii(self, s, n, b->p + b->n);
+        Py_END_ALLOW_THREADS
+    } else {
+        got = encode_ascii(self, s, n, b->p + b->n);
+    }
+    if (got < 0) return (int)got;
+    b->n += got;
+    return 0;
+}
+
+/* text[a:b] by the fallback, onto ids: 0, or -3 with an exception set */
+static int run_fallback(Bpe *self, PyObject *text, Py_ssize_t a, Py_ssize_t z, Ids *b) {
+    PyObject *sub = PyUnicode_Substring(text, a, z);
+    if (sub == NULL) return -3;
+    PyObject *got = PyObject_CallOneArg(self->fallback, sub);
+    Py_DECREF(sub);
+    self->fallbacks++;
+    if (got == NULL) return -3;
+    PyObject *seq = PySequence_Fast(got, "the fallback must return a list of ints");
+    Py_DECREF(got);
+    if (seq == NULL) return -3;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
+    int rc = 0;
+    if (ids_reserve(b, m) < 0) {
+        PyErr_NoMemory();
+        rc = -3;
+    }
+    for (Py_ssize_t k = 0; rc == 0 && k < m; k++) {
+        unsigned long v = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, k));
+        if (v == (unsigned long)-1 && PyErr_Occurred()) rc = -3;
+        else if (v > UINT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "the fallback returned an id above 2**32 - 1");
+            rc = -3;
+        } else b->p[b->n++] = (uint32_t)v;
+    }
+    Py_DECREF(seq);
+    return rc;
+}
+
+static inline int ascii_letter(Py_UCS4 c) { return c < 128 && kind[c] == K_L; }
+
+/* text (not ASCII) onto b, ASCII stretches in C: 0, -1 to fall back whole, -2 out of memory, -3 raised */
+static int encode_mixed(Bpe *self, PyObject *text, Ids *b) {
+    int k = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    unsigned char *conv = NULL;  /* the ASCII stretch as bytes, for 2- and 4-byte strings */
+    if (k != PyUnicode_1BYTE_KIND && (conv = (unsigned char *)PyMem_RawMalloc((size_t)n)) == NULL) return -2;
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < n;) {
+        Py_ssize_t q = i;
+        while (q < n && PyUnicode_READ(k, data, q) < 128) q++;
+        Py_ssize_t cut = q, next = n;  /* [i, cut) here, [cut, next) by the fallback */
+        if (q < n) {
+            for (cut = q - 1; cut > i; cut--)
+                if (PyUnicode_READ(k, data, cut) == ' ' && ascii_letter(PyUnicode_READ(k, data, cut - 1))) break;
+            if (cut < i) cut = i;
+            for (Py_ssize_t p = q + 2; p < n; p++)
+                if (PyUnicode_READ(k, data, p) == ' ' && ascii_letter(PyUnicode_READ(k, data, p - 1))) {
+                    next = p;
+                    break;
+                }
+        }
+        if (cut > i) {
+            const unsigned char *s;
+            if (conv == NULL) {
+                s = (const unsigned char *)data + i;
+            } else {
+                for (Py_ssize_t j = i; j < cut; j++) conv[j - i] = (unsigned char)PyUnicode_READ(k, data, j);
+                s = conv;
+            }
+            rc = run_c(self, s, cut - i, b);
+        }
+        if (rc == 0 && q < n) rc = run_fallback(self, text, cut, next, b);
+        i = next;
+    }
+    PyMem_RawFree(conv);
+    return rc;
+}
+
 static PyObject *Bpe_encode(Bpe *self, PyObject *text) {
     if (!PyUnicode_Check(text)) {
         PyErr_SetString(PyExc_TypeError, "encode() takes a str");
@@ -288,49 +400,49 @@ static PyObject *Bpe_encode(Bpe *self, PyObject *text) {
 #if PY_VERSION_HEX < 0x030C0000
     if (PyUnicode_READY(text) < 0) return NULL;
 #endif
-    if (!PyUnicode_IS_ASCII(text)) goto fall_back;
-    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
-    const unsigned char *s = (const unsigned char *)PyUnicode_DATA(text);
-    uint32_t stack[512];
-    uint32_t *ids = n <= 512 ? stack : (uint32_t *)PyMem_RawMalloc((size_t)n * sizeof(uint32_t));
-    if (ids == NULL) return PyErr_NoMemory();
-    Py_ssize_t got;
-    if (n >= GIL_FREE_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        got = encode_ascii(self, s, n, ids);
-        Py_END_ALLOW_THREADS
-    } else {
-        got = encode_ascii(self, s, n, ids);
-    }
+    Ids b;
+    b.p = b.stack;
+    b.n = 0;
+    b.cap = 512;
+    int rc = PyUnicode_IS_ASCII(text)
+                 ? run_c(self, (const unsigned char *)PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text), &b)
+                 : encode_mixed(self, text, &b);
     PyObject *out = NULL;
-    if (got == -2) {
+    if (rc == -2) {
         PyErr_NoMemory();
-    } else if (got >= 0 && (out = PyList_New(got)) != NULL) {
-        for (Py_ssize_t k = 0; k < got; k++) {
-            PyObject *v = self->ints[ids[k]];
-            if (v == NULL && (v = self->ints[ids[k]] = PyLong_FromUnsignedLong(ids[k])) == NULL) {
-                Py_CLEAR(out);
-                break;
+    } else if (rc == 0 && (out = PyList_New(b.n)) != NULL) {
+        for (Py_ssize_t j = 0; j < b.n; j++) {
+            uint32_t id = b.p[j];
+            PyObject *v = id < self->n_ints ? self->ints[id] : NULL;
+            if (v == NULL) {
+                if ((v = PyLong_FromUnsignedLong(id)) == NULL) {
+                    Py_CLEAR(out);
+                    break;
+                }
+                if (id < self->n_ints) self->ints[id] = v;  /* the table's reference */
+                else {
+                    PyList_SET_ITEM(out, j, v);
+                    continue;
+                }
             }
             Py_INCREF(v);
-            PyList_SET_ITEM(out, k, v);
+            PyList_SET_ITEM(out, j, v);
         }
     }
-    if (ids != stack) PyMem_RawFree(ids);
-    if (got != -1) return out;
-fall_back:
-    self->fallbacks++;
+    if (b.p != b.stack) PyMem_RawFree(b.p);
+    if (rc != -1) return out;
+    self->fallbacks++;  /* a vocabulary without some byte: all by the fallback */
     return PyObject_CallOneArg(self->fallback, text);
 }
 
 static PyMethodDef Bpe_methods[] = {
     {"encode", (PyCFunction)Bpe_encode, METH_O,
-     "encode(text) -> list[int]: the ids of text, in C when it is ASCII, else by the fallback"},
+     "encode(text) -> list[int]: the ids of text; its ASCII stretches in C, the rest by the fallback"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyMemberDef Bpe_members[] = {
-    {"fallbacks", T_PYSSIZET, offsetof(Bpe, fallbacks), READONLY, "how many texts went to the fallback"},
+    {"fallbacks", T_PYSSIZET, offsetof(Bpe, fallbacks), READONLY, "how many times the fallback was called"},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -108,10 +108,36 @@ def test_long_pieces_and_long_text(spec: TiktokenSpec) -> None:
 @needs_c
 def test_a_vocabulary_without_some_byte_falls_back_whole() -> None:
     ranks = {bytes([b]): b for b in range(256) if b != ord("z")} | {b"ab": 256}
-    fast = _bpe.Bpe(ranks, 1, lambda text: [-1])
+    fast = _bpe.Bpe(ranks, 1, lambda text: [999])
     assert fast.encode("ab ab") == [256, ord(" "), 256]  # " ab" is no token: merged in C
-    assert fast.encode("ab z") == [-1] and fast.fallbacks == 1
-    assert fast.encode("é") == [-1] and fast.fallbacks == 2
+    assert fast.encode("ab z") == [999] and fast.fallbacks == 1
+    assert fast.encode("ab é") == [256, 999] and fast.fallbacks == 2
+
+
+@needs_c
+def test_only_the_stretch_around_a_non_ascii_character_goes_to_tiktoken(spec: TiktokenSpec) -> None:
+    ref, _ = pair(spec, QWEN)
+    asked: list[str] = []
+    fast = _bpe.Bpe(spec.ranks, 1, lambda text: (asked.append(text), ref(text))[1])
+    text = "The customer\u2019s refund isn\u2019t here yet. Please check the status \U0001f642 and reply today."
+    assert fast.encode(text) == ref(text)
+    assert asked == [" customer\u2019s", " isn\u2019t", " \U0001f642 and"]
+    for text in ("\u00e9", "caf\u00e9", "\u00e9 x", "a \u00e9", "\u6570\u636e data", "data \u6570\u636e"):
+        assert fast.encode(text) == ref(text)
+
+
+MIXED = [*FRAGMENTS, "word ", " word", "x ", "X y", "\u00e9", "\u2019", "\u201c", "\u2014", "\u00a0", "\u2028",
+         "\u3000", "\u6570\u636e", "\U0001f642", "e\u0301",
+         "\u0661\u0662", "\u00b2", "\u017f", "\u212a", "\u0130", "\x85"]
+
+
+@needs_c
+@pytest.mark.parametrize("pattern", [QWEN, CL100K], ids=["qwen2", "cl100k"])
+@settings(max_examples=1500, deadline=None)
+@given(text=st.lists(st.sampled_from(MIXED), max_size=40).map("".join))
+def test_mostly_ascii_text_with_other_characters(spec: TiktokenSpec, pattern: str, text: str) -> None:
+    ref, fast = pair(spec, pattern)
+    assert fast.encode(text) == ref(text)
 
 
 def test_only_known_patterns_and_not_in_pure_python(spec: TiktokenSpec, monkeypatch: pytest.MonkeyPatch) -> None:
