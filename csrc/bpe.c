@@ -1,10 +1,11 @@
 /* infera.kv._bpe: tiktoken's ``encode_ordinary`` for ASCII text, in C, for the pre-tokenizer pattern family of
  * cl100k / Llama 3 / Qwen2 (the pattern strings infera/kv/bpe.py lists; nothing else comes here).
  *
- * ``Bpe(ranks, digits, fallback).encode(text)``: an all-ASCII ``text`` is split by a hand-written equivalent of
- * the pattern (below), each piece looked up whole in a hash table of the ranks, and a piece not in it merged by
- * tiktoken's own rule (the adjacent pair whose concatenation has the lowest rank, leftmost on ties). Any other
- * text goes to ``fallback`` (tiktoken's ``encode_ordinary``) whole, as does a vocabulary that lacks a byte.
+ * ``Bpe(ranks, digits, fallback).encode(text)``: ASCII text is split by a hand-written equivalent of the pattern
+ * (below), each piece looked up whole in a hash table of the ranks, and a piece not in it merged by tiktoken's own
+ * rule (the adjacent pair whose concatenation has the lowest rank, leftmost on ties). The stretch around a non-ASCII
+ * character goes to ``fallback`` (tiktoken's ``encode_ordinary``; see encode_mixed), and all the text when the
+ * vocabulary lacks a byte.
  * tests/kv/test_bpe.py checks the ids against tiktoken's on random text.
  *
  * The pattern, with ``\p{N}`` (Qwen2) or ``\p{N}{1,3}`` (cl100k, Llama 3) as its third alternative:

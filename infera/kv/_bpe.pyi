@@ -1,4 +1,4 @@
-# tiktoken's encode_ordinary for ASCII text in C (csrc/bpe.c); see infera/kv/bpe.py for when it runs.
+# tiktoken's encode_ordinary in C for the ASCII stretches of text (csrc/bpe.c); see infera/kv/bpe.py for when.
 from collections.abc import Callable
 
 class Bpe:

@@ -3,9 +3,11 @@ patterns of the cl100k family (Qwen2, Llama 3), with tiktoken as the reference a
 
 A chat's fresh user turn is mostly ASCII English: its pieces are split by a hand-written equivalent of the
 pattern, looked up whole in a C table of the ranks and, when not a token, merged by tiktoken's rule; ~6x faster
-than tiktoken on a ~130-token turn (bench/README.md, "Issue 15, ninth round: ... (helper tok11)"). Non-ASCII
-text goes to tiktoken whole. Used only when the pattern string is exactly one of ``PATTERN_DIGITS``, the C
-extension is built and ``INFERA_PURE_PYTHON`` is not set (tests/kv/test_bpe.py checks the ids against tiktoken's).
+than tiktoken on a ~135-token turn (bench/README.md, "Issue 15, ninth round: ... (helper tok11)"). Around each
+non-ASCII character, tiktoken encodes the stretch between the nearest places where a piece always ends (a space
+after an ASCII letter); CJK text without such places goes to tiktoken whole. Used only when the pattern string is
+exactly one of ``PATTERN_DIGITS``, the C extension is built and ``INFERA_PURE_PYTHON`` is not set
+(tests/kv/test_bpe.py checks the ids against tiktoken's).
 """
 
 from __future__ import annotations
