@@ -10,6 +10,8 @@ time of this process (``process_time``) with the cyclic GC off in the timed loop
 with this tree's C extension), so both see the same load; read the ratio per round.
 
     .venv/bin/python bench/prompt_cpu.py --ref main --rounds 3 --lengths 4000,16000
+    .venv/bin/python bench/prompt_cpu.py --ref main --fresh   # the new turn tokenized in every repeat (the codec's
+                                                              # segment cache cleared too; see --help)
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ PARTS = ("render", "encode", "hash")
 SESSIONS = 12
 
 
-def measure(target: int, repeats: int) -> dict[str, Any]:
+def measure(target: int, repeats: int, fresh: bool = False) -> dict[str, Any]:
     """µs per request of each part at ``target`` tokens, with this process's ``infera``."""
     from bench.common import default_tokenizer_dir
     from bench.prompt_sweep import _session, _turns_for
@@ -52,6 +54,9 @@ def measure(target: int, repeats: int) -> dict[str, Any]:
         cache.clear()
         for rc in renderer.render_caches.values():
             rc.clear()
+        segments = getattr(getattr(renderer, "_codec", None), "_segments", None)
+        if fresh and segments is not None:  # the new turn's text not seen by the codec's segment cache either
+            segments.clear()
         for prev, _cur in pairs:
             block_hashes(renderer.chat_token_ids(prev), 16)
         gc.collect()
@@ -75,10 +80,10 @@ def measure(target: int, repeats: int) -> dict[str, Any]:
     return {"tokens": tokens, "turns": turns, **{p: statistics.median(v) for p, v in per.items()}}
 
 
-def _child(root: str, target: int, repeats: int) -> dict[str, Any]:
+def _child(root: str, target: int, repeats: int, fresh: bool) -> dict[str, Any]:
     repo = str(Path(__file__).resolve().parent.parent)
     code = (f"import sys, json; sys.path.insert(0, {root!r}); sys.path.insert(1, {repo!r}); "
-            f"import bench.prompt_cpu as p; print(json.dumps(p.measure({target}, {repeats})))")
+            f"import bench.prompt_cpu as p; print(json.dumps(p.measure({target}, {repeats}, {fresh})))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -89,6 +94,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--lengths", default="4000,16000", help="target prompt tokens, comma-separated")
+    ap.add_argument("--fresh", action="store_true",
+                    help="clear the codec's segment cache too, so the new turn is tokenized in every repeat (without "
+                         "it only the first repeat tokenizes it: the median times a segment-cache hit)")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parent.parent
     trees = {"this tree": str(repo)}
@@ -104,7 +112,7 @@ def main() -> None:
         for r in range(args.rounds):
             for n in lengths:
                 for name in (list(trees) if r % 2 == 0 else list(reversed(trees))):
-                    got = _child(trees[name], n, args.repeats)
+                    got = _child(trees[name], n, args.repeats, args.fresh)
                     runs[(name, n)].append(got)
                     print(f"round {r} {n} {name}: " + ", ".join(f"{p} {got[p]:.1f}" for p in PARTS), flush=True)
     finally:
