@@ -325,7 +325,30 @@ static PyObject *prompt_evict(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* u32_pack(ids: list) -> bytes | None: ``array('I', ids).tobytes()`` for a list of ints in 0..2**32-1, else None (the
+ * caller's ``array.extend`` then takes it, and raises as before). */
+static PyObject *u32_pack(PyObject *self, PyObject *arg) {
+    if (!PyList_Check(arg)) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (out == NULL) return NULL;
+    uint32_t *p = (uint32_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(arg, i);
+        int overflow;
+        long long x = PyLong_Check(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : -1;
+        if (!PyLong_Check(v) || overflow != 0 || x < 0 || x > 0xFFFFFFFFLL) {
+            PyErr_Clear();
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        p[i] = (uint32_t)x;
+    }
+    return out;
+}
+
 static PyMethodDef prompt_cache_methods[] = {
+    {"u32_pack", u32_pack, METH_O, NULL},
     {"prompt_tail", (PyCFunction)(void (*)(void))prompt_tail, METH_FASTCALL, NULL},
     {"prompt_cuts", (PyCFunction)(void (*)(void))prompt_cuts, METH_FASTCALL, NULL},
     {"prompt_store", (PyCFunction)(void (*)(void))prompt_store, METH_FASTCALL, NULL},

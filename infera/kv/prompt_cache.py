@@ -162,38 +162,43 @@ class PromptCache:
             if found is not None and id(found[0]) in self._lru:
                 self._lru.move_to_end(id(found[0]))
         k = -1
-        out = PromptIds()
+        out: PromptIds | None = None  # built only for a caller that takes a list
+        native = self._native
         if found is None:
-            base, start, before, hashes = None, 0, [], None
+            base, start, before, known, offset = None, 0, [], {}, 0  # ``fresh`` holds the ids from ``offset`` on
             fresh = self._encode(text)
-            offset = 0  # ``fresh`` holds the ids from this one on
             try:
                 ids = array(IDS, fresh)
             except (OverflowError, TypeError):  # not uint32: the caller gets its ids, nothing is stored
                 return fresh
             if listed:
-                out += fresh
+                out = PromptIds(fresh)
         else:
             base, k = found
-            start, _, n_ids, _ = base.cuts[k]
+            start, _, offset, _ = base.cuts[k]
             before = base.cuts[: k + 1]
             fresh = self._encode(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
-            offset = n_ids
-            ids = base.ids[:n_ids]  # a memcpy
-            try:
-                ids.extend(fresh)
-            except (OverflowError, TypeError):
-                return self._encode(text)
-            if listed and self._native is not None:
-                self._native.u32_fill(out, ids, self._ints)
-            elif listed:
-                out += ids.tolist()
-            hashes = {size: h[: n_ids // size] for size, h in base.hashes.items()}
-            self._sizes.update(hashes)
+            ids = base.ids[:offset]  # a memcpy
+            packed = native.u32_pack(fresh) if native is not None else None  # C: no int read one by one
+            if packed is not None:
+                ids.frombytes(packed)
+            else:
+                try:
+                    ids.extend(fresh)
+                except (OverflowError, TypeError):
+                    return self._encode(text)
+            if listed:
+                out = PromptIds()
+                if native is not None:
+                    native.u32_fill(out, ids, self._ints)
+                else:
+                    out += ids.tolist()
+            known = base.hashes  # block size -> the base's hashes, of which those before ``offset`` ids are ours
+            self._sizes.update(known)
         # every full block's hash for the sizes seen, from the array: the context takes them at once (no check that the
         # list still equals the array, no second pass), and the entry keeps its own copy for later prompts
         sizes = tuple(self._sizes)  # one C call: another thread may add a size meanwhile (encode runs off the loop too)
-        complete = {size: extend_hashes(ids, hashes.get(size, []) if hashes else [], size) for size in sizes}
+        complete = {size: extend_hashes(ids, known.get(size, []), size, offset // size) for size in sizes}
         at_end = base is not None and k == len(base.cuts) - 1  # the base's state is at its last cut only
         state = base.state if base is not None and at_end else None
         if self._bounds is not None:
@@ -210,11 +215,11 @@ class PromptCache:
                 self.encoded_tokens += len(ids) - (before[-1][2] if before else 0)
         if entry is not None:
             entry.hashes.update((size, list(h)) for size, h in complete.items())
-        if not listed:
+        if out is None:
             return ArrayIds(ids, complete, entry.hashes if entry is not None else None)
         out.origin = ids
         out.ints = self._ints
-        out.known_hashes = hashes
+        out.known_hashes = {size: h[: offset // size] for size, h in known.items()} if base is not None else None
         out.sink = entry.hashes if entry is not None else None
         out.complete = complete
         return out

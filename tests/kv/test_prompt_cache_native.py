@@ -5,6 +5,7 @@ tail keys, entries (cuts, ids, hashes) in the same LRU order, bytes and counters
 from __future__ import annotations
 
 import re
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def _feed(caches: tuple[PromptCache, PromptCache], text: str, want: list[int], l
     got = [cache.encode_within(text, None, listed) for cache in caches]
     for ids in got:
         assert ids is not None and list(ids) == want
-        assert block_hashes(ids, size) == block_hashes(want, size)
+        assert not size or block_hashes(ids, size) == block_hashes(want, size)  # size 0: ids past uint32
     assert _state(caches[0]) == _state(caches[1])
 
 
@@ -86,6 +87,25 @@ def test_a_codec_that_does_not_split_where_expected_is_not_remembered_by_either_
     for text in ("a<x>b", "a<x>b<x>c", "<x>"):
         _feed(caches, text, [ord(c) for c in text], True, 2)
     assert caches[0].entries == caches[1].entries == 0
+
+
+def test_u32_pack_is_the_arrays_bytes_or_none() -> None:
+    native = choose(True)
+    for values in ([], [0, 1, 2**32 - 1], [True, 5, 1 << 20]):
+        assert native.u32_pack(values) == array("I", values).tobytes()
+    for bad in ([-1], [2**32], [1.0], ["a"], [2**70], [3, None]):
+        assert native.u32_pack(bad) is None  # the caller's array.extend raises as it did
+    assert native.u32_pack((1, 2)) is None
+
+
+def test_ids_past_uint32_reach_the_caller_and_are_not_stored_by_either_path() -> None:
+    def wide(text: str) -> list[int]:
+        return [1 << 33 if i == ord("w") else i for i in _codec(text)]
+
+    caches = _pair(wide, {t: i for t, i in TOKENS.items()}, 1 << 20)
+    for text in ("<|im_start|>a<|im_end|>", "<|im_start|>a<|im_end|>w", "<|im_start|>a<|im_end|>b", "w<x>"):
+        _feed(caches, text, wide(text), True, 0)
+    assert caches[0].entries == caches[1].entries == 1  # the last prompt without "w" replaced the first
 
 
 @pytest.mark.parametrize("listed", [True, False])
