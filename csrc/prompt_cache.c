@@ -11,9 +11,14 @@ static PyObject *STR_CUTS, *STR_DATA;
 
 /* The last byte ``c`` in p[0..hi): ``data.rfind(c, 0, hi)``. */
 static inline Py_ssize_t rfind_byte(const char *p, Py_ssize_t hi, char c) {
+#ifdef __GLIBC__
+    const char *r = hi > 0 ? memrchr(p, c, (size_t)hi) : NULL; /* Python.h defines _GNU_SOURCE */
+    return r ? r - p : -1;
+#else
     while (--hi >= 0)
         if (p[hi] == c) return hi;
     return -1;
+#endif
 }
 
 /* The first byte ``c`` in p[lo..n): ``data.find(c, lo)``. */
@@ -347,7 +352,71 @@ static PyObject *u32_pack(PyObject *self, PyObject *arg) {
     return out;
 }
 
+/* extend_u32(ids, known, block_size, most) -> list[int]: infera.kv.hashing.extend_hashes: the hashes of every full
+ * block of ``ids`` (array('I')), the first min(len(known), most, blocks) taken from the list ``known``, the rest
+ * chained from the last of those (or 0), in one list (the Python lines slice, hash and concatenate). */
+static PyObject *extend_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "extend_u32(ids: array('I'), known: list, block_size, most)");
+        return NULL;
+    }
+    PyObject *known = args[1];
+    Py_ssize_t bs = PyLong_AsSsize_t(args[2]), most = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (bs <= 0) {
+        PyErr_SetString(PyExc_ValueError, "block_size must be positive");
+        return NULL;
+    }
+    Py_buffer view;
+    if (u32_view(args[0], &view) < 0) return NULL;
+    Py_ssize_t n_blocks = view.len / 4 / bs, k = PyList_GET_SIZE(known);
+    if (k > n_blocks) k = n_blocks;
+    if (k > most) k = most < 0 ? 0 : most;
+    unsigned long long h = 0;
+    if (k > 0) {
+        h = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(known, k - 1));
+        if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+    }
+    PyObject *out = PyList_New(n_blocks);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    for (Py_ssize_t b = 0; b < k; b++) PyList_SET_ITEM(out, b, Py_NewRef(PyList_GET_ITEM(known, b)));
+    const uint32_t *ids = (const uint32_t *)view.buf;
+    for (Py_ssize_t b = k; b < n_blocks; b++) {
+        const uint32_t *block = ids + b * bs;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        uint32_t swapped[64];
+        uint32_t *heap = bs > 64 ? PyMem_Malloc(sizeof(uint32_t) * (size_t)bs) : swapped;
+        if (heap == NULL) {
+            Py_DECREF(out);
+            PyBuffer_Release(&view);
+            return PyErr_NoMemory();
+        }
+        for (Py_ssize_t j = 0; j < bs; j++) heap[j] = __builtin_bswap32(block[j]);
+        h = XXH3_64bits_withSeed(heap, (size_t)bs * 4, h);
+        if (heap != swapped) PyMem_Free(heap);
+#else
+        h = XXH3_64bits_withSeed(block, (size_t)bs * 4, h);
+#endif
+        PyObject *o = PyLong_FromUnsignedLongLong(h);
+        if (o == NULL) {
+            Py_DECREF(out);
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, b, o);
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef prompt_cache_methods[] = {
+    {"extend_u32", (PyCFunction)(void (*)(void))extend_u32, METH_FASTCALL, NULL},
     {"u32_pack", u32_pack, METH_O, NULL},
     {"prompt_tail", (PyCFunction)(void (*)(void))prompt_tail, METH_FASTCALL, NULL},
     {"prompt_cuts", (PyCFunction)(void (*)(void))prompt_cuts, METH_FASTCALL, NULL},

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infera.kv.hashing import block_hashes
+from infera.kv import hashing
+from infera.kv.hashing import block_hashes, pure_block_hashes
 from infera.kv.native import choose
 from infera.kv.prompt_cache import PromptCache
 from infera.kv.tokenizer import PromptRenderer
@@ -96,6 +97,20 @@ def test_u32_pack_is_the_arrays_bytes_or_none() -> None:
     for bad in ([-1], [2**32], [1.0], ["a"], [2**70], [3, None]):
         assert native.u32_pack(bad) is None  # the caller's array.extend raises as it did
     assert native.u32_pack((1, 2)) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.integers(0, 2**32 - 1), max_size=40), known=st.lists(st.integers(0, 2**64 - 1), max_size=12),
+       size=st.integers(1, 5), most=st.one_of(st.none(), st.integers(0, 12)))
+def test_extend_hashes_in_c_equals_its_python_lines(ids: list[int], known: list[int], size: int,
+                                                     most: int | None) -> None:
+    n_blocks = len(ids) // size
+    k = min(len(known), n_blocks, n_blocks if most is None else most)
+    want = known[:k] + pure_block_hashes(ids[k * size : n_blocks * size], size, known[k - 1] if k else 0)
+    with pytest.MonkeyPatch.context() as mp:
+        for impl in (None, choose(True)):
+            mp.setattr(hashing, "_native", impl)
+            assert hashing.extend_hashes(array("I", ids), known, size, most) == want
 
 
 def test_ids_past_uint32_reach_the_caller_and_are_not_stored_by_either_path() -> None:
