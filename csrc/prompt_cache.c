@@ -119,7 +119,7 @@ static PyObject *prompt_hit(PyObject *keys, const char *data, Py_ssize_t end) {
  * ``probes``: TAIL_PROBES). */
 static PyObject *prompt_tail(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8 || !PyDict_Check(args[4]) || !PyDict_Check(args[5])) {
-        PyErr_SetString(PyExc_TypeError, "prompt_tail(data, first, last, names, ends: dict, keys: dict, window, probes)");
+        PyErr_SetString(PyExc_TypeError, "prompt_tail(data, first, last, names, ends: dict, keys: dict, window, n)");
         return NULL;
     }
     PyObject *data = args[0], *names = args[3], *ends = args[4], *keys = args[5];
@@ -141,7 +141,8 @@ static PyObject *prompt_tail(PyObject *self, PyObject *const *args, Py_ssize_t n
         Py_ssize_t end = j + 1;
         if ((end < n && (unsigned char)d[end] >= 0x80) || name_index(names, d + i, end - i) < 0) continue;
         Py_ssize_t lo = end > window ? end - window : 0;
-        PyObject *key = Py_BuildValue("(nK)", end, (unsigned long long)XXH3_64bits(d + lo, (size_t)(end - lo)));
+        XXH64_hash_t tail = XXH3_64bits_withSeed(d + lo, (size_t)(end - lo), (XXH64_hash_t)end);
+        PyObject *key = PyLong_FromUnsignedLongLong(tail);
         if (key == NULL) return NULL;
         PyObject *got = PyDict_GetItemWithError(ends, key); /* borrowed */
         Py_DECREF(key);
@@ -180,9 +181,9 @@ static PyObject *prompt_tail(PyObject *self, PyObject *const *args, Py_ssize_t n
  * PromptCache._matches(data, start) and PromptCache._entry's loop over them. ``ids``: the prompt's ids
  * (array('I')), the first boundary token past ``start`` looked for from ``pos + 1`` on; ``tokens``: the ids of
  * ``names``, in order; ``state``: the xxh3 state after data[:start] (bytes this function returned) or None (hashed
- * here). Returns the new cuts (end, key, ids before it, xxh3 of the ``window`` bytes before it), the end of the last
- * boundary token (``start`` if none) and the state after data[:last] as bytes; None when a token's id is not in
- * ``ids`` where expected (the codec did not split there: the prompt is not remembered). */
+ * here). Returns the new cuts (end, key, ids before it, xxh3 of the ``window`` bytes before it seeded with ``end``),
+ * the end of the last boundary token (``start`` if none) and the state after data[:last] as bytes; None when a
+ * token's id is not in ``ids`` where expected (the codec did not split there: the prompt is not remembered). */
 static PyObject *prompt_cuts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10 || !PyTuple_Check(args[7])) {
         PyErr_SetString(PyExc_TypeError,
@@ -242,7 +243,8 @@ static PyObject *prompt_cuts(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (end == n || (unsigned char)d[end] < 0x80) {
             Py_ssize_t lo = end > window ? end - window : 0;
             PyObject *cut = Py_BuildValue("(nKnK)", end, (unsigned long long)XXH3_64bits_digest(&st), pos + 1,
-                                          (unsigned long long)XXH3_64bits(d + lo, (size_t)(end - lo)));
+                                          (unsigned long long)XXH3_64bits_withSeed(d + lo, (size_t)(end - lo),
+                                                                                   (XXH64_hash_t)end));
             if (cut == NULL || PyList_Append(cuts, cut) < 0) {
                 Py_XDECREF(cut);
                 goto fail;
@@ -265,7 +267,7 @@ fail:
 }
 
 /* prompt_store(keys, ends, holder, cuts, first) -> None: PromptCache._store's registration: for each cut from
- * index ``first`` on, ``keys[cut[1]] = ends[(cut[0], cut[3])] = (holder, index)``. */
+ * index ``first`` on, ``keys[cut[1]] = ends[cut[3]] = (holder, index)``. */
 static PyObject *prompt_store(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[3])) {
         PyErr_SetString(PyExc_TypeError, "prompt_store(keys: dict, ends: dict, holder, cuts: list, first)");
@@ -282,10 +284,8 @@ static PyObject *prompt_store(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         PyObject *place = Py_BuildValue("(On)", holder, c);
         if (place == NULL) return NULL;
-        PyObject *end = PyTuple_Pack(2, PyTuple_GET_ITEM(cut, 0), PyTuple_GET_ITEM(cut, 3));
-        int bad = end == NULL || PyDict_SetItem(keys, PyTuple_GET_ITEM(cut, 1), place) < 0 ||
-                  PyDict_SetItem(ends, end, place) < 0;
-        Py_XDECREF(end);
+        int bad = PyDict_SetItem(keys, PyTuple_GET_ITEM(cut, 1), place) < 0 ||
+                  PyDict_SetItem(ends, PyTuple_GET_ITEM(cut, 3), place) < 0;
         Py_DECREF(place);
         if (bad) return NULL;
     }
@@ -306,7 +306,7 @@ static int drop_if_held(PyObject *d, PyObject *key, PyObject *holder) {
 }
 
 /* prompt_evict(keys, ends, holder, cuts) -> None: PromptCache._store's eviction of one entry: each cut's key and
- * (offset, tail) key deleted where they still lead to ``holder`` (the victim's). */
+ * tail key deleted where they still lead to ``holder`` (the victim's). */
 static PyObject *prompt_evict(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[3])) {
         PyErr_SetString(PyExc_TypeError, "prompt_evict(keys: dict, ends: dict, holder, cuts: list)");
@@ -320,10 +320,8 @@ static PyObject *prompt_evict(PyObject *self, PyObject *const *args, Py_ssize_t 
             return NULL;
         }
         Py_INCREF(cut);
-        PyObject *end = PyTuple_Pack(2, PyTuple_GET_ITEM(cut, 0), PyTuple_GET_ITEM(cut, 3));
-        int bad = end == NULL || drop_if_held(keys, PyTuple_GET_ITEM(cut, 1), holder) < 0 ||
-                  drop_if_held(ends, end, holder) < 0;
-        Py_XDECREF(end);
+        int bad = drop_if_held(keys, PyTuple_GET_ITEM(cut, 1), holder) < 0 ||
+                  drop_if_held(ends, PyTuple_GET_ITEM(cut, 3), holder) < 0;
         Py_DECREF(cut);
         if (bad) return NULL;
     }

@@ -21,7 +21,8 @@ Every stored prompt registers all its cuts, so "this cut was seen" is monotone i
 cut's position and a binary search finds the longest seen cut in about log2(cuts)
 hashes. Registration is one streaming pass over the new text: a prompt that extends a
 stored one from its last cut resumes that one's hash state. The next turn's probes from
-the end use a second key, the cut's offset and xxh3 of the 64 bytes before it, so each
+the end use a second key, xxh3 of the 64 bytes before the cut seeded with its offset (one
+int, no tuple to build, hash and compare per probe or registration), so each
 costs O(64), and a hit is confirmed by comparing the whole prefix (a memcmp).
 
 Block hashes ride along: the returned ``PromptIds`` carries the matched prompt's block
@@ -59,7 +60,7 @@ from infera.kv.native import choose, load
 DEFAULT_MAX_BYTES = 64 << 20
 MIN_CHARS = 6000  # ~1.5k tokens: shorter prompts cost less encoded directly (bench/prompt_sweep.py)
 TAIL_PROBES = 8  # seen cuts looked for from the end before a full scan
-TAIL_WINDOW = 64  # bytes before a cut that, with its offset, key it in ``_ends``
+TAIL_WINDOW = 64  # bytes before a cut that, hashed with its offset as the seed, key it in ``_ends``
 _BYTES_PER_ID = 4  # array('I')
 IDS = "I"  # the entries' array type: uint32 (4 bytes on every platform CPython supports; checked below)
 
@@ -75,7 +76,7 @@ class _Entry:
     def __init__(self, data: bytes, ids: array[int], cuts: list[tuple[int, int, int, int]]) -> None:
         self.data = data
         self.ids = ids
-        self.cuts = cuts  # (byte offset, key, ids before it, xxh3 of the TAIL_WINDOW bytes before it), ascending
+        self.cuts = cuts  # (byte offset, key, ids before it, its ``_ends`` key), ascending
         self.hashes: dict[int, list[int]] = {}  # block size -> chained block hashes, filled by block_hashes
         # what the index's keys hold: a prompt that extends this one as a whole takes the
         # holder over, so the cuts they share move to it in O(1)
@@ -119,9 +120,10 @@ class PromptCache:
         self.max_bytes = max_bytes
         self.min_chars = MIN_CHARS  # shorter prompts are encoded directly
         self._keys: dict[int, tuple[list[_Entry], int]] = {}  # cut key -> (entry holder, index into its cuts)
-        # (offset, xxh3 of the TAIL_WINDOW bytes before it) of each cut -> as _keys: a probe from the end
-        # costs O(window), not a hash of the whole prefix (bench/README.md, "the prompt cache's reuse")
-        self._ends: dict[tuple[int, int], tuple[list[_Entry], int]] = {}
+        # xxh3 of the TAIL_WINDOW bytes before each cut, seeded with its offset -> as _keys: a probe from the end
+        # costs O(window), not a hash of the whole prefix (bench/README.md, "the prompt cache's reuse"); a
+        # collision costs a miss (a hit is confirmed by its offset and bytes), never a wrong id
+        self._ends: dict[int, tuple[list[_Entry], int]] = {}
         self._lru: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry
         self._sizes: set[int] = set()  # block sizes whose hashes callers asked for: made with the ids from now on
         self._bytes = 0
@@ -298,7 +300,7 @@ class PromptCache:
             end = j + 1
             if (end < n and data[end] >= 0x80) or data[i:end] not in names:
                 continue
-            got = ends.get((end, _xxh3(view[max(0, end - TAIL_WINDOW) : end])))
+            got = ends.get(_xxh3(view[max(0, end - TAIL_WINDOW) : end], seed=end))
             if got is not None and got[0]:
                 entry, k = got[0][0], got[1]
                 if entry.cuts[k][0] == end and entry.data.startswith(view[:end]):  # exact: a memcmp
@@ -371,7 +373,7 @@ class PromptCache:
             stream.update(view[last:end])
             last = end
             if end == n or data[end] < 0x80:
-                cuts.append((end, stream.intdigest(), pos + 1, _xxh3(view[max(0, end - TAIL_WINDOW) : end])))
+                cuts.append((end, stream.intdigest(), pos + 1, _xxh3(view[max(0, end - TAIL_WINDOW) : end], seed=end)))
         entry = _Entry(data, ids, cuts)
         if cuts and last == cuts[-1][0]:
             entry.state = stream
@@ -412,7 +414,7 @@ class PromptCache:
         else:
             places = list(zip(repeat(entry.holder, len(cuts) - first), count(first)))
             keys.update(zip([cut[1] for cut in cuts[first:]], places, strict=False))
-            ends.update(zip([(cut[0], cut[3]) for cut in cuts[first:]], places, strict=False))
+            ends.update(zip([cut[3] for cut in cuts[first:]], places, strict=False))
         lru[id(entry)] = entry
         self._bytes += entry.size
         while self._bytes > self.max_bytes and len(lru) > 1:
@@ -421,13 +423,13 @@ class PromptCache:
             if native is not None:
                 native.prompt_evict(keys, ends, victim.holder, victim.cuts)
             else:
-                for end, key, _, tail in victim.cuts:
+                for _, key, _, tail in victim.cuts:
                     hit = keys.get(key)
                     if hit is not None and hit[0] is victim.holder:
                         del keys[key]
-                    got = ends.get((end, tail))
+                    got = ends.get(tail)
                     if got is not None and got[0] is victim.holder:
-                        del ends[(end, tail)]
+                        del ends[tail]
             # entry -> holder -> entry is a cycle: without this an evicted entry (its ids, ~1k ints) waited for
             # the cyclic GC, and every young collection re-scanned them (bench/README.md, sixth round)
             victim.holder = []
