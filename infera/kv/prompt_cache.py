@@ -216,7 +216,9 @@ class PromptCache:
                     self.reused_tokens += before[-1][2]
                 self.encoded_tokens += len(ids) - (before[-1][2] if before else 0)
         if entry is not None:
-            entry.hashes.update((size, list(h)) for size, h in complete.items())
+            own = entry.hashes
+            for size, h in complete.items():  # a loop: no generator per request
+                own[size] = h.copy()
         if out is None:
             return ArrayIds(ids, complete, entry.hashes if entry is not None else None)
         out.origin = ids
