@@ -14,7 +14,7 @@ setup(
         Extension(
             "infera.kv._native",
             sources=["csrc/index.c"],
-            depends=["csrc/xxhash.h"],
+            depends=["csrc/xxhash.h", "csrc/prompt_cache.c"],
             include_dirs=["csrc"],
             extra_compile_args=["-O3"],
             optional=True,

@@ -1940,6 +1940,7 @@ static struct PyModuleDef module = {
 static int add_prompt_ids(PyObject *mod); /* the prompt cache's uint32 ids: the block at the end of this file */
 static int add_recency(PyObject *mod); /* kv-aware's recency shadow: the block at the end of this file */
 static int add_scales(PyObject *mod);  /* kv-aware's speed scale: after it */
+static int add_prompt_cache(PyObject *mod); /* the prompt cache's bookkeeping: csrc/prompt_cache.c, included last */
 static double recency_tail(U64Map *m, long long blocks, double tau, double now);
 
 PyMODINIT_FUNC PyInit__native(void) {
@@ -1955,7 +1956,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(mod);
         return NULL;
     }
-    if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0) {
+    if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0 || add_prompt_cache(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
@@ -2729,3 +2730,5 @@ static int add_scales(PyObject *mod) {
         return -1;
     return PyModule_AddFunctions(mod, scale_methods);
 }
+
+#include "prompt_cache.c"

@@ -149,11 +149,14 @@ def pure_block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0
     return _chain_py(token_ids, 0, len(token_ids) // block_size, block_size, parent)
 
 
-def extend_hashes(ids: array[int], known: list[int], block_size: int) -> list[int]:
+def extend_hashes(ids: array[int], known: list[int], block_size: int, most: int | None = None) -> list[int]:
     """Hashes of every full block of ``ids`` (uint32), given ``known``: hashes of its leading full blocks (any
-    number; extra ones past the full blocks are dropped)."""
+    number; extra ones past the full blocks, or past the first ``most``, are dropped)."""
+    if _native is not None and type(known) is list:  # the same in one C call: no slice, no concatenation
+        out: list[int] = _native.extend_u32(ids, known, block_size, len(known) if most is None else most)
+        return out
     n_blocks = len(ids) // block_size
-    k = min(len(known), n_blocks)
+    k = min(len(known), n_blocks if most is None or most > n_blocks else most)
     return known[:k] + _chain_u32(ids, k, n_blocks, block_size, known[k - 1] if k else 0)
 
 

@@ -21,7 +21,8 @@ Every stored prompt registers all its cuts, so "this cut was seen" is monotone i
 cut's position and a binary search finds the longest seen cut in about log2(cuts)
 hashes. Registration is one streaming pass over the new text: a prompt that extends a
 stored one from its last cut resumes that one's hash state. The next turn's probes from
-the end use a second key, the cut's offset and xxh3 of the 64 bytes before it, so each
+the end use a second key, xxh3 of the 64 bytes before the cut seeded with its offset (one
+int, no tuple to build, hash and compare per probe or registration), so each
 costs O(64), and a hit is confirmed by comparing the whole prefix (a memcmp).
 
 Block hashes ride along: the returned ``PromptIds`` carries the matched prompt's block
@@ -54,17 +55,17 @@ from itertools import count, repeat
 import xxhash
 
 from infera.kv.hashing import ArrayIds, PromptIds, extend_hashes
-from infera.kv.native import load
+from infera.kv.native import choose, load
 
 DEFAULT_MAX_BYTES = 64 << 20
 MIN_CHARS = 6000  # ~1.5k tokens: shorter prompts cost less encoded directly (bench/prompt_sweep.py)
 TAIL_PROBES = 8  # seen cuts looked for from the end before a full scan
-TAIL_WINDOW = 64  # bytes before a cut that, with its offset, key it in ``_ends``
+TAIL_WINDOW = 64  # bytes before a cut that, hashed with its offset as the seed, key it in ``_ends``
 _BYTES_PER_ID = 4  # array('I')
 IDS = "I"  # the entries' array type: uint32 (4 bytes on every platform CPython supports; checked below)
 
 _xxh3 = xxhash.xxh3_64_intdigest
-_native = load()  # u32_fill (C), or None: see infera.kv.native
+_native = load()  # u32_fill (C), or None: see infera.kv.native (the default of a PromptCache's ``native``)
 if array(IDS).itemsize != 4:
     raise ImportError("array('I') is not 4 bytes here")
 
@@ -75,13 +76,14 @@ class _Entry:
     def __init__(self, data: bytes, ids: array[int], cuts: list[tuple[int, int, int, int]]) -> None:
         self.data = data
         self.ids = ids
-        self.cuts = cuts  # (byte offset, key, ids before it, xxh3 of the TAIL_WINDOW bytes before it), ascending
+        self.cuts = cuts  # (byte offset, key, ids before it, its ``_ends`` key), ascending
         self.hashes: dict[int, list[int]] = {}  # block size -> chained block hashes, filled by block_hashes
         # what the index's keys hold: a prompt that extends this one as a whole takes the
         # holder over, so the cuts they share move to it in O(1)
         self.holder = [self]
-        # xxh3 state after ``data[:cuts[-1][0]]``: a prompt extending this one hashes only its new bytes
-        self.state: xxhash.xxh3_64 | None = None
+        # xxh3 state after ``data[:cuts[-1][0]]``: a prompt extending this one hashes only its new bytes (the C
+        # path's: an XXH3_state_t's bytes, which only it reads)
+        self.state: xxhash.xxh3_64 | bytes | None = None
         self.size = len(data) + _BYTES_PER_ID * len(ids)
 
 
@@ -91,15 +93,18 @@ class PromptCache:
     ``encode(text)`` must be a codec call without added special tokens, and ``boundaries``
     (token -> id) added tokens it splits on before anything else. ``vocab_size``: ids below
     it reach callers as shared int objects (a tuple of them, ~36 bytes an id, made here).
-    Thread-safe.
+    ``native``: the per-request bookkeeping in C (``infera.kv._native``: True, ImportError if it is not built),
+    in Python (False), or C when built unless ``INFERA_PURE_PYTHON`` (None); the same ids, keys and eviction
+    order either way (tests/kv/test_prompt_cache.py). Thread-safe.
     """
 
     def __init__(self, encode: Callable[[str], list[int]], boundaries: Mapping[str, int],
-                 max_bytes: int = DEFAULT_MAX_BYTES, vocab_size: int = 0) -> None:
+                 max_bytes: int = DEFAULT_MAX_BYTES, vocab_size: int = 0, native: bool | None = None) -> None:
         if not boundaries:
             raise ValueError("a prompt cache needs the codec's boundary tokens")
         self._encode = encode
-        self._ints = tuple(range(vocab_size)) if _native is not None else ()
+        self._native = _native if native is None else choose(native)
+        self._ints = tuple(range(vocab_size)) if self._native is not None else ()
         names = sorted((t.encode("utf-8") for t in boundaries), key=len, reverse=True)
         self._regex = re.compile(b"|".join(map(re.escape, names)))  # longest first, as the codecs match
         self._names = frozenset(names)
@@ -108,12 +113,17 @@ class PromptCache:
         delimited = all(n[:1] == first and n[-1:] == last and n.count(last) == 1 and len(n) > 1 for n in names)
         self._delims = (first, last) if delimited else None
         self._id_of = {t.encode("utf-8"): i for t, i in boundaries.items()}
+        # the C path's view of the same: the tokens longest first, their ids, the delimiting bytes as ints
+        self._names_t = tuple(names)
+        self._tokens = tuple(self._id_of[t] for t in names)
+        self._bounds = (first[0], last[0]) if delimited and self._native is not None else None
         self.max_bytes = max_bytes
         self.min_chars = MIN_CHARS  # shorter prompts are encoded directly
         self._keys: dict[int, tuple[list[_Entry], int]] = {}  # cut key -> (entry holder, index into its cuts)
-        # (offset, xxh3 of the TAIL_WINDOW bytes before it) of each cut -> as _keys: a probe from the end
-        # costs O(window), not a hash of the whole prefix (bench/README.md, "the prompt cache's reuse")
-        self._ends: dict[tuple[int, int], tuple[list[_Entry], int]] = {}
+        # xxh3 of the TAIL_WINDOW bytes before each cut, seeded with its offset -> as _keys: a probe from the end
+        # costs O(window), not a hash of the whole prefix (bench/README.md, "the prompt cache's reuse"); a
+        # collision costs a miss (a hit is confirmed by its offset and bytes), never a wrong id
+        self._ends: dict[int, tuple[list[_Entry], int]] = {}
         self._lru: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry
         self._sizes: set[int] = set()  # block sizes whose hashes callers asked for: made with the ids from now on
         self._bytes = 0
@@ -154,42 +164,50 @@ class PromptCache:
             if found is not None and id(found[0]) in self._lru:
                 self._lru.move_to_end(id(found[0]))
         k = -1
-        out = PromptIds()
+        out: PromptIds | None = None  # built only for a caller that takes a list
+        native = self._native
         if found is None:
-            base, start, before, hashes = None, 0, [], None
+            base, start, before, known, offset = None, 0, [], {}, 0  # ``fresh`` holds the ids from ``offset`` on
             fresh = self._encode(text)
-            offset = 0  # ``fresh`` holds the ids from this one on
             try:
                 ids = array(IDS, fresh)
             except (OverflowError, TypeError):  # not uint32: the caller gets its ids, nothing is stored
                 return fresh
             if listed:
-                out += fresh
+                out = PromptIds(fresh)
         else:
             base, k = found
-            start, _, n_ids, _ = base.cuts[k]
+            start, _, offset, _ = base.cuts[k]
             before = base.cuts[: k + 1]
             fresh = self._encode(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
-            offset = n_ids
-            ids = base.ids[:n_ids]  # a memcpy
-            try:
-                ids.extend(fresh)
-            except (OverflowError, TypeError):
-                return self._encode(text)
-            if listed and _native is not None:
-                _native.u32_fill(out, ids, self._ints)
-            elif listed:
-                out += ids.tolist()
-            hashes = {size: h[: n_ids // size] for size, h in base.hashes.items()}
-            self._sizes.update(hashes)
+            ids = base.ids[:offset]  # a memcpy
+            packed = native.u32_pack(fresh) if native is not None else None  # C: no int read one by one
+            if packed is not None:
+                ids.frombytes(packed)
+            else:
+                try:
+                    ids.extend(fresh)
+                except (OverflowError, TypeError):
+                    return self._encode(text)
+            if listed:
+                out = PromptIds()
+                if native is not None:
+                    native.u32_fill(out, ids, self._ints)
+                else:
+                    out += ids.tolist()
+            known = base.hashes  # block size -> the base's hashes, of which those before ``offset`` ids are ours
+            self._sizes.update(known)
         # every full block's hash for the sizes seen, from the array: the context takes them at once (no check that the
         # list still equals the array, no second pass), and the entry keeps its own copy for later prompts
         sizes = tuple(self._sizes)  # one C call: another thread may add a size meanwhile (encode runs off the loop too)
-        complete = {size: extend_hashes(ids, hashes.get(size, []) if hashes else [], size) for size in sizes}
-        new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
+        complete = {size: extend_hashes(ids, known.get(size, []), size, offset // size) for size in sizes}
         at_end = base is not None and k == len(base.cuts) - 1  # the base's state is at its last cut only
-        entry = self._entry(data, ids, fresh, offset, new, start, before,
-                            base.state if base is not None and at_end else None)
+        state = base.state if base is not None and at_end else None
+        if self._bounds is not None:
+            entry = self._entry_native(data, ids, start, before, state)
+        else:
+            new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
+            entry = self._entry(data, ids, fresh, offset, new, start, before, state)
         if entry is not None:
             with self._lock:
                 self._store(entry, base if base is not None and at_end else None)
@@ -198,12 +216,14 @@ class PromptCache:
                     self.reused_tokens += before[-1][2]
                 self.encoded_tokens += len(ids) - (before[-1][2] if before else 0)
         if entry is not None:
-            entry.hashes.update((size, list(h)) for size, h in complete.items())
-        if not listed:
+            own = entry.hashes
+            for size, h in complete.items():  # a loop: no generator per request
+                own[size] = h.copy()
+        if out is None:
             return ArrayIds(ids, complete, entry.hashes if entry is not None else None)
         out.origin = ids
         out.ints = self._ints
-        out.known_hashes = hashes
+        out.known_hashes = {size: h[: offset // size] for size, h in known.items()} if base is not None else None
         out.sink = entry.hashes if entry is not None else None
         out.complete = complete
         return out
@@ -262,6 +282,10 @@ class PromptCache:
         """
         if self._delims is None:
             return None
+        if self._bounds is not None:
+            found: tuple[_Entry, int] | None = self._native.prompt_tail(  # type: ignore[union-attr]
+                data, *self._bounds, self._names_t, self._ends, self._keys, TAIL_WINDOW, TAIL_PROBES)
+            return found
         first, last = self._delims
         names = self._names
         n = len(data)
@@ -278,7 +302,7 @@ class PromptCache:
             end = j + 1
             if (end < n and data[end] >= 0x80) or data[i:end] not in names:
                 continue
-            got = ends.get((end, _xxh3(view[max(0, end - TAIL_WINDOW) : end])))
+            got = ends.get(_xxh3(view[max(0, end - TAIL_WINDOW) : end], seed=end))
             if got is not None and got[0]:
                 entry, k = got[0][0], got[1]
                 if entry.cuts[k][0] == end and entry.data.startswith(view[:end]):  # exact: a memcmp
@@ -320,7 +344,8 @@ class PromptCache:
         return best
 
     def _entry(self, data: bytes, ids: array[int], fresh: list[int], offset: int, matches: list[tuple[int, bytes]],
-               start: int, before: list[tuple[int, int, int, int]], state: xxhash.xxh3_64 | None) -> _Entry | None:
+               start: int, before: list[tuple[int, int, int, int]],
+               state: xxhash.xxh3_64 | bytes | None) -> _Entry | None:
         """The entry for ``data`` (``ids``; ``fresh``: the same from ``ids[offset]`` on, as a list, ``offset`` the
         ids before ``start``): cuts up to ``start`` copied from the base, the rest found here.
 
@@ -332,7 +357,7 @@ class PromptCache:
         n = len(data)
         cuts = list(before)
         view = memoryview(data)
-        if state is not None:
+        if isinstance(state, xxhash.xxh3_64):
             stream = state.copy()  # the base keeps its own: another prompt may extend it too
         else:
             stream = xxhash.xxh3_64()
@@ -350,7 +375,23 @@ class PromptCache:
             stream.update(view[last:end])
             last = end
             if end == n or data[end] < 0x80:
-                cuts.append((end, stream.intdigest(), pos + 1, _xxh3(view[max(0, end - TAIL_WINDOW) : end])))
+                cuts.append((end, stream.intdigest(), pos + 1, _xxh3(view[max(0, end - TAIL_WINDOW) : end], seed=end)))
+        entry = _Entry(data, ids, cuts)
+        if cuts and last == cuts[-1][0]:
+            entry.state = stream
+        return entry
+
+    def _entry_native(self, data: bytes, ids: array[int], start: int, before: list[tuple[int, int, int, int]],
+                      state: xxhash.xxh3_64 | bytes | None) -> _Entry | None:
+        """:meth:`_matches` past ``start`` and :meth:`_entry` in one C call (``_native.prompt_cuts``): the same cuts
+        (the boundary tokens' ids looked for in ``ids`` past the ``before`` cuts' ids), the state as bytes."""
+        assert self._native is not None and self._bounds is not None
+        got = self._native.prompt_cuts(data, start, ids, (before[-1][2] if before else 0) - 1, *self._bounds,
+                                       self._names_t, self._tokens, state, TAIL_WINDOW)
+        if got is None:
+            return None  # the codec did not split where expected: do not remember this prompt
+        new, last, stream = got
+        cuts = before + new
         entry = _Entry(data, ids, cuts)
         if cuts and last == cuts[-1][0]:
             entry.state = stream
@@ -368,22 +409,29 @@ class PromptCache:
             entry.holder[0] = entry  # the shared cuts' keys now find ``entry``
             first = len(superseded.cuts)
         cuts = entry.cuts
-        places = list(zip(repeat(entry.holder, len(cuts) - first), count(first)))
-        keys.update(zip([cut[1] for cut in cuts[first:]], places, strict=False))
-        self._ends.update(zip([(cut[0], cut[3]) for cut in cuts[first:]], places, strict=False))
+        ends = self._ends
+        native = self._native
+        if native is not None:
+            native.prompt_store(keys, ends, entry.holder, cuts, first)
+        else:
+            places = list(zip(repeat(entry.holder, len(cuts) - first), count(first)))
+            keys.update(zip([cut[1] for cut in cuts[first:]], places, strict=False))
+            ends.update(zip([cut[3] for cut in cuts[first:]], places, strict=False))
         lru[id(entry)] = entry
         self._bytes += entry.size
         while self._bytes > self.max_bytes and len(lru) > 1:
             _, victim = lru.popitem(last=False)
             self._bytes -= victim.size
-            ends = self._ends
-            for end, key, _, tail in victim.cuts:
-                hit = keys.get(key)
-                if hit is not None and hit[0] is victim.holder:
-                    del keys[key]
-                got = ends.get((end, tail))
-                if got is not None and got[0] is victim.holder:
-                    del ends[(end, tail)]
+            if native is not None:
+                native.prompt_evict(keys, ends, victim.holder, victim.cuts)
+            else:
+                for _, key, _, tail in victim.cuts:
+                    hit = keys.get(key)
+                    if hit is not None and hit[0] is victim.holder:
+                        del keys[key]
+                    got = ends.get(tail)
+                    if got is not None and got[0] is victim.holder:
+                        del ends[tail]
             # entry -> holder -> entry is a cycle: without this an evicted entry (its ids, ~1k ints) waited for
             # the cyclic GC, and every young collection re-scanned them (bench/README.md, sixth round)
             victim.holder = []

@@ -1,0 +1,147 @@
+"""The prompt cache's bookkeeping in C (``_native.prompt_tail/prompt_cuts/prompt_store/prompt_evict``) against its
+Python lines: two caches, one per path, fed the same prompts, must hand out the same ids and hold the same keys,
+tail keys, entries (cuts, ids, hashes) in the same LRU order, bytes and counters after every prompt."""
+
+from __future__ import annotations
+
+import re
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from infera.kv import hashing
+from infera.kv.hashing import block_hashes, pure_block_hashes
+from infera.kv.native import choose
+from infera.kv.prompt_cache import PromptCache
+from infera.kv.tokenizer import PromptRenderer
+
+try:
+    choose(True)
+except ImportError:
+    pytest.skip("the C extension infera.kv._native is not built", allow_module_level=True)
+
+TOKENS = {"<|im_start|>": 1 << 20, "<|im_end|>": (1 << 20) + 1, "<x>": (1 << 20) + 2}
+_SPLIT = re.compile("(" + "|".join(map(re.escape, sorted(TOKENS, key=len, reverse=True))) + ")")
+
+
+def _codec(text: str) -> list[int]:
+    """A codec that splits on its boundary tokens first (as the real ones do): a token's id, else one id a character."""
+    out: list[int] = []
+    for piece in _SPLIT.split(text):
+        out.extend([TOKENS[piece]] if piece in TOKENS else map(ord, piece))
+    return out
+
+
+def _state(cache: PromptCache) -> tuple[Any, ...]:
+    def place(p: tuple[list[Any], int]) -> tuple[list[bytes], int]:
+        return [e.data for e in p[0]], p[1]
+
+    entries = [(e.data, e.cuts, e.ids.tolist(), e.hashes, e.holder[0] is e, e.state is None)
+               for e in cache._lru.values()]
+    return ({k: place(v) for k, v in cache._keys.items()}, {k: place(v) for k, v in cache._ends.items()}, entries,
+            cache.size_bytes, cache.hits, cache.reused_tokens, cache.encoded_tokens)
+
+
+def _pair(encode: Any, boundaries: dict[str, int], max_bytes: int) -> tuple[PromptCache, PromptCache]:
+    caches = PromptCache(encode, boundaries, max_bytes, native=True), PromptCache(encode, boundaries, max_bytes,
+                                                                                 native=False)
+    for cache in caches:
+        cache.min_chars = 0
+    return caches
+
+
+def _feed(caches: tuple[PromptCache, PromptCache], text: str, want: list[int], listed: bool, size: int) -> None:
+    got = [cache.encode_within(text, None, listed) for cache in caches]
+    for ids in got:
+        assert ids is not None and list(ids) == want
+        assert not size or block_hashes(ids, size) == block_hashes(want, size)  # size 0: ids past uint32
+    assert _state(caches[0]) == _state(caches[1])
+
+
+PIECE = st.sampled_from([*TOKENS, "<", ">", "<|", "|>", "x", "abc ", "\n", "é", "\u0338", "😀", "<x", "x>", "  "])
+TEXT = st.lists(st.one_of(PIECE, st.text(max_size=6)), max_size=10).map("".join)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(st.tuples(st.integers(0, 30), st.floats(0, 1), TEXT, st.booleans()), min_size=1, max_size=14),
+       max_bytes=st.integers(200, 4000), size=st.sampled_from([1, 3, 4]))
+def test_the_c_path_leaves_the_state_the_python_path_leaves(steps: list[tuple[int, float, str, bool]],
+                                                            max_bytes: int, size: int) -> None:
+    caches = _pair(_codec, {t: i for t, i in TOKENS.items()}, max_bytes)
+    seen: list[str] = []
+    for pick, where, new, listed in steps:
+        # extend (part of) an earlier prompt: its last cut (a growing conversation), an earlier one (a branch), or
+        # none of it
+        base = seen[pick % len(seen)] if seen and pick < 25 else ""
+        text = base[: round(len(base) * where)] if pick % 3 == 0 else base
+        text += new
+        seen.append(text)
+        _feed(caches, text, _codec(text), listed, size)
+
+
+def test_a_codec_that_does_not_split_where_expected_is_not_remembered_by_either_path() -> None:
+    caches = _pair(lambda s: [ord(c) for c in s], {"<x>": 1 << 20}, 1 << 20)  # never emits the token's id
+    for text in ("a<x>b", "a<x>b<x>c", "<x>"):
+        _feed(caches, text, [ord(c) for c in text], True, 2)
+    assert caches[0].entries == caches[1].entries == 0
+
+
+def test_u32_pack_is_the_arrays_bytes_or_none() -> None:
+    native = choose(True)
+    for values in ([], [0, 1, 2**32 - 1], [True, 5, 1 << 20]):
+        assert native.u32_pack(values) == array("I", values).tobytes()
+    for bad in ([-1], [2**32], [1.0], ["a"], [2**70], [3, None]):
+        assert native.u32_pack(bad) is None  # the caller's array.extend raises as it did
+    assert native.u32_pack((1, 2)) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.integers(0, 2**32 - 1), max_size=40), known=st.lists(st.integers(0, 2**64 - 1), max_size=12),
+       size=st.integers(1, 5), most=st.one_of(st.none(), st.integers(0, 12)))
+def test_extend_hashes_in_c_equals_its_python_lines(ids: list[int], known: list[int], size: int,
+                                                     most: int | None) -> None:
+    n_blocks = len(ids) // size
+    k = min(len(known), n_blocks, n_blocks if most is None else most)
+    want = known[:k] + pure_block_hashes(ids[k * size : n_blocks * size], size, known[k - 1] if k else 0)
+    with pytest.MonkeyPatch.context() as mp:
+        for impl in (None, choose(True)):
+            mp.setattr(hashing, "_native", impl)
+            assert hashing.extend_hashes(array("I", ids), known, size, most) == want
+
+
+def test_ids_past_uint32_reach_the_caller_and_are_not_stored_by_either_path() -> None:
+    def wide(text: str) -> list[int]:
+        return [1 << 33 if i == ord("w") else i for i in _codec(text)]
+
+    caches = _pair(wide, {t: i for t, i in TOKENS.items()}, 1 << 20)
+    for text in ("<|im_start|>a<|im_end|>", "<|im_start|>a<|im_end|>w", "<|im_start|>a<|im_end|>b", "w<x>"):
+        _feed(caches, text, wide(text), True, 0)
+    assert caches[0].entries == caches[1].entries == 1  # the last prompt without "w" replaced the first
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_chat_sessions_through_both_paths(qwen_tokenizer_dir: Path, listed: bool) -> None:
+    """The Qwen codec on chat prompts: sessions behind shared system prompts, growing and branching, under a bound
+    that evicts."""
+    renderer = PromptRenderer.from_dir(qwen_tokenizer_dir)
+    codec = renderer._codec
+    caches = _pair(lambda s: codec.encode(s, False), codec.boundaries, 60_000)
+    sessions: list[list[dict[str, str]]] = []
+    for i in range(60):
+        group = i % 4
+        if i % 5 == 4 and sessions:  # a branch off an earlier session's turn
+            messages = [*sessions[i % len(sessions)][:3], {"role": "user", "content": f"branch {i} é\u0338"}]
+        elif i % 3 == 1 and sessions:  # the next turn of the last session
+            messages = [*sessions[-1], {"role": "assistant", "content": f"answer {i} " * 20},
+                        {"role": "user", "content": f"more {i}"}]
+        else:
+            messages = [{"role": "system", "content": f"tenant {group} rules " * 200},
+                        {"role": "user", "content": f"question {i} 😀 " * 10}]
+        sessions.append(messages)
+        text = renderer.render_chat(messages)
+        _feed(caches, text, codec.encode(text, False), listed, 16)
+    assert caches[0].hits > 20
