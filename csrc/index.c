@@ -1940,6 +1940,7 @@ static struct PyModuleDef module = {
 static int add_prompt_ids(PyObject *mod); /* the prompt cache's uint32 ids: the block at the end of this file */
 static int add_recency(PyObject *mod); /* kv-aware's recency shadow: the block at the end of this file */
 static int add_scales(PyObject *mod);  /* kv-aware's speed scale: after it */
+static int add_pick11(PyObject *mod); /* the load tracker's block references, kv-aware's pick glue: after it */
 static double recency_tail(U64Map *m, long long blocks, double tau, double now);
 
 PyMODINIT_FUNC PyInit__native(void) {
@@ -1955,7 +1956,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(mod);
         return NULL;
     }
-    if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0) {
+    if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0 ||
+        add_pick11(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
@@ -2729,3 +2731,66 @@ static int add_scales(PyObject *mod) {
         return -1;
     return PyModule_AddFunctions(mod, scale_methods);
 }
+
+/* ==== The load tracker's block references in a U64Map(False) (infera/kv/load.py, helper pick11) ====================
+ *
+ * load_refs_add(refs, hashes) / load_refs_release(refs, hashes) -> None: refs_add / refs_release on a U64Map(False)
+ * whose values are the counts, inline (no int object, no dict probe of a hashed int per block: a routed prompt's
+ * ~64 blocks cost ~2.4 µs each way in a dict). The same counts as the dict's: a count that reaches 0 leaves the map;
+ * a hash missing on release is a KeyError; a hash that is no u64 is an error (router hashes always are). */
+
+static int load_refs_step(PyObject *const *args, Py_ssize_t nargs, int up) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "load_refs_add/load_refs_release take 2 arguments");
+        return -1;
+    }
+    if (!IS_MAP(args[0]) || ((U64Map *)args[0])->objvals) {
+        PyErr_SetString(PyExc_TypeError, "load_refs: refs must be a U64Map(False)");
+        return -1;
+    }
+    U64Map *m = (U64Map *)args[0];
+    PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
+    if (seq == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        uint64_t key;
+        if (map_key_strict(items[j], &key) < 0) goto fail;
+        if (up) {
+            int added;
+            Py_ssize_t i = map_slot(m, key, &added);
+            if (i < 0) goto fail;
+            m->slots[i].val = added ? 1 : m->slots[i].val + 1;
+            continue;
+        }
+        Py_ssize_t i = map_find(m, key);
+        if (i < 0) {
+            PyErr_SetObject(PyExc_KeyError, items[j]);
+            goto fail;
+        }
+        if (--m->slots[i].val == 0) map_unlink(m, i);
+    }
+    Py_DECREF(seq);
+    return 0;
+fail:
+    Py_DECREF(seq);
+    return -1;
+}
+
+static PyObject *load_refs_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (load_refs_step(args, nargs, 1) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *load_refs_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (load_refs_step(args, nargs, 0) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef pick11_methods[] = {
+    {"load_refs_add", (PyCFunction)(void (*)(void))load_refs_add, METH_FASTCALL, NULL},
+    {"load_refs_release", (PyCFunction)(void (*)(void))load_refs_release, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_pick11(PyObject *mod) { return PyModule_AddFunctions(mod, pick11_methods); }
