@@ -2259,6 +2259,40 @@ static NO_FMA double py_recompute_ms(double tokens) {
 static inline long long ll_min(long long a, long long b) { return a < b ? a : b; }
 static inline long long ll_max(long long a, long long b) { return a > b ? a : b; }
 
+/* kv_terms' arithmetic: the 8 terms in t[] (kv_score, helper pick11's block, computes its candidates' with it) */
+static NO_FMA void terms_of(double t[8], long long prompt_tokens, double credit, long long size, long long queued,
+                            long long active, long long decoding, long long capacity, long long max_tokens,
+                            double weight, double horizon_w, double eviction_w, long long cached, double occupancy_w,
+                            U64Map *shadow, double tau, double now) {
+    double own = (double)prompt_tokens - credit * (double)size;
+    if (!(own > 0.0)) own = 0.0;
+    double tokens = (double)queued + own;
+    double prefill = py_prefill_ms(tokens) * weight;
+    double batch = py_decode_ms(tokens, decoding, active, capacity);
+    long long need = -floor_div(-(long long)own, size) + -floor_div(-max_tokens, size);
+    long long after = active + need;
+    double memory = 0.0;
+    if (capacity > 0 && after > capacity)
+        memory = (double)(after - capacity) / (double)capacity * (double)max_tokens * (DEC_A + DEC_B + DEC_C);
+    double horizon = horizon_w * py_decode_ms(1.0, 1, after, capacity);
+    double eviction = 0.0;
+    if (eviction_w != 0.0 && capacity > 0 && need > 0) {
+        long long occupied = ll_min(capacity, ll_max(cached, active));
+        long long evicted = ll_max(0, ll_min(need - (capacity - occupied), occupied - ll_min(active, occupied)));
+        eviction = eviction_w * weight * py_recompute_ms((double)(evicted * size));
+        if (shadow != NULL && eviction > 0.0) eviction *= recency_tail(shadow, evicted, tau, now);
+    }
+    double occupancy = occupancy_w != 0.0 ? occupancy_w * weight * py_recompute_ms(own) : 0.0;
+    t[0] = prefill;
+    t[1] = batch;
+    t[2] = memory;
+    t[3] = horizon;
+    t[4] = eviction;
+    t[5] = 0.0;
+    t[6] = occupancy;
+    t[7] = 0.0;
+}
+
 /* kv_terms(13 args[, shadow, tau, now]): with a recency shadow (a U64Map(False) kept by recency_touch; None: none)
  * the eviction term is weighted by recency_value(shadow, evicted, tau, now), as kv_evict.py's Python path does */
 static NO_FMA PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -2291,26 +2325,10 @@ static NO_FMA PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_ValueError, "kv_terms: the block size must be positive");
         return NULL;
     }
-    double own = (double)prompt_tokens - credit * (double)size;
-    if (!(own > 0.0)) own = 0.0;
-    double tokens = (double)queued + own;
-    double prefill = py_prefill_ms(tokens) * weight;
-    double batch = py_decode_ms(tokens, decoding, active, capacity);
-    long long need = -floor_div(-(long long)own, size) + -floor_div(-max_tokens, size);
-    long long after = active + need;
-    double memory = 0.0;
-    if (capacity > 0 && after > capacity)
-        memory = (double)(after - capacity) / (double)capacity * (double)max_tokens * (DEC_A + DEC_B + DEC_C);
-    double horizon = horizon_w * py_decode_ms(1.0, 1, after, capacity);
-    double eviction = 0.0;
-    if (eviction_w != 0.0 && capacity > 0 && need > 0) {
-        long long occupied = ll_min(capacity, ll_max(cached, active));
-        long long evicted = ll_max(0, ll_min(need - (capacity - occupied), occupied - ll_min(active, occupied)));
-        eviction = eviction_w * weight * py_recompute_ms((double)(evicted * size));
-        if (shadow != NULL && eviction > 0.0) eviction *= recency_tail(shadow, evicted, tau, now);
-    }
-    double occupancy = occupancy_w != 0.0 ? occupancy_w * weight * py_recompute_ms(own) : 0.0;
-    return Py_BuildValue("(dddddddd)", prefill, batch, memory, horizon, eviction, 0.0, occupancy, 0.0);
+    double t[8];
+    terms_of(t, prompt_tokens, credit, size, queued, active, decoding, capacity, max_tokens, weight, horizon_w,
+             eviction_w, cached, occupancy_w, shadow, tau, now);
+    return Py_BuildValue("(dddddddd)", t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
 }
 
 /* kv_terms_model() -> ((PREFILL a, b, c), (DECODE a, b, c), STEP_TOKENS, DECODE_FLOOR_MS, UNKNOWN_USAGE): the step
@@ -2787,10 +2805,215 @@ static PyObject *load_refs_release(PyObject *self, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
+/* ==== kv-aware's score after the walk and the scales, in one call (infera/router/kv_ttft.py, helper pick11) =========
+ *
+ * kv_score(candidates, overlaps, held, decoding, prompt_tokens, max_tokens, weight, horizon, eviction, occupancy,
+ *          shadows, tau, now, best, margin, floor_mode, scales) -> (costs, stay_added) | None
+ * KvTtftPolicy.score's plain C path from the overlaps and the speed scales on: per candidate the kv_terms call of
+ * _c_all_terms (its worker's ``held(wid)`` and ``decoding(wid)`` asked through the two callables, its recency shadow
+ * ``shadows.get(wid)`` when ``shadows`` is a dict), their sum as sum() adds them, the stay floor of _floor
+ * (``floor_mode`` 0: off, 1: the batch's share and the horizon, 2: the horizon; ``best``: the longest confirmed prefix
+ * per block size; no fairness gate) and the costs (scale * sum). None, before anything is computed, when a candidate
+ * with an overlap holds blocks below the device (its credit is cached_credit's: the Python path). The same doubles in
+ * the same order as the Python (tests/router/test_kv_native_pick.py, every decision on both paths). */
+
+static PyObject *STR_WORKER, *STR_INSTANCE_ID, *STR_BLOCK_SIZE, *STR_CAPACITY, *STR_KV_BLOCKS, *STR_CAND_PREFILL,
+    *STR_CAND_ACTIVE;
+
+static int attr_ll(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+typedef struct {
+    long long size, decoding;
+    int short_;  /* short of the longest confirmed prefix at its block size (the stay floor's) */
+    PyObject *size_obj;  /* the worker's kv_block_size (a new reference): the key of ``best`` */
+    double t[8], sum;
+} ScoreCand;
+
+static NO_FMA PyObject *kv_score(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "kv_score takes 17 arguments");
+        return NULL;
+    }
+    PyObject *cands = args[0], *overlaps = args[1], *held = args[2], *decoding = args[3], *shadows = args[10];
+    PyObject *best = args[13], *scales = args[16];
+    if (!PyList_Check(cands) || !PyList_Check(overlaps) || !PyList_Check(scales) || !PyDict_Check(best) ||
+        (shadows != Py_None && !PyDict_Check(shadows))) {
+        PyErr_SetString(PyExc_TypeError, "kv_score: candidates, overlaps and scales are lists, best and shadows dicts");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(cands);
+    if (PyList_GET_SIZE(overlaps) != n || PyList_GET_SIZE(scales) != n) {
+        PyErr_SetString(PyExc_ValueError, "kv_score: one overlap and one scale per candidate");
+        return NULL;
+    }
+    long long prompt_tokens = PyLong_AsLongLong(args[4]), max_tokens = PyLong_AsLongLong(args[5]);
+    double weight = PyFloat_AsDouble(args[6]), horizon_w = PyFloat_AsDouble(args[7]);
+    double eviction_w = PyFloat_AsDouble(args[8]), occupancy_w = PyFloat_AsDouble(args[9]);
+    double tau = PyFloat_AsDouble(args[11]), now = PyFloat_AsDouble(args[12]);
+    long long margin = PyLong_AsLongLong(args[14]), floor_mode = PyLong_AsLongLong(args[15]);
+    if (PyErr_Occurred()) return NULL;
+    ScoreCand *cs = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(ScoreCand));
+    if (cs == NULL) return PyErr_NoMemory();
+    PyObject *out = NULL, *costs = NULL, *added = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ScoreCand *c = &cs[i];
+        PyObject *cand = PyList_GET_ITEM(cands, i), *worker = NULL, *wid = NULL, *cap = NULL, *h = NULL;
+        long long overlap = PyLong_AsLongLong(PyList_GET_ITEM(overlaps, i));
+        long long capacity = 0, queued = 0, active = 0, cached = 0;
+        int ok = 0;
+        if (overlap == -1 && PyErr_Occurred()) goto done;
+        worker = PyObject_GetAttr(cand, STR_WORKER);
+        if (worker == NULL) goto cand_done;
+        wid = PyObject_GetAttr(worker, STR_INSTANCE_ID);
+        c->size_obj = wid ? PyObject_GetAttr(worker, STR_BLOCK_SIZE) : NULL;
+        cap = c->size_obj ? PyObject_GetAttr(worker, STR_CAPACITY) : NULL;
+        if (cap == NULL) goto cand_done;
+        c->size = PyLong_AsLongLong(c->size_obj);
+        if ((c->size == -1 && PyErr_Occurred()) || attr_ll(cap, STR_KV_BLOCKS, &capacity) < 0 ||
+            attr_ll(cand, STR_CAND_PREFILL, &queued) < 0 || attr_ll(cand, STR_CAND_ACTIVE, &active) < 0)
+            goto cand_done;
+        if (c->size <= 0) {
+            PyErr_SetString(PyExc_ValueError, "kv_score: the block size must be positive");
+            goto cand_done;
+        }
+        h = PyObject_CallOneArg(held, wid);  /* (cached blocks, any held only below the device) */
+        if (h == NULL) goto cand_done;
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2) {
+            PyErr_SetString(PyExc_TypeError, "kv_score: held() answers (count, lower)");
+            goto cand_done;
+        }
+        cached = PyLong_AsLongLong(PyTuple_GET_ITEM(h, 0));
+        if (cached == -1 && PyErr_Occurred()) goto cand_done;
+        int lower = PyObject_IsTrue(PyTuple_GET_ITEM(h, 1));
+        if (lower < 0) goto cand_done;
+        if (lower && overlap) {  /* a fractional credit: cached_credit's, on the Python path */
+            ok = 2;
+            goto cand_done;
+        }
+        PyObject *d = PyObject_CallOneArg(decoding, wid);
+        if (d == NULL) goto cand_done;
+        c->decoding = PyLong_AsLongLong(d);
+        Py_DECREF(d);
+        if (c->decoding == -1 && PyErr_Occurred()) goto cand_done;
+        U64Map *shadow = NULL;
+        if (shadows != Py_None) {
+            PyObject *sh = PyDict_GetItemWithError(shadows, wid);
+            if (sh == NULL && PyErr_Occurred()) goto cand_done;
+            if (sh != NULL && sh != Py_None) {
+                if (!IS_MAP(sh) || ((U64Map *)sh)->objvals) {
+                    PyErr_SetString(PyExc_TypeError, "kv_score: a shadow is a U64Map(False)");
+                    goto cand_done;
+                }
+                shadow = (U64Map *)sh;
+            }
+        }
+        terms_of(c->t, prompt_tokens, (double)overlap, c->size, queued, active, c->decoding, capacity, max_tokens,
+                 weight, horizon_w, eviction_w, cached, occupancy_w, shadow, tau, now);
+        double sum = 0.0;  /* sum(t): 0 + t[0] is t[0], then in order */
+        for (int k = 0; k < 8; k++) sum += c->t[k];
+        c->sum = sum;
+        ok = 1;
+    cand_done:
+        Py_XDECREF(worker);
+        Py_XDECREF(wid);
+        Py_XDECREF(cap);
+        Py_XDECREF(h);
+        if (ok == 2) {
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+        if (!ok) goto done;
+    }
+    added = PyList_New(n);
+    costs = added ? PyList_New(n) : NULL;
+    if (costs == NULL) goto done;
+    double *stay = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(double));
+    if (stay == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (floor_mode && PyDict_GET_SIZE(best) > 0) {  /* _floor: the holders' least decode terms and batch */
+        long long holders = 0, held_dec = 0;
+        double floor = 0.0;
+        int fail = 0;
+        for (Py_ssize_t i = 0; i < n && !fail; i++) {
+            PyObject *w = PyDict_GetItemWithError(best, cs[i].size_obj);
+            long long wanted = 0, overlap = PyLong_AsLongLong(PyList_GET_ITEM(overlaps, i));
+            if (w == NULL ? PyErr_Occurred() != NULL : ((wanted = PyLong_AsLongLong(w)) == -1 && PyErr_Occurred())) {
+                fail = 1;
+                break;
+            }
+            cs[i].short_ = overlap < wanted;
+            if (overlap < wanted || wanted <= 0) continue;
+            double part = floor_mode == 2 ? cs[i].t[3] : cs[i].t[1] + cs[i].t[3];
+            if (!holders || part < floor) floor = part;
+            if (!holders || cs[i].decoding < held_dec) held_dec = cs[i].decoding;
+            holders++;
+        }
+        if (fail) {
+            PyMem_Free(stay);
+            goto done;
+        }
+        for (Py_ssize_t i = 0; holders && i < n; i++) {
+            if (!cs[i].short_) continue;
+            if (margin && held_dec - cs[i].decoding >= margin) continue;
+            double mine = floor_mode == 2 ? cs[i].t[3] : cs[i].t[1] + cs[i].t[3];
+            if (mine < floor) {
+                cs[i].sum += floor - mine;
+                stay[i] = floor - mine;
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double scale = PyFloat_AsDouble(PyList_GET_ITEM(scales, i));
+        if (scale == -1.0 && PyErr_Occurred()) {
+            PyMem_Free(stay);
+            goto done;
+        }
+        PyObject *cost = PyFloat_FromDouble(scale * cs[i].sum), *a = PyFloat_FromDouble(stay[i]);
+        if (cost == NULL || a == NULL) {
+            Py_XDECREF(cost);
+            Py_XDECREF(a);
+            PyMem_Free(stay);
+            goto done;
+        }
+        PyList_SET_ITEM(costs, i, cost);
+        PyList_SET_ITEM(added, i, a);
+    }
+    PyMem_Free(stay);
+    out = PyTuple_Pack(2, costs, added);
+done:
+    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(cs[i].size_obj);
+    PyMem_Free(cs);
+    Py_XDECREF(costs);
+    Py_XDECREF(added);
+    return out;
+}
+
 static PyMethodDef pick11_methods[] = {
     {"load_refs_add", (PyCFunction)(void (*)(void))load_refs_add, METH_FASTCALL, NULL},
     {"load_refs_release", (PyCFunction)(void (*)(void))load_refs_release, METH_FASTCALL, NULL},
+    {"kv_score", (PyCFunction)(void (*)(void))kv_score, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
-static int add_pick11(PyObject *mod) { return PyModule_AddFunctions(mod, pick11_methods); }
+static int add_pick11(PyObject *mod) {
+    STR_WORKER = PyUnicode_InternFromString("worker");
+    STR_INSTANCE_ID = PyUnicode_InternFromString("instance_id");
+    STR_BLOCK_SIZE = PyUnicode_InternFromString("kv_block_size");
+    STR_CAPACITY = PyUnicode_InternFromString("capacity");
+    STR_KV_BLOCKS = PyUnicode_InternFromString("kv_blocks");
+    STR_CAND_PREFILL = PyUnicode_InternFromString("prefill_tokens");
+    STR_CAND_ACTIVE = PyUnicode_InternFromString("active_blocks");
+    if (STR_WORKER == NULL || STR_INSTANCE_ID == NULL || STR_BLOCK_SIZE == NULL || STR_CAPACITY == NULL ||
+        STR_KV_BLOCKS == NULL || STR_CAND_PREFILL == NULL || STR_CAND_ACTIVE == NULL)
+        return -1;
+    return PyModule_AddFunctions(mod, pick11_methods);
+}
