@@ -566,3 +566,25 @@ def test_holding_names_many_workers_in_slot_order(holds: list[tuple[int, list[in
         for k, start, n in guesses:
             index.predict(f"w{k}", hashes[start : start + n], ttl=10.0, now=1.0)
         assert index.holding(hashes[at], now=2.0) == list(index.overlaps([hashes[at]], now=2.0, use_predicted=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(op, max_size=40))
+def test_every_shared_mask_is_also_the_holders_mask(ops: list[tuple[Any, ...]]) -> None:
+    """``walk_both`` (kv-aware's walk) reads a block's mask from the holders table alone on the C path: every entry of
+    the shared table must be there with the same mask, on both paths, after every step of a random stream (stores,
+    removals, one router hash behind several engine blocks, clears, workers leaving); and its answers stay those of
+    ``overlaps`` with and without the predictions."""
+    c, py = PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
+    now = 100.0
+    for o in ops:
+        for index in (c, py):
+            _step(index, o, now)
+        if o[0] == "tick":
+            now += o[1]
+        for index in (c, py):
+            assert all(index._holders.get(k) == v for k, v in index._shared.items()), o
+        for hashes in ROUTER:
+            got = c.overlaps_and_confirmed(hashes, now=now)
+            want = py.overlaps(hashes, now=now, use_predicted=True)
+            assert got == (want, max(py.overlaps(hashes, now=now).values(), default=0) if want else 0), o
