@@ -880,10 +880,10 @@ static int discard(PyObject *d, PyObject *key) {
 
 /* Predictions.drop(worker, local): forget the worker's prediction of ``local``, if any. */
 static int drop_guess(PyObject *predicted, PyObject *guess_masks, PyObject *bit, PyObject *local) {
-    if (PyDict_GET_SIZE(predicted) == 0) return 0;
-    PyObject *had = PyDict_GetItemWithError(predicted, local);
+    if (tab_size(predicted) == 0) return 0;
+    PyObject *had = tab_get(predicted, local);  /* a dict, or a U64Map(True) (predict_map_add) */
     if (had == NULL) return PyErr_Occurred() ? -1 : 0;
-    if (PyDict_DelItem(predicted, local) < 0) return -1;
+    if (tab_del(predicted, local) < 0) return -1;
     PyObject *old = PyDict_GetItemWithError(guess_masks, local);
     if (old == NULL) {
         if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, local);
@@ -906,7 +906,8 @@ typedef struct {
 static int tables(PyObject *const *args, Tables *t) {
     PyObject **f = (PyObject **)t;
     for (int i = 0; i < 9; i++) {
-        if (!(i == 7 ? PyAnySet_Check(args[i]) : PyDict_Check(args[i]) || ((i == 0 || i == 5) && IS_MAP(args[i])))) {
+        if (!(i == 7 ? PyAnySet_Check(args[i]) : PyDict_Check(args[i]) || ((i == 0 || i == 4 || i == 5) &&
+                                                                           IS_MAP(args[i])))) {
             PyErr_SetString(PyExc_TypeError, "expected the index's dicts and watched set");
             return -1;
         }
@@ -1082,7 +1083,7 @@ static int remove_alone(Tables *t, PyObject *eh, Py_ssize_t *unknown) {
     uint64_t local = blocks->slots[i].val;
     Py_ssize_t j = map_find(holders, local);
     if (j < 0 || (PyObject *)(uintptr_t)holders->slots[j].val != t->bit) return 0;
-    if (PyDict_GET_SIZE(t->lower) || PyDict_GET_SIZE(t->predicted)) {
+    if (PyDict_GET_SIZE(t->lower) || tab_size(t->predicted)) {
         PyObject *lo = PyLong_FromUnsignedLongLong(local);
         if (lo == NULL) return -1;
         r = discard(t->lower, lo) < 0 || drop_guess(t->predicted, t->guess_masks, t->bit, lo) < 0 ? -1 : 0;
@@ -3000,7 +3001,67 @@ done:
     return out;
 }
 
+/* predict_map_add(predicted, masks, bit, hashes, expiry) -> list: predict_add with the worker's expiries in a
+ * U64Map(True) (the expiry floats as its values, as the dict's) instead of a dict: a slot's probe per block instead
+ * of a dict's (the int key's hash, its entry, the key object); ``masks`` stays the index's dict */
+static PyObject *predict_map_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "predict_map_add takes 5 arguments");
+        return NULL;
+    }
+    PyObject *masks = args[1], *bit = args[2], *expiry = args[4];
+    if (!IS_MAP(args[0]) || !((U64Map *)args[0])->objvals || !PyDict_CheckExact(masks)) {
+        PyErr_SetString(PyExc_TypeError, "predict_map_add: predicted is a U64Map(True), masks a dict");
+        return NULL;
+    }
+    U64Map *m = (U64Map *)args[0];
+    double until = PyFloat_AsDouble(expiry);
+    if (until == -1.0 && PyErr_Occurred()) return NULL;
+    PyObject *seq = PySequence_Fast(args[3], "predict_map_add: hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL) goto fail;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *h = items[k];
+        uint64_t key;
+        if (map_key_strict(h, &key) < 0) goto fail;
+        Py_ssize_t i = map_find(m, key);
+        if (i < 0) {
+            PyObject *mask = PyDict_GetItemWithError(masks, h);
+            if (mask == NULL && PyErr_Occurred()) goto fail;
+            PyObject *joined = PyNumber_Or(mask != NULL ? mask : ZERO, bit);
+            if (joined == NULL) goto fail;
+            int rc = PyDict_SetItem(masks, h, joined);
+            Py_DECREF(joined);
+            if (rc < 0) goto fail;
+            int added;
+            i = map_slot(m, key, &added);
+            if (i < 0) goto fail;
+            Py_INCREF(expiry);
+            m->slots[i].val = (uint64_t)(uintptr_t)expiry;
+        } else {
+            PyObject *old = (PyObject *)(uintptr_t)m->slots[i].val;
+            double was = PyFloat_AsDouble(old);
+            if (was == -1.0 && PyErr_Occurred()) goto fail;
+            if (was >= until) continue;
+            Py_INCREF(expiry);
+            m->slots[i].val = (uint64_t)(uintptr_t)expiry;
+            Py_DECREF(old);
+        }
+        if (PyList_Append(fresh, h) < 0) goto fail;
+    }
+    Py_DECREF(seq);
+    return fresh;
+fail:
+    Py_XDECREF(fresh);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyMethodDef pick11_methods[] = {
+    {"predict_map_add", (PyCFunction)(void (*)(void))predict_map_add, METH_FASTCALL, NULL},
     {"load_refs_add", (PyCFunction)(void (*)(void))load_refs_add, METH_FASTCALL, NULL},
     {"load_refs_release", (PyCFunction)(void (*)(void))load_refs_release, METH_FASTCALL, NULL},
     {"kv_score", (PyCFunction)(void (*)(void))kv_score, METH_FASTCALL, NULL},

@@ -574,17 +574,46 @@ def test_every_shared_mask_is_also_the_holders_mask(ops: list[tuple[Any, ...]]) 
     """``walk_both`` (kv-aware's walk) reads a block's mask from the holders table alone on the C path: every entry of
     the shared table must be there with the same mask, on both paths, after every step of a random stream (stores,
     removals, one router hash behind several engine blocks, clears, workers leaving); and its answers stay those of
-    ``overlaps`` with and without the predictions."""
+    ``overlaps`` with and without the predictions. The workers' prediction expiries (a U64Map on the C path,
+    ``predict_map_add``; dicts in Python and in a build without it) give the same state on the three."""
     c, py = PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
+    # and an extension built before predict_map_add: the workers' expiries in dicts, predict_add
+    stale = PrefixIndex(block_size=BLOCK, native=True)
+    stale._guesses.map_add = None
     now = 100.0
     for o in ops:
-        for index in (c, py):
+        for index in (c, py, stale):
             _step(index, o, now)
         if o[0] == "tick":
             now += o[1]
+        assert _state(c) == _state(py) == _state(stale), o
+        assert all(isinstance(t.predicted, type(c._native.U64Map(True))) for t in c._workers.values())
+        assert all(type(t.predicted) is dict for index in (py, stale) for t in index._workers.values())
         for index in (c, py):
             assert all(index._holders.get(k) == v for k, v in index._shared.items()), o
-        for hashes in ROUTER:
+        for hashes in ROUTER:  # (each index is asked the same: a query prunes expired predictions)
             got = c.overlaps_and_confirmed(hashes, now=now)
+            assert stale.overlaps_and_confirmed(hashes, now=now) == got
             want = py.overlaps(hashes, now=now, use_predicted=True)
             assert got == (want, max(py.overlaps(hashes, now=now).values(), default=0) if want else 0), o
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 40), max_size=8), st.sampled_from([1, 2, 4]),
+                          st.sampled_from([1.0, 2.0, 2.0, 3.0])), max_size=30))
+def test_predict_map_add_is_predict_add(steps: list[tuple[list[int], int, float]]) -> None:
+    """``predict_map_add`` (the expiries in a U64Map(True)) against ``predict_add`` (a dict): the same fresh hashes,
+    expiries and masks after every call, repeated hashes, earlier and equal expiries and other workers' bits
+    included."""
+    from infera.kv import _native as native
+
+    d: dict[int, float] = {}
+    m = native.U64Map(True)
+    dm: dict[int, int] = {}
+    mm: dict[int, int] = {}
+    for hashes, bit, expiry in steps:
+        want = native.predict_add(d, dm, bit, hashes, expiry)
+        assert native.predict_map_add(m, mm, bit, hashes, expiry) == want
+        assert m == d and mm == dm and list(m.keys()) == list(d)
+    with pytest.raises(OverflowError):
+        native.predict_map_add(m, mm, 1, [-1], 1.0)
