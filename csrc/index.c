@@ -3060,7 +3060,68 @@ fail:
     return NULL;
 }
 
+/* kv_refresh(sums, samples, count, capacity, seconds, fastest) -> (observed, modelled) | None
+ * KvTtftPolicy._refresh's update of a worker's _Scale ``sums`` from the tracker's answers (``count`` samples ever,
+ * the window ``samples``, their ``seconds``, the ``fastest`` of them), once its count moved: which samples are new
+ * (all of them when the window is another sequence, the capacity changed or the count went back), kv_window's trim,
+ * modelling and sums, then the fields. None, as kv_window's: an item was not a float, the sums are the caller's
+ * (sum(), as the Python); every other field is set. */
+static PyObject *STR_SOURCE, *STR_COUNT, *STR_CAP, *STR_PARTS, *STR_SUM_N, *STR_SUM_OBSERVED, *STR_SUM_MODELLED,
+    *STR_SUM_FLOOR;
+
+static PyObject *kv_refresh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "kv_refresh takes 6 arguments");
+        return NULL;
+    }
+    PyObject *sums = args[0], *samples = args[1], *seconds = args[4];
+    long long count = PyLong_AsLongLong(args[2]), capacity = PyLong_AsLongLong(args[3]), had_cap, had_count;
+    double fastest = PyFloat_AsDouble(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *source = PyObject_GetAttr(sums, STR_SOURCE);
+    if (source == NULL) return NULL;
+    Py_DECREF(source);  /* only its identity is compared */
+    if (attr_ll(sums, STR_CAP, &had_cap) < 0 || attr_ll(sums, STR_COUNT, &had_count) < 0) return NULL;
+    Py_ssize_t n = PyObject_Size(samples);
+    if (n < 0) return NULL;
+    int fresh = source != samples || had_cap != capacity || !(0 <= had_count && had_count <= count);
+    long long new = fresh ? n : (n < count - had_count ? n : count - had_count);
+    PyObject *parts = PyObject_GetAttr(sums, STR_PARTS);
+    if (parts == NULL) return NULL;
+    PyObject *keep = PyLong_FromLongLong((long long)n - new), *cap = keep ? PyLong_FromLongLong(capacity) : NULL;
+    PyObject *got = NULL;
+    if (cap != NULL) {
+        PyObject *wargs[5] = {parts, samples, keep, cap, seconds};
+        got = kv_window(NULL, wargs, 5);
+    }
+    Py_DECREF(parts);
+    Py_XDECREF(keep);
+    if (got == NULL) {
+        Py_XDECREF(cap);
+        return NULL;
+    }
+    int r = 0;
+    if (got != Py_None)
+        r = PyObject_SetAttr(sums, STR_SUM_OBSERVED, PyTuple_GET_ITEM(got, 0)) < 0 ||
+            PyObject_SetAttr(sums, STR_SUM_MODELLED, PyTuple_GET_ITEM(got, 1)) < 0;
+    PyObject *cnt = r ? NULL : PyLong_FromLongLong(count), *nn = cnt ? PyLong_FromSsize_t(n) : NULL;
+    PyObject *fl = nn ? PyFloat_FromDouble(fastest * 1000.0) : NULL;
+    r = fl == NULL || PyObject_SetAttr(sums, STR_CAP, cap) < 0 || PyObject_SetAttr(sums, STR_SOURCE, samples) < 0 ||
+        PyObject_SetAttr(sums, STR_COUNT, cnt) < 0 || PyObject_SetAttr(sums, STR_SUM_N, nn) < 0 ||
+        PyObject_SetAttr(sums, STR_SUM_FLOOR, fl) < 0;
+    Py_DECREF(cap);
+    Py_XDECREF(cnt);
+    Py_XDECREF(nn);
+    Py_XDECREF(fl);
+    if (r) {
+        Py_DECREF(got);
+        return NULL;
+    }
+    return got;
+}
+
 static PyMethodDef pick11_methods[] = {
+    {"kv_refresh", (PyCFunction)(void (*)(void))kv_refresh, METH_FASTCALL, NULL},
     {"predict_map_add", (PyCFunction)(void (*)(void))predict_map_add, METH_FASTCALL, NULL},
     {"load_refs_add", (PyCFunction)(void (*)(void))load_refs_add, METH_FASTCALL, NULL},
     {"load_refs_release", (PyCFunction)(void (*)(void))load_refs_release, METH_FASTCALL, NULL},
@@ -3076,8 +3137,18 @@ static int add_pick11(PyObject *mod) {
     STR_KV_BLOCKS = PyUnicode_InternFromString("kv_blocks");
     STR_CAND_PREFILL = PyUnicode_InternFromString("prefill_tokens");
     STR_CAND_ACTIVE = PyUnicode_InternFromString("active_blocks");
+    STR_SOURCE = PyUnicode_InternFromString("source");
+    STR_COUNT = PyUnicode_InternFromString("count");
+    STR_CAP = PyUnicode_InternFromString("capacity");
+    STR_PARTS = PyUnicode_InternFromString("parts");
+    STR_SUM_N = PyUnicode_InternFromString("n");
+    STR_SUM_OBSERVED = PyUnicode_InternFromString("observed");
+    STR_SUM_MODELLED = PyUnicode_InternFromString("modelled");
+    STR_SUM_FLOOR = PyUnicode_InternFromString("floor");
     if (STR_WORKER == NULL || STR_INSTANCE_ID == NULL || STR_BLOCK_SIZE == NULL || STR_CAPACITY == NULL ||
-        STR_KV_BLOCKS == NULL || STR_CAND_PREFILL == NULL || STR_CAND_ACTIVE == NULL)
+        STR_KV_BLOCKS == NULL || STR_CAND_PREFILL == NULL || STR_CAND_ACTIVE == NULL || STR_SOURCE == NULL ||
+        STR_COUNT == NULL || STR_CAP == NULL || STR_PARTS == NULL || STR_SUM_N == NULL || STR_SUM_OBSERVED == NULL ||
+        STR_SUM_MODELLED == NULL || STR_SUM_FLOOR == NULL)
         return -1;
     return PyModule_AddFunctions(mod, pick11_methods);
 }

@@ -252,6 +252,9 @@ class KvTtftPolicy:
         self._c_scales = getattr(native, "kv_scales", None)  # _relative_scales' arithmetic (the same doubles)
         # _sums' window refresh and its two sums (an extension built before kv_window: the Python below)
         self._c_window = getattr(native, "kv_window", None) if model else None
+        # and the rest of the refresh around it (which samples are new, the fields) in the same call (issue 15's ninth
+        # round); an extension built before kv_refresh: the lines of _refresh around kv_window
+        self._c_refresh = getattr(native, "kv_refresh", None) if self._c_window is not None else None
         # score gathers the C terms itself unless a subclass computes its own terms (bench/cost_sweep.py's variants)
         self._plain_terms = type(self).terms is KvTtftPolicy.terms
         # the terms, their sums, the stay floor and the costs in one C call per decision (issue 15's ninth round: the
@@ -546,6 +549,13 @@ class KvTtftPolicy:
             sums = self._scales[wid] = _Scale()
         if sums.count != count:
             capacity = cand.worker.capacity.kv_blocks
+            if self._c_refresh is not None:
+                load = self._load
+                if self._c_refresh(sums, samples, count, capacity, load.ttft_seconds(wid), load.ttft_fastest(wid)) \
+                        is None:  # an item not a float: sum() adds them, as below
+                    sums.observed = sum(load.ttft_seconds(wid)) * 1000.0
+                    sums.modelled = sum(sums.parts)
+                return sums
             # a sample's modelled time never changes: model only the samples taken since the last refresh (the
             # samples are the worker's last TTFT_SAMPLES, newest last); the sum runs over the same values in the
             # same order as modelling them all, so the cost is the same to the bit
