@@ -880,10 +880,10 @@ static int discard(PyObject *d, PyObject *key) {
 
 /* Predictions.drop(worker, local): forget the worker's prediction of ``local``, if any. */
 static int drop_guess(PyObject *predicted, PyObject *guess_masks, PyObject *bit, PyObject *local) {
-    if (PyDict_GET_SIZE(predicted) == 0) return 0;
-    PyObject *had = PyDict_GetItemWithError(predicted, local);
+    if (tab_size(predicted) == 0) return 0;
+    PyObject *had = tab_get(predicted, local);  /* a dict, or a U64Map(True) (predict_map_add) */
     if (had == NULL) return PyErr_Occurred() ? -1 : 0;
-    if (PyDict_DelItem(predicted, local) < 0) return -1;
+    if (tab_del(predicted, local) < 0) return -1;
     PyObject *old = PyDict_GetItemWithError(guess_masks, local);
     if (old == NULL) {
         if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, local);
@@ -906,7 +906,8 @@ typedef struct {
 static int tables(PyObject *const *args, Tables *t) {
     PyObject **f = (PyObject **)t;
     for (int i = 0; i < 9; i++) {
-        if (!(i == 7 ? PyAnySet_Check(args[i]) : PyDict_Check(args[i]) || ((i == 0 || i == 5) && IS_MAP(args[i])))) {
+        if (!(i == 7 ? PyAnySet_Check(args[i]) : PyDict_Check(args[i]) || ((i == 0 || i == 4 || i == 5) &&
+                                                                           IS_MAP(args[i])))) {
             PyErr_SetString(PyExc_TypeError, "expected the index's dicts and watched set");
             return -1;
         }
@@ -1082,7 +1083,7 @@ static int remove_alone(Tables *t, PyObject *eh, Py_ssize_t *unknown) {
     uint64_t local = blocks->slots[i].val;
     Py_ssize_t j = map_find(holders, local);
     if (j < 0 || (PyObject *)(uintptr_t)holders->slots[j].val != t->bit) return 0;
-    if (PyDict_GET_SIZE(t->lower) || PyDict_GET_SIZE(t->predicted)) {
+    if (PyDict_GET_SIZE(t->lower) || tab_size(t->predicted)) {
         PyObject *lo = PyLong_FromUnsignedLongLong(local);
         if (lo == NULL) return -1;
         r = discard(t->lower, lo) < 0 || drop_guess(t->predicted, t->guess_masks, t->bit, lo) < 0 ? -1 : 0;
@@ -1940,6 +1941,7 @@ static struct PyModuleDef module = {
 static int add_prompt_ids(PyObject *mod); /* the prompt cache's uint32 ids: the block at the end of this file */
 static int add_recency(PyObject *mod); /* kv-aware's recency shadow: the block at the end of this file */
 static int add_scales(PyObject *mod);  /* kv-aware's speed scale: after it */
+static int add_pick11(PyObject *mod); /* the load tracker's block references, kv-aware's pick glue: after it */
 static int add_prompt_cache(PyObject *mod); /* the prompt cache's bookkeeping: csrc/prompt_cache.c, included last */
 static double recency_tail(U64Map *m, long long blocks, double tau, double now);
 
@@ -1956,7 +1958,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(mod);
         return NULL;
     }
-    if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0 || add_prompt_cache(mod) < 0) {
+    if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0 || add_pick11(mod) < 0 ||
+        add_prompt_cache(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
@@ -2153,8 +2156,11 @@ static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (result == NULL) goto done;
     if (walk_allow(&w, args[5]) < 0) goto done;
     for (i = 0; i < n; i++) {
-        /* the confirmed mask (shared first, as mask_of), then the same with the allowed guesses ORed in */
-        PyObject *m = PyDict_GetItemWithError(shared, hs[i]);
+        /* the confirmed mask, then the same with the allowed guesses ORed in. From ``holders`` alone: the index keeps
+         * every mask there, ``shared``'s too (the same int), and on the C path holders is a U64Map, whose probe is
+         * a slot while a dict's of an int key is its hash, its entry and the key object (~3 µs a prompt of the
+         * kv_stages workload; helper pick11) */
+        PyObject *m = IS_MAP(holders) ? NULL : PyDict_GetItemWithError(shared, hs[i]);
         if (m == NULL) {
             if (PyErr_Occurred()) goto done;
             m = tab_get(holders, hs[i]);
@@ -2258,6 +2264,40 @@ static NO_FMA double py_recompute_ms(double tokens) {
 static inline long long ll_min(long long a, long long b) { return a < b ? a : b; }
 static inline long long ll_max(long long a, long long b) { return a > b ? a : b; }
 
+/* kv_terms' arithmetic: the 8 terms in t[] (kv_score, helper pick11's block, computes its candidates' with it) */
+static NO_FMA void terms_of(double t[8], long long prompt_tokens, double credit, long long size, long long queued,
+                            long long active, long long decoding, long long capacity, long long max_tokens,
+                            double weight, double horizon_w, double eviction_w, long long cached, double occupancy_w,
+                            U64Map *shadow, double tau, double now) {
+    double own = (double)prompt_tokens - credit * (double)size;
+    if (!(own > 0.0)) own = 0.0;
+    double tokens = (double)queued + own;
+    double prefill = py_prefill_ms(tokens) * weight;
+    double batch = py_decode_ms(tokens, decoding, active, capacity);
+    long long need = -floor_div(-(long long)own, size) + -floor_div(-max_tokens, size);
+    long long after = active + need;
+    double memory = 0.0;
+    if (capacity > 0 && after > capacity)
+        memory = (double)(after - capacity) / (double)capacity * (double)max_tokens * (DEC_A + DEC_B + DEC_C);
+    double horizon = horizon_w * py_decode_ms(1.0, 1, after, capacity);
+    double eviction = 0.0;
+    if (eviction_w != 0.0 && capacity > 0 && need > 0) {
+        long long occupied = ll_min(capacity, ll_max(cached, active));
+        long long evicted = ll_max(0, ll_min(need - (capacity - occupied), occupied - ll_min(active, occupied)));
+        eviction = eviction_w * weight * py_recompute_ms((double)(evicted * size));
+        if (shadow != NULL && eviction > 0.0) eviction *= recency_tail(shadow, evicted, tau, now);
+    }
+    double occupancy = occupancy_w != 0.0 ? occupancy_w * weight * py_recompute_ms(own) : 0.0;
+    t[0] = prefill;
+    t[1] = batch;
+    t[2] = memory;
+    t[3] = horizon;
+    t[4] = eviction;
+    t[5] = 0.0;
+    t[6] = occupancy;
+    t[7] = 0.0;
+}
+
 /* kv_terms(13 args[, shadow, tau, now]): with a recency shadow (a U64Map(False) kept by recency_touch; None: none)
  * the eviction term is weighted by recency_value(shadow, evicted, tau, now), as kv_evict.py's Python path does */
 static NO_FMA PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -2290,26 +2330,10 @@ static NO_FMA PyObject *kv_terms(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_ValueError, "kv_terms: the block size must be positive");
         return NULL;
     }
-    double own = (double)prompt_tokens - credit * (double)size;
-    if (!(own > 0.0)) own = 0.0;
-    double tokens = (double)queued + own;
-    double prefill = py_prefill_ms(tokens) * weight;
-    double batch = py_decode_ms(tokens, decoding, active, capacity);
-    long long need = -floor_div(-(long long)own, size) + -floor_div(-max_tokens, size);
-    long long after = active + need;
-    double memory = 0.0;
-    if (capacity > 0 && after > capacity)
-        memory = (double)(after - capacity) / (double)capacity * (double)max_tokens * (DEC_A + DEC_B + DEC_C);
-    double horizon = horizon_w * py_decode_ms(1.0, 1, after, capacity);
-    double eviction = 0.0;
-    if (eviction_w != 0.0 && capacity > 0 && need > 0) {
-        long long occupied = ll_min(capacity, ll_max(cached, active));
-        long long evicted = ll_max(0, ll_min(need - (capacity - occupied), occupied - ll_min(active, occupied)));
-        eviction = eviction_w * weight * py_recompute_ms((double)(evicted * size));
-        if (shadow != NULL && eviction > 0.0) eviction *= recency_tail(shadow, evicted, tau, now);
-    }
-    double occupancy = occupancy_w != 0.0 ? occupancy_w * weight * py_recompute_ms(own) : 0.0;
-    return Py_BuildValue("(dddddddd)", prefill, batch, memory, horizon, eviction, 0.0, occupancy, 0.0);
+    double t[8];
+    terms_of(t, prompt_tokens, credit, size, queued, active, decoding, capacity, max_tokens, weight, horizon_w,
+             eviction_w, cached, occupancy_w, shadow, tau, now);
+    return Py_BuildValue("(dddddddd)", t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
 }
 
 /* kv_terms_model() -> ((PREFILL a, b, c), (DECODE a, b, c), STEP_TOKENS, DECODE_FLOOR_MS, UNKNOWN_USAGE): the step
@@ -2729,6 +2753,405 @@ static int add_scales(PyObject *mod) {
         || STR_PREFILL == NULL || STR_DECODING == NULL || STR_ACTIVE == NULL)
         return -1;
     return PyModule_AddFunctions(mod, scale_methods);
+}
+
+/* ==== The load tracker's block references in a U64Map(False) (infera/kv/load.py, helper pick11) ====================
+ *
+ * load_refs_add(refs, hashes) / load_refs_release(refs, hashes) -> None: refs_add / refs_release on a U64Map(False)
+ * whose values are the counts, inline (no int object, no dict probe of a hashed int per block: a routed prompt's
+ * ~64 blocks cost ~2.4 µs each way in a dict). The same counts as the dict's: a count that reaches 0 leaves the map;
+ * a hash missing on release is a KeyError; a hash that is no u64 is an error (router hashes always are). */
+
+static int load_refs_step(PyObject *const *args, Py_ssize_t nargs, int up) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "load_refs_add/load_refs_release take 2 arguments");
+        return -1;
+    }
+    if (!IS_MAP(args[0]) || ((U64Map *)args[0])->objvals) {
+        PyErr_SetString(PyExc_TypeError, "load_refs: refs must be a U64Map(False)");
+        return -1;
+    }
+    U64Map *m = (U64Map *)args[0];
+    PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
+    if (seq == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        uint64_t key;
+        if (map_key_strict(items[j], &key) < 0) goto fail;
+        if (up) {
+            int added;
+            Py_ssize_t i = map_slot(m, key, &added);
+            if (i < 0) goto fail;
+            m->slots[i].val = added ? 1 : m->slots[i].val + 1;
+            continue;
+        }
+        Py_ssize_t i = map_find(m, key);
+        if (i < 0) {
+            PyErr_SetObject(PyExc_KeyError, items[j]);
+            goto fail;
+        }
+        if (--m->slots[i].val == 0) map_unlink(m, i);
+    }
+    Py_DECREF(seq);
+    return 0;
+fail:
+    Py_DECREF(seq);
+    return -1;
+}
+
+static PyObject *load_refs_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (load_refs_step(args, nargs, 1) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *load_refs_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (load_refs_step(args, nargs, 0) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ==== kv-aware's score after the walk and the scales, in one call (infera/router/kv_ttft.py, helper pick11) =========
+ *
+ * kv_score(candidates, overlaps, held, decoding, prompt_tokens, max_tokens, weight, horizon, eviction, occupancy,
+ *          shadows, tau, now, best, margin, floor_mode, scales) -> (costs, stay_added) | None
+ * KvTtftPolicy.score's plain C path from the overlaps and the speed scales on: per candidate the kv_terms call of
+ * _c_all_terms (its worker's ``held(wid)`` and ``decoding(wid)`` asked through the two callables, its recency shadow
+ * ``shadows.get(wid)`` when ``shadows`` is a dict), their sum as sum() adds them, the stay floor of _floor
+ * (``floor_mode`` 0: off, 1: the batch's share and the horizon, 2: the horizon; ``best``: the longest confirmed prefix
+ * per block size; no fairness gate) and the costs (scale * sum). None, before anything is computed, when a candidate
+ * with an overlap holds blocks below the device (its credit is cached_credit's: the Python path). The same doubles in
+ * the same order as the Python (tests/router/test_kv_native_pick.py, every decision on both paths). */
+
+static PyObject *STR_WORKER, *STR_INSTANCE_ID, *STR_BLOCK_SIZE, *STR_CAPACITY, *STR_KV_BLOCKS, *STR_CAND_PREFILL,
+    *STR_CAND_ACTIVE;
+
+static int attr_ll(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+typedef struct {
+    long long size, decoding;
+    int short_;  /* short of the longest confirmed prefix at its block size (the stay floor's) */
+    PyObject *size_obj;  /* the worker's kv_block_size (a new reference): the key of ``best`` */
+    double t[8], sum;
+} ScoreCand;
+
+static NO_FMA PyObject *kv_score(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "kv_score takes 17 arguments");
+        return NULL;
+    }
+    PyObject *cands = args[0], *overlaps = args[1], *held = args[2], *decoding = args[3], *shadows = args[10];
+    PyObject *best = args[13], *scales = args[16];
+    if (!PyList_Check(cands) || !PyList_Check(overlaps) || !PyList_Check(scales) || !PyDict_Check(best) ||
+        (shadows != Py_None && !PyDict_Check(shadows))) {
+        PyErr_SetString(PyExc_TypeError, "kv_score: candidates, overlaps and scales are lists, best and shadows dicts");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(cands);
+    if (PyList_GET_SIZE(overlaps) != n || PyList_GET_SIZE(scales) != n) {
+        PyErr_SetString(PyExc_ValueError, "kv_score: one overlap and one scale per candidate");
+        return NULL;
+    }
+    long long prompt_tokens = PyLong_AsLongLong(args[4]), max_tokens = PyLong_AsLongLong(args[5]);
+    double weight = PyFloat_AsDouble(args[6]), horizon_w = PyFloat_AsDouble(args[7]);
+    double eviction_w = PyFloat_AsDouble(args[8]), occupancy_w = PyFloat_AsDouble(args[9]);
+    double tau = PyFloat_AsDouble(args[11]), now = PyFloat_AsDouble(args[12]);
+    long long margin = PyLong_AsLongLong(args[14]), floor_mode = PyLong_AsLongLong(args[15]);
+    if (PyErr_Occurred()) return NULL;
+    ScoreCand *cs = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(ScoreCand));
+    if (cs == NULL) return PyErr_NoMemory();
+    PyObject *out = NULL, *costs = NULL, *added = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ScoreCand *c = &cs[i];
+        PyObject *cand = PyList_GET_ITEM(cands, i), *worker = NULL, *wid = NULL, *cap = NULL, *h = NULL;
+        long long overlap = PyLong_AsLongLong(PyList_GET_ITEM(overlaps, i));
+        long long capacity = 0, queued = 0, active = 0, cached = 0;
+        int ok = 0;
+        if (overlap == -1 && PyErr_Occurred()) goto done;
+        worker = PyObject_GetAttr(cand, STR_WORKER);
+        if (worker == NULL) goto cand_done;
+        wid = PyObject_GetAttr(worker, STR_INSTANCE_ID);
+        c->size_obj = wid ? PyObject_GetAttr(worker, STR_BLOCK_SIZE) : NULL;
+        cap = c->size_obj ? PyObject_GetAttr(worker, STR_CAPACITY) : NULL;
+        if (cap == NULL) goto cand_done;
+        c->size = PyLong_AsLongLong(c->size_obj);
+        if ((c->size == -1 && PyErr_Occurred()) || attr_ll(cap, STR_KV_BLOCKS, &capacity) < 0 ||
+            attr_ll(cand, STR_CAND_PREFILL, &queued) < 0 || attr_ll(cand, STR_CAND_ACTIVE, &active) < 0)
+            goto cand_done;
+        if (c->size <= 0) {
+            PyErr_SetString(PyExc_ValueError, "kv_score: the block size must be positive");
+            goto cand_done;
+        }
+        h = PyObject_CallOneArg(held, wid);  /* (cached blocks, any held only below the device) */
+        if (h == NULL) goto cand_done;
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2) {
+            PyErr_SetString(PyExc_TypeError, "kv_score: held() answers (count, lower)");
+            goto cand_done;
+        }
+        cached = PyLong_AsLongLong(PyTuple_GET_ITEM(h, 0));
+        if (cached == -1 && PyErr_Occurred()) goto cand_done;
+        int lower = PyObject_IsTrue(PyTuple_GET_ITEM(h, 1));
+        if (lower < 0) goto cand_done;
+        if (lower && overlap) {  /* a fractional credit: cached_credit's, on the Python path */
+            ok = 2;
+            goto cand_done;
+        }
+        PyObject *d = PyObject_CallOneArg(decoding, wid);
+        if (d == NULL) goto cand_done;
+        c->decoding = PyLong_AsLongLong(d);
+        Py_DECREF(d);
+        if (c->decoding == -1 && PyErr_Occurred()) goto cand_done;
+        U64Map *shadow = NULL;
+        if (shadows != Py_None) {
+            PyObject *sh = PyDict_GetItemWithError(shadows, wid);
+            if (sh == NULL && PyErr_Occurred()) goto cand_done;
+            if (sh != NULL && sh != Py_None) {
+                if (!IS_MAP(sh) || ((U64Map *)sh)->objvals) {
+                    PyErr_SetString(PyExc_TypeError, "kv_score: a shadow is a U64Map(False)");
+                    goto cand_done;
+                }
+                shadow = (U64Map *)sh;
+            }
+        }
+        terms_of(c->t, prompt_tokens, (double)overlap, c->size, queued, active, c->decoding, capacity, max_tokens,
+                 weight, horizon_w, eviction_w, cached, occupancy_w, shadow, tau, now);
+        double sum = 0.0;  /* sum(t): 0 + t[0] is t[0], then in order */
+        for (int k = 0; k < 8; k++) sum += c->t[k];
+        c->sum = sum;
+        ok = 1;
+    cand_done:
+        Py_XDECREF(worker);
+        Py_XDECREF(wid);
+        Py_XDECREF(cap);
+        Py_XDECREF(h);
+        if (ok == 2) {
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+        if (!ok) goto done;
+    }
+    added = PyList_New(n);
+    costs = added ? PyList_New(n) : NULL;
+    if (costs == NULL) goto done;
+    double *stay = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(double));
+    if (stay == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (floor_mode && PyDict_GET_SIZE(best) > 0) {  /* _floor: the holders' least decode terms and batch */
+        long long holders = 0, held_dec = 0;
+        double floor = 0.0;
+        int fail = 0;
+        for (Py_ssize_t i = 0; i < n && !fail; i++) {
+            PyObject *w = PyDict_GetItemWithError(best, cs[i].size_obj);
+            long long wanted = 0, overlap = PyLong_AsLongLong(PyList_GET_ITEM(overlaps, i));
+            if (w == NULL ? PyErr_Occurred() != NULL : ((wanted = PyLong_AsLongLong(w)) == -1 && PyErr_Occurred())) {
+                fail = 1;
+                break;
+            }
+            cs[i].short_ = overlap < wanted;
+            if (overlap < wanted || wanted <= 0) continue;
+            double part = floor_mode == 2 ? cs[i].t[3] : cs[i].t[1] + cs[i].t[3];
+            if (!holders || part < floor) floor = part;
+            if (!holders || cs[i].decoding < held_dec) held_dec = cs[i].decoding;
+            holders++;
+        }
+        if (fail) {
+            PyMem_Free(stay);
+            goto done;
+        }
+        for (Py_ssize_t i = 0; holders && i < n; i++) {
+            if (!cs[i].short_) continue;
+            if (margin && held_dec - cs[i].decoding >= margin) continue;
+            double mine = floor_mode == 2 ? cs[i].t[3] : cs[i].t[1] + cs[i].t[3];
+            if (mine < floor) {
+                cs[i].sum += floor - mine;
+                stay[i] = floor - mine;
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double scale = PyFloat_AsDouble(PyList_GET_ITEM(scales, i));
+        if (scale == -1.0 && PyErr_Occurred()) {
+            PyMem_Free(stay);
+            goto done;
+        }
+        PyObject *cost = PyFloat_FromDouble(scale * cs[i].sum), *a = PyFloat_FromDouble(stay[i]);
+        if (cost == NULL || a == NULL) {
+            Py_XDECREF(cost);
+            Py_XDECREF(a);
+            PyMem_Free(stay);
+            goto done;
+        }
+        PyList_SET_ITEM(costs, i, cost);
+        PyList_SET_ITEM(added, i, a);
+    }
+    PyMem_Free(stay);
+    out = PyTuple_Pack(2, costs, added);
+done:
+    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(cs[i].size_obj);
+    PyMem_Free(cs);
+    Py_XDECREF(costs);
+    Py_XDECREF(added);
+    return out;
+}
+
+/* predict_map_add(predicted, masks, bit, hashes, expiry) -> list: predict_add with the worker's expiries in a
+ * U64Map(True) (the expiry floats as its values, as the dict's) instead of a dict: a slot's probe per block instead
+ * of a dict's (the int key's hash, its entry, the key object); ``masks`` stays the index's dict */
+static PyObject *predict_map_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "predict_map_add takes 5 arguments");
+        return NULL;
+    }
+    PyObject *masks = args[1], *bit = args[2], *expiry = args[4];
+    if (!IS_MAP(args[0]) || !((U64Map *)args[0])->objvals || !PyDict_CheckExact(masks)) {
+        PyErr_SetString(PyExc_TypeError, "predict_map_add: predicted is a U64Map(True), masks a dict");
+        return NULL;
+    }
+    U64Map *m = (U64Map *)args[0];
+    double until = PyFloat_AsDouble(expiry);
+    if (until == -1.0 && PyErr_Occurred()) return NULL;
+    PyObject *seq = PySequence_Fast(args[3], "predict_map_add: hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL) goto fail;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *h = items[k];
+        uint64_t key;
+        if (map_key_strict(h, &key) < 0) goto fail;
+        Py_ssize_t i = map_find(m, key);
+        if (i < 0) {
+            PyObject *mask = PyDict_GetItemWithError(masks, h);
+            if (mask == NULL && PyErr_Occurred()) goto fail;
+            PyObject *joined = PyNumber_Or(mask != NULL ? mask : ZERO, bit);
+            if (joined == NULL) goto fail;
+            int rc = PyDict_SetItem(masks, h, joined);
+            Py_DECREF(joined);
+            if (rc < 0) goto fail;
+            int added;
+            i = map_slot(m, key, &added);
+            if (i < 0) goto fail;
+            Py_INCREF(expiry);
+            m->slots[i].val = (uint64_t)(uintptr_t)expiry;
+        } else {
+            PyObject *old = (PyObject *)(uintptr_t)m->slots[i].val;
+            double was = PyFloat_AsDouble(old);
+            if (was == -1.0 && PyErr_Occurred()) goto fail;
+            if (was >= until) continue;
+            Py_INCREF(expiry);
+            m->slots[i].val = (uint64_t)(uintptr_t)expiry;
+            Py_DECREF(old);
+        }
+        if (PyList_Append(fresh, h) < 0) goto fail;
+    }
+    Py_DECREF(seq);
+    return fresh;
+fail:
+    Py_XDECREF(fresh);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* kv_refresh(sums, samples, count, capacity, seconds, fastest) -> (observed, modelled) | None
+ * KvTtftPolicy._refresh's update of a worker's _Scale ``sums`` from the tracker's answers (``count`` samples ever,
+ * the window ``samples``, their ``seconds``, the ``fastest`` of them), once its count moved: which samples are new
+ * (all of them when the window is another sequence, the capacity changed or the count went back), kv_window's trim,
+ * modelling and sums, then the fields. None, as kv_window's: an item was not a float, the sums are the caller's
+ * (sum(), as the Python); every other field is set. */
+static PyObject *STR_SOURCE, *STR_COUNT, *STR_CAP, *STR_PARTS, *STR_SUM_N, *STR_SUM_OBSERVED, *STR_SUM_MODELLED,
+    *STR_SUM_FLOOR;
+
+static PyObject *kv_refresh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "kv_refresh takes 6 arguments");
+        return NULL;
+    }
+    PyObject *sums = args[0], *samples = args[1], *seconds = args[4];
+    long long count = PyLong_AsLongLong(args[2]), capacity = PyLong_AsLongLong(args[3]), had_cap, had_count;
+    double fastest = PyFloat_AsDouble(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *source = PyObject_GetAttr(sums, STR_SOURCE);
+    if (source == NULL) return NULL;
+    Py_DECREF(source);  /* only its identity is compared */
+    if (attr_ll(sums, STR_CAP, &had_cap) < 0 || attr_ll(sums, STR_COUNT, &had_count) < 0) return NULL;
+    Py_ssize_t n = PyObject_Size(samples);
+    if (n < 0) return NULL;
+    int fresh = source != samples || had_cap != capacity || !(0 <= had_count && had_count <= count);
+    long long new = fresh ? n : (n < count - had_count ? n : count - had_count);
+    PyObject *parts = PyObject_GetAttr(sums, STR_PARTS);
+    if (parts == NULL) return NULL;
+    PyObject *keep = PyLong_FromLongLong((long long)n - new), *cap = keep ? PyLong_FromLongLong(capacity) : NULL;
+    PyObject *got = NULL;
+    if (cap != NULL) {
+        PyObject *wargs[5] = {parts, samples, keep, cap, seconds};
+        got = kv_window(NULL, wargs, 5);
+    }
+    Py_DECREF(parts);
+    Py_XDECREF(keep);
+    if (got == NULL) {
+        Py_XDECREF(cap);
+        return NULL;
+    }
+    int r = 0;
+    if (got != Py_None)
+        r = PyObject_SetAttr(sums, STR_SUM_OBSERVED, PyTuple_GET_ITEM(got, 0)) < 0 ||
+            PyObject_SetAttr(sums, STR_SUM_MODELLED, PyTuple_GET_ITEM(got, 1)) < 0;
+    PyObject *cnt = r ? NULL : PyLong_FromLongLong(count), *nn = cnt ? PyLong_FromSsize_t(n) : NULL;
+    PyObject *fl = nn ? PyFloat_FromDouble(fastest * 1000.0) : NULL;
+    r = fl == NULL || PyObject_SetAttr(sums, STR_CAP, cap) < 0 || PyObject_SetAttr(sums, STR_SOURCE, samples) < 0 ||
+        PyObject_SetAttr(sums, STR_COUNT, cnt) < 0 || PyObject_SetAttr(sums, STR_SUM_N, nn) < 0 ||
+        PyObject_SetAttr(sums, STR_SUM_FLOOR, fl) < 0;
+    Py_DECREF(cap);
+    Py_XDECREF(cnt);
+    Py_XDECREF(nn);
+    Py_XDECREF(fl);
+    if (r) {
+        Py_DECREF(got);
+        return NULL;
+    }
+    return got;
+}
+
+static PyMethodDef pick11_methods[] = {
+    {"kv_refresh", (PyCFunction)(void (*)(void))kv_refresh, METH_FASTCALL, NULL},
+    {"predict_map_add", (PyCFunction)(void (*)(void))predict_map_add, METH_FASTCALL, NULL},
+    {"load_refs_add", (PyCFunction)(void (*)(void))load_refs_add, METH_FASTCALL, NULL},
+    {"load_refs_release", (PyCFunction)(void (*)(void))load_refs_release, METH_FASTCALL, NULL},
+    {"kv_score", (PyCFunction)(void (*)(void))kv_score, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_pick11(PyObject *mod) {
+    STR_WORKER = PyUnicode_InternFromString("worker");
+    STR_INSTANCE_ID = PyUnicode_InternFromString("instance_id");
+    STR_BLOCK_SIZE = PyUnicode_InternFromString("kv_block_size");
+    STR_CAPACITY = PyUnicode_InternFromString("capacity");
+    STR_KV_BLOCKS = PyUnicode_InternFromString("kv_blocks");
+    STR_CAND_PREFILL = PyUnicode_InternFromString("prefill_tokens");
+    STR_CAND_ACTIVE = PyUnicode_InternFromString("active_blocks");
+    STR_SOURCE = PyUnicode_InternFromString("source");
+    STR_COUNT = PyUnicode_InternFromString("count");
+    STR_CAP = PyUnicode_InternFromString("capacity");
+    STR_PARTS = PyUnicode_InternFromString("parts");
+    STR_SUM_N = PyUnicode_InternFromString("n");
+    STR_SUM_OBSERVED = PyUnicode_InternFromString("observed");
+    STR_SUM_MODELLED = PyUnicode_InternFromString("modelled");
+    STR_SUM_FLOOR = PyUnicode_InternFromString("floor");
+    if (STR_WORKER == NULL || STR_INSTANCE_ID == NULL || STR_BLOCK_SIZE == NULL || STR_CAPACITY == NULL ||
+        STR_KV_BLOCKS == NULL || STR_CAND_PREFILL == NULL || STR_CAND_ACTIVE == NULL || STR_SOURCE == NULL ||
+        STR_COUNT == NULL || STR_CAP == NULL || STR_PARTS == NULL || STR_SUM_N == NULL || STR_SUM_OBSERVED == NULL ||
+        STR_SUM_MODELLED == NULL || STR_SUM_FLOOR == NULL)
+        return -1;
+    return PyModule_AddFunctions(mod, pick11_methods);
 }
 
 #include "prompt_cache.c"

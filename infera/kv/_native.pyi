@@ -1,5 +1,5 @@
 # The C part of the prefix index (csrc/index.c); see infera/kv/native.py for when it runs.
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from typing_extensions import Buffer
@@ -85,3 +85,19 @@ class U64Map:
     def head(self, n: int) -> list[int]: ...
     def table_bytes(self) -> int: ...
     def as_dict(self) -> dict[int, Any]: ...
+# helper pick11's block: the load tracker's references in a U64Map(False), the workers' prediction expiries in a
+# U64Map(True), kv-aware's score in one call
+def predict_map_add(
+    predicted: U64Map, masks: dict[int, int], bit: int, hashes: Sequence[int], expiry: float,
+) -> list[int]: ...
+def load_refs_add(refs: U64Map, hashes: Sequence[int]) -> None: ...
+def load_refs_release(refs: U64Map, hashes: Sequence[int]) -> None: ...
+def kv_refresh(
+    sums: Any, samples: Sequence[Any], count: int, capacity: int, seconds: Sequence[float], fastest: float,
+) -> tuple[float, float] | None: ...
+def kv_score(
+    candidates: list[Any], overlaps: list[int], held: Callable[[str], tuple[int, bool]], decoding: Callable[[str], int],
+    prompt_tokens: int, max_tokens: int, weight: float, horizon: float, eviction_weight: float, occupancy: float,
+    shadows: dict[str, U64Map] | None, tau: float, now: float, best: dict[int, int], margin: int, floor_mode: int,
+    scales: list[float],
+) -> tuple[list[float], list[float]] | None: ...

@@ -117,6 +117,8 @@ class PrefixIndex:
             worker = self._workers[worker_id] = WorkerTable(slot, 1 << slot)
             if self._native is not None:
                 worker.blocks = self._native.U64Map(False)
+                if self._guesses.map_add is not None:  # its predictions' expiries too (Predictions.add)
+                    worker.predicted = self._native.U64Map(True)
                 worker.tables = self._tables(worker)
         return worker
 

@@ -95,7 +95,7 @@ class KvEvictPolicy(KvTtftPolicy):
         native = self._index.native
         if native is not None and not hasattr(native, "recency_touch"):  # an extension built before the shadow was
             native = None  # in C: the shadow in Python, and so the terms too (C's kv_terms would not take it)
-            self._c_terms = None
+            self._c_terms = self._c_score = None
         self._new_shadow: Any = PyShadow if native is None else (lambda: native.U64Map(False))
         self._touch_shadow: Any = _py_touch if native is None else native.recency_touch
         self._shadow_items: Any = _py_items if native is None else native.recency_items

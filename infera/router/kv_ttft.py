@@ -183,6 +183,9 @@ def modelled_ms(weight: float, tokens: float, decoding: int, active_blocks: int,
     return weight * prefill_ms(tokens) + decode_ms(tokens, decoding, active_blocks, capacity)
 
 
+_FLOOR_MODES = {"": 0, "decode": 1, "horizon": 2}  # KvTtftPolicy.stay_floor as C's kv_score takes it
+
+
 class _Scale:
     """Sums over one worker's recent TTFT samples (refreshed when it has new ones)."""
 
@@ -249,8 +252,16 @@ class KvTtftPolicy:
         self._c_scales = getattr(native, "kv_scales", None)  # _relative_scales' arithmetic (the same doubles)
         # _sums' window refresh and its two sums (an extension built before kv_window: the Python below)
         self._c_window = getattr(native, "kv_window", None) if model else None
+        # and the rest of the refresh around it (which samples are new, the fields) in the same call (issue 15's ninth
+        # round); an extension built before kv_refresh: the lines of _refresh around kv_window
+        self._c_refresh = getattr(native, "kv_refresh", None) if self._c_window is not None else None
         # score gathers the C terms itself unless a subclass computes its own terms (bench/cost_sweep.py's variants)
         self._plain_terms = type(self).terms is KvTtftPolicy.terms
+        # the terms, their sums, the stay floor and the costs in one C call per decision (issue 15's ninth round: the
+        # Python glue around kv_terms was most of the score) where this is that cost: the plain terms, this class's
+        # floor without the studied fairness gate; an extension built before kv_score: the loop below
+        self._c_score = getattr(native, "kv_score", None) if self._c_terms is not None and self._plain_terms \
+            and type(self)._floor is KvTtftPolicy._floor else None
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
         overlaps: list[int] = []
@@ -279,6 +290,18 @@ class KvTtftPolicy:
             if self.busy_occupancy:
                 self._occupancy += (self.busy_occupancy - self.occupancy_weight) * busy
         scales = self._relative_scales(candidates)
+        c_score = self._c_score
+        floor_mode = _FLOOR_MODES.get(self.stay_floor)
+        if c_score is not None and floor_mode is not None and not self.stay_fair:
+            recency = self._recency_args
+            shadows, tau, now = recency if recency is not None else (None, 0.0, 0.0)
+            got = c_score(candidates if isinstance(candidates, list) else list(candidates), overlaps, self._index.held,
+                          self._load.decoding, ctx.prompt_tokens, ctx.max_tokens, self._weight, self.horizon,
+                          self.eviction_weight, self._occupancy, shadows, tau, now, self._confirmed_best,
+                          self.stay_margin, floor_mode, scales)
+            if got is not None:  # else a candidate's credit is fractional (blocks below the device): the loop below
+                costs, self.stay_added = got
+                return self._scores(costs, overlaps)
         decoding: list[int] | None = None
         if self._c_terms is not None and self._plain_terms:
             terms, sums, decoding = self._c_all_terms(ctx, candidates, overlaps)
@@ -289,6 +312,10 @@ class KvTtftPolicy:
         if self.stay_floor and self._confirmed_best:
             self._floor(candidates, overlaps, terms, sums, decoding)
         costs = [scale * total for total, scale in zip(sums, scales, strict=True)]
+        return self._scores(costs, overlaps)
+
+    @staticmethod
+    def _scores(costs: list[float], overlaps: list[int]) -> Scores:
         best_overlap = max(overlaps, default=0)
         if best_overlap == 0:
             reason = "no-hit"
@@ -522,6 +549,13 @@ class KvTtftPolicy:
             sums = self._scales[wid] = _Scale()
         if sums.count != count:
             capacity = cand.worker.capacity.kv_blocks
+            if self._c_refresh is not None:
+                load = self._load
+                if self._c_refresh(sums, samples, count, capacity, load.ttft_seconds(wid), load.ttft_fastest(wid)) \
+                        is None:  # an item not a float: sum() adds them, as below
+                    sums.observed = sum(load.ttft_seconds(wid)) * 1000.0
+                    sums.modelled = sum(sums.parts)
+                return sums
             # a sample's modelled time never changes: model only the samples taken since the last refresh (the
             # samples are the worker's last TTFT_SAMPLES, newest last); the sum runs over the same values in the
             # same order as modelling them all, so the cost is the same to the bit

@@ -4,6 +4,7 @@ index state after every step of random event streams, the same overlap answers."
 from __future__ import annotations
 
 import struct
+import types
 from typing import Any
 from unittest.mock import patch
 
@@ -481,25 +482,53 @@ def test_removing_one_of_two_engine_blocks_with_the_same_tokens_keeps_the_block(
 def test_load_tickets_count_blocks_the_same(steps: list[tuple[bool, int, list[int], int]]) -> None:
     """LoadTracker's block references in C (``refs_add``/``refs_release``) against Python's: the same counts and
     the same distinct blocks per worker after every begin and end, shared prefixes and repeated hashes included."""
+    import infera.kv.load as load_module
+    from infera.kv import _native as native
     from infera.kv.load import LoadTracker
 
     c, py = LoadTracker(clock=lambda: 1.0, native=True), LoadTracker(clock=lambda: 1.0, native=False)
-    assert c._native is not None and py._native is None
+    # an extension built before load_refs_add (issue 15's ninth round): the dict and refs_add / refs_release
+    stale_native = types.SimpleNamespace(**{k: getattr(native, k) for k in dir(native) if not k.startswith("load_")})
+    with patch.object(load_module, "choose", lambda _: stale_native):
+        stale = LoadTracker(clock=lambda: 1.0, native=True)
+    assert c._native is not None and py._native is None and not stale._map_refs and c._map_refs
+    trackers = (c, stale, py)
     pool = [h for prompt in ROUTER for h in prompt]
-    open_: list[tuple[Any, Any]] = []
+    open_: list[tuple[Any, ...]] = []
     for begin, worker, extra, pick in steps:
         if begin or not open_:
             hashes = [*pool[pick: pick + 6], *extra]
-            open_.append((c.begin(WORKERS[worker], 10, hashes, 1), py.begin(WORKERS[worker], 10, hashes, 1)))
+            open_.append(tuple(t.begin(WORKERS[worker], 10, hashes, 1) for t in trackers))
         else:
-            tc, tp = open_.pop(pick % len(open_))
-            for load, ticket in ((c, tc), (py, tp)):
+            tickets = open_.pop(pick % len(open_))
+            for load, ticket in zip(trackers, tickets, strict=True):
                 load.end(ticket)
                 load.end(ticket)  # idempotent
         for w in WORKERS:
-            assert c.active_blocks(w) == py.active_blocks(w)
-            refs = [load._load[w].block_refs if w in load._load else None for load in (c, py)]
-            assert refs[0] == refs[1]
+            assert c.active_blocks(w) == stale.active_blocks(w) == py.active_blocks(w)
+            refs = [load._load[w].block_refs if w in load._load else None for load in trackers]
+            assert isinstance(refs[1], (dict, type(None))) and isinstance(refs[2], (dict, type(None)))
+            assert refs[0] == refs[1] == refs[2]
+            if refs[0] is not None:
+                assert isinstance(refs[0], native.U64Map)
+                assert refs[0].as_dict() == refs[2]
+
+
+def test_load_refs_release_of_an_unheld_hash_is_a_key_error() -> None:
+    """The C map's release raises as the dict's ``refs[h]`` does, and a key that is no u64 is refused."""
+    from infera.kv import _native as native
+
+    refs = native.U64Map(False)
+    native.load_refs_add(refs, [5, 5, 7])
+    assert refs.as_dict() == {5: 2, 7: 1}
+    with pytest.raises(KeyError):
+        native.load_refs_release(refs, [9])
+    with pytest.raises(OverflowError):
+        native.load_refs_add(refs, [-1])
+    with pytest.raises(TypeError):
+        native.load_refs_add({}, [1])
+    native.load_refs_release(refs, [5, 7, 5])
+    assert len(refs) == 0
 
 
 @settings(max_examples=300, deadline=None)
@@ -537,3 +566,54 @@ def test_holding_names_many_workers_in_slot_order(holds: list[tuple[int, list[in
         for k, start, n in guesses:
             index.predict(f"w{k}", hashes[start : start + n], ttl=10.0, now=1.0)
         assert index.holding(hashes[at], now=2.0) == list(index.overlaps([hashes[at]], now=2.0, use_predicted=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(op, max_size=40))
+def test_every_shared_mask_is_also_the_holders_mask(ops: list[tuple[Any, ...]]) -> None:
+    """``walk_both`` (kv-aware's walk) reads a block's mask from the holders table alone on the C path: every entry of
+    the shared table must be there with the same mask, on both paths, after every step of a random stream (stores,
+    removals, one router hash behind several engine blocks, clears, workers leaving); and its answers stay those of
+    ``overlaps`` with and without the predictions. The workers' prediction expiries (a U64Map on the C path,
+    ``predict_map_add``; dicts in Python and in a build without it) give the same state on the three."""
+    c, py = PrefixIndex(block_size=BLOCK, native=True), PrefixIndex(block_size=BLOCK, native=False)
+    # and an extension built before predict_map_add: the workers' expiries in dicts, predict_add
+    stale = PrefixIndex(block_size=BLOCK, native=True)
+    stale._guesses.map_add = None
+    now = 100.0
+    for o in ops:
+        for index in (c, py, stale):
+            _step(index, o, now)
+        if o[0] == "tick":
+            now += o[1]
+        assert _state(c) == _state(py) == _state(stale), o
+        assert all(isinstance(t.predicted, type(c._native.U64Map(True))) for t in c._workers.values())
+        assert all(type(t.predicted) is dict for index in (py, stale) for t in index._workers.values())
+        for index in (c, py):
+            assert all(index._holders.get(k) == v for k, v in index._shared.items()), o
+        for hashes in ROUTER:  # (each index is asked the same: a query prunes expired predictions)
+            got = c.overlaps_and_confirmed(hashes, now=now)
+            assert stale.overlaps_and_confirmed(hashes, now=now) == got
+            want = py.overlaps(hashes, now=now, use_predicted=True)
+            assert got == (want, max(py.overlaps(hashes, now=now).values(), default=0) if want else 0), o
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 40), max_size=8), st.sampled_from([1, 2, 4]),
+                          st.sampled_from([1.0, 2.0, 2.0, 3.0])), max_size=30))
+def test_predict_map_add_is_predict_add(steps: list[tuple[list[int], int, float]]) -> None:
+    """``predict_map_add`` (the expiries in a U64Map(True)) against ``predict_add`` (a dict): the same fresh hashes,
+    expiries and masks after every call, repeated hashes, earlier and equal expiries and other workers' bits
+    included."""
+    from infera.kv import _native as native
+
+    d: dict[int, float] = {}
+    m = native.U64Map(True)
+    dm: dict[int, int] = {}
+    mm: dict[int, int] = {}
+    for hashes, bit, expiry in steps:
+        want = native.predict_add(d, dm, bit, hashes, expiry)
+        assert native.predict_map_add(m, mm, bit, hashes, expiry) == want
+        assert m == d and mm == dm and list(m.keys()) == list(d)
+    with pytest.raises(OverflowError):
+        native.predict_map_add(m, mm, 1, [-1], 1.0)

@@ -203,11 +203,11 @@ def test_the_window_refresh_rejects_what_is_not_a_window() -> None:
     assert native.kv_window([], [], 0, 10, []) == (0.0, 0.0)
 
 
-@pytest.mark.parametrize("variant", ["stale", "pure"])
+@pytest.mark.parametrize("variant", ["stale", "pure", "window"])
 def test_the_speed_scales_with_the_window_in_c_equal_the_python_window(variant: str) -> None:
     """Random loads through a real LoadTracker (a worker that leaves and comes back, a capacity change): the
-    policy refreshing its windows in C (kv_window) keeps the same parts and sums, to the bit, as one on an
-    extension built before kv_window and one on the pure path."""
+    policy refreshing its windows in C (kv_refresh) keeps the same parts and sums, to the bit, as one on an
+    extension built before kv_window, one on the pure path, and one built before kv_refresh (kv_window alone)."""
     import random
     import types
 
@@ -225,10 +225,14 @@ def test_the_speed_scales_with_the_window_in_c_equal_the_python_window(variant: 
                                                        if k != "kv_window" and not k.startswith("__")})
         other = KvTtftPolicy(PolicyDeps(fleet.index, 1.0, lambda _w: False, fleet.load, lambda: fleet.now))
         fleet.index._native = real
-        assert other._c_window is None and other._c_modelled is not None
+        assert other._c_window is None and other._c_refresh is None and other._c_modelled is not None
+    elif variant == "window":
+        other = KvTtftPolicy(PolicyDeps(fleet.index, 1.0, lambda _w: False, fleet.load, lambda: fleet.now))
+        assert c_pol._c_refresh is not None and other._c_window is not None
+        other._c_refresh = None
     else:
         other = KvTtftPolicy(PolicyDeps(fleet.index, 1.0, lambda _w: False, fleet.load, lambda: fleet.now))
-        other._c_window = other._c_modelled = other._c_scales = None
+        other._c_window = other._c_modelled = other._c_scales = other._c_refresh = None
     workers = list(WORKERS)
     for step in range(300):
         wid = f"w{rng.randrange(4)}"
@@ -246,3 +250,23 @@ def test_the_speed_scales_with_the_window_in_c_equal_the_python_window(variant: 
         assert c_pol._relative_scales(cands) == other._relative_scales(cands)
         assert [(s.n, s.observed, s.modelled, s.floor, s.parts) for s in map(c_pol._sums, cands)] == \
             [(s.n, s.observed, s.modelled, s.floor, s.parts) for s in map(other._sums, cands)]
+
+
+def test_kv_refresh_leaves_the_sums_to_the_caller_when_a_second_is_no_float() -> None:
+    """kv_refresh answers None, as kv_window, when an item is not a float (the caller sums with sum()); the other
+    fields are set all the same, and the window's parts are kept and appended as kv_window keeps them."""
+    from infera.kv.load import TtftSample
+    from infera.router.kv_ttft import _Scale
+
+    assert native is not None
+    samples = [TtftSample(0.5, 100, 200, 1, 10), TtftSample(0.25, 0, 300, 0, 12)]
+    sums = _Scale()
+    assert native.kv_refresh(sums, samples, 2, 64, [0.5, 1], 0.25) is None
+    assert (sums.count, sums.n, sums.capacity, sums.source, sums.floor) == (2, 2, 64, samples, 250.0)
+    want: list[float] = []
+    native.kv_window(want, samples, 0, 64, [0.5, 1])
+    assert sums.parts == want and len(want) == 2
+    fresh = _Scale()
+    assert native.kv_refresh(fresh, samples, 2, 64, [0.5, 0.25], 0.25) == native.kv_window([], samples, 0, 64,
+                                                                                          [0.5, 0.25])
+    assert (fresh.observed, fresh.modelled) == native.kv_window([], samples, 0, 64, [0.5, 0.25])

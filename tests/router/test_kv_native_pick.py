@@ -32,13 +32,15 @@ for _p in PROMPTS[1:3]:
 class Side:
     """One path's router bookkeeping around a policy (the index, the load tracker, the policy)."""
 
-    def __init__(self, native: bool, policy: str, workers: list[WorkerRecord]) -> None:
+    def __init__(self, native: bool, policy: str, workers: list[WorkerRecord], one_call: bool = True) -> None:
         self.now = 0.0
         self.workers = workers
         self.index = PrefixIndex(native=native)
         self.load = LoadTracker(clock=lambda: self.now, native=native)
         self.policy: Any = POLICIES[policy](PolicyDeps(self.index, 1.0, lambda w: w == "w1", self.load,
                                                        lambda: self.now))
+        if not one_call:  # as an extension built before kv_score: the C terms one call per candidate
+            self.policy._c_score = None
         self.tickets: list[Ticket] = []
 
     def decide(self, prompt: list[int], max_tokens: int) -> tuple[Scores, list[float]]:
@@ -60,20 +62,20 @@ class Side:
         self.index.predict(w.instance_id, hashes, ttl=3.0, now=self.now)
 
 
-def _events(wid: int, prompt: int, start: int, n: int, remove: bool) -> EventBatch:
+def _events(wid: int, prompt: int, start: int, n: int, remove: bool, medium: str = "GPU") -> EventBatch:
     tokens = PROMPTS[prompt]
     end = min(len(tokens) // BS, start + n)
     engine = [hash((wid, tuple(tokens[: (j + 1) * BS]))) & (2**63 - 1) for j in range(start, end)]
     if remove:
         return EventBatch(1.0, [BlockRemoved([h]) for h in engine])
     parent = None if start == 0 else hash((wid, tuple(tokens[: start * BS]))) & (2**63 - 1)
-    return EventBatch(1.0, [BlockStored(engine, parent, tokens[start * BS : end * BS], BS)])
+    return EventBatch(1.0, [BlockStored(engine, parent, tokens[start * BS : end * BS], BS, medium=medium)])
 
 
 route = st.tuples(st.just("route"), st.integers(0, len(PROMPTS) - 1), st.integers(1, 40))
 # a later start needs its parent stored before (else its blocks are orphans)
 store = st.tuples(st.just("store"), st.integers(0, 5), st.integers(0, len(PROMPTS) - 1),
-                  st.sampled_from([0, 0, 0, 4, 8]), st.integers(1, 12))
+                  st.sampled_from([0, 0, 0, 4, 8]), st.integers(1, 12), st.sampled_from(["GPU", "GPU", "GPU", "CPU"]))
 op = st.one_of(
     route, route, store, store,
     st.tuples(st.just("first"), st.integers(0, 30), st.floats(0.001, 0.5)),
@@ -92,24 +94,24 @@ def test_every_decision_is_the_same_on_both_paths(policy: str, n_workers: int, c
                                                   ops: list[tuple[Any, ...]]) -> None:
     workers = [WorkerRecord(instance_id=f"w{k}", model="m", http_url="http://x", kv_block_size=BS,
                             capacity=Capacity(kv_blocks=capacities[k])) for k in range(n_workers)]
-    c, py = Side(True, policy, workers), Side(False, policy, workers)
-    assert c.index._native is not None and py.index._native is None
+    c, py, loop = Side(True, policy, workers), Side(False, policy, workers), Side(True, policy, workers, False)
+    assert c.index._native is not None and py.index._native is None and loop.policy._c_score is None
     for o in ops:
         if o[0] == "route":
             prompt = PROMPTS[o[1]]
-            got, want = c.decide(prompt, o[2]), py.decide(prompt, o[2])
-            assert got == want, (policy, o)
-            for side, scores in ((c, got[0]), (py, want[0])):
+            got, want, looped = c.decide(prompt, o[2]), py.decide(prompt, o[2]), loop.decide(prompt, o[2])
+            assert got == want == looped, (policy, o)
+            for side, scores in ((c, got[0]), (py, want[0]), (loop, looped[0])):
                 side.route(prompt, o[2], scores)
             continue
-        for side in (c, py):
+        for side in (c, py, loop):
             if o[0] == "first" and side.tickets:
                 side.now += o[2]
                 side.load.prefill_done(side.tickets[o[1] % len(side.tickets)])
             elif o[0] == "end" and side.tickets:
                 side.load.end(side.tickets.pop(o[1] % len(side.tickets)))
             elif o[0] in ("store", "evict") and o[1] < n_workers:
-                side.index.apply(f"w{o[1]}", _events(o[1], o[2], o[3], o[4], o[0] == "evict"), now=1.0)
+                side.index.apply(f"w{o[1]}", _events(o[1], o[2], o[3], o[4], o[0] == "evict", *o[5:]), now=1.0)
             elif o[0] == "clear" and o[1] < n_workers:
                 side.index.apply(f"w{o[1]}", EventBatch(1.0, [AllBlocksCleared()]), now=1.0)
             elif o[0] == "tick":
