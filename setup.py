@@ -4,7 +4,8 @@ everything else is in pyproject.toml.
 
 ``optional=True``: without a C compiler or the Python headers the install still succeeds and each runs its
 pure-Python path (``infera.kv.native``, ``infera.telemetry.otlp``; tiktoken for ``infera.kv.bpe``). Build them
-in place with ``python setup.py build_ext --inplace``.
+in place with ``pip install -e .`` (its isolated build brings a setuptools that reads pyproject's SPDX
+``license``; ``python setup.py build_ext --inplace`` needs setuptools >= 77 in the environment itself).
 """
 
 from setuptools import Extension, setup

@@ -1,5 +1,5 @@
 """Which implementation of the prefix index's per-block loops runs: C (``infera.kv._native``, built from
-csrc/index.c by ``pip install -e .`` or ``python setup.py build_ext --inplace``) or pure Python.
+csrc/index.c by ``pip install -e .``, see setup.py) or pure Python.
 
 C when the extension was built, unless ``INFERA_PURE_PYTHON=1`` (tests and benchmarks use it, or pass
 ``native=False`` to :class:`infera.kv.index.PrefixIndex`). Both give the same hashes, index state and answers
