@@ -133,11 +133,23 @@ def mock_engine(name: str, tokenizer: Path, model: str, log_dir: Path, speedup: 
     return Proc(name, argv, port, log_dir / f"{name}.log")
 
 
-def frontend(name: str, tokenizer: Path, policy: str, workers: Sequence[Proc], log_dir: Path) -> Proc:
+def frontend(name: str, tokenizer: Path, policy: str, workers: Sequence[Proc], log_dir: Path,
+             root: Path | None = None, args: Sequence[str] = ()) -> Proc:
+    """An infera frontend over ``workers``; ``root``: run the package exported there (:func:`export_ref`)."""
     port = free_port()
     argv = frontend_argv(port, [w.url for w in workers], tokenizer=tokenizer, policy=policy, python=PYTHON,
-                         args=("--log-level", "warning"))
-    return Proc(name, argv, port, log_dir / f"{name}.log")
+                         args=("--log-level", "warning", *args))
+    return Proc(name, from_root(argv, root), port, log_dir / f"{name}.log")
+
+
+def from_root(argv: list[str], root: Path | None) -> list[str]:
+    """``argv`` (``python -m infera.server ...``) with ``root``'s infera first on sys.path. A child starts in
+    this checkout (harness.process), and ``-m`` puts the working directory ahead of ``PYTHONPATH``: setting
+    ``PYTHONPATH`` to an export does not reach a frontend; this does."""
+    if root is None:
+        return argv
+    return [argv[0], "-c", f"import sys, runpy; sys.path.insert(0, {str(root)!r}); "
+            "sys.argv[0] = 'infera.server'; runpy.run_module('infera.server', run_name='__main__')", *argv[3:]]
 
 
 def frontend_ready(n_workers: int) -> Any:

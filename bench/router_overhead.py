@@ -43,10 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import peers
 from bench.common import (
     PLOTS,
-    PYTHON,
     Proc,
     chat_body,
     default_tokenizer_dir,
+    export_ref,
     frontend,
     frontend_ready,
     http_get,
@@ -59,7 +59,6 @@ from bench.common import (
     stop_all,
     write_results,
 )
-from harness import free_port, frontend_argv
 
 MODEL = "bench-model"
 SCENARIOS = ("direct", "direct-2", "rr", "kv", "kv-x2", "rr-p2", "kv-p2", "sgl-rr", "sgl-ca", "vllm-rr", "vllm-ca")
@@ -150,17 +149,15 @@ def _scrape(front: Proc) -> list[str]:
     return [ln for ln in body.decode(errors="replace").splitlines() if ln.startswith(METRIC_PREFIXES)]
 
 
-def _start_fronts(name: str, engines: list[Proc], tok: Path, log_dir: Path, peer_set: dict[str, Any]) -> list[Proc]:
+def _start_fronts(name: str, engines: list[Proc], tok: Path, log_dir: Path, peer_set: dict[str, Any],
+                  root: Path | None = None) -> list[Proc]:
     kind, policy, n_fronts = FRONTENDS[name]
     if policy is None:
         return []
     if kind == "infera" and name in PROCESSES:
-        port = free_port()
-        argv = frontend_argv(port, [e.url for e in engines], tokenizer=tok, policy=policy, python=PYTHON,
-                             args=("--log-level", "warning", "--workers", str(PROCESSES[name])))
-        fronts = [Proc("frontend-0", argv, port, log_dir / "frontend-0.log")]
+        fronts = [frontend("frontend-0", tok, policy, engines, log_dir, root, ("--workers", str(PROCESSES[name])))]
     elif kind == "infera":
-        fronts = [frontend(f"frontend-{i}", tok, policy, engines, log_dir) for i in range(n_fronts)]
+        fronts = [frontend(f"frontend-{i}", tok, policy, engines, log_dir, root) for i in range(n_fronts)]
     else:
         fronts = [peers.router(peer_set[kind], policy, [e.url for e in engines], log_dir, tok)]
     for f in fronts:
@@ -184,7 +181,8 @@ def run_scenario(name: str, r: int, args: argparse.Namespace, tok: Path, log_dir
             e.start()
         for e in engines:
             e.wait_ready("/infera/worker", 60)
-        fronts = _start_fronts(name, engines, tok, log_dir / f"r{r}-{name}", peer_set or {})
+        fronts = _start_fronts(name, engines, tok, log_dir / f"r{r}-{name}", peer_set or {},
+                               getattr(args, "root", None))
         t0 = time.monotonic()
         result = asyncio.run(_measure_scenario(name, engines, fronts, args, bodies, offset=r * 7919))
         result["round"] = r
@@ -340,6 +338,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap.add_argument("--skip-routing-cpu", action="store_true", help="skip the in-process stage breakdown")
     ap.add_argument("--no-install", action="store_true", help="do not pip-install missing peers; skip them")
     ap.add_argument("--replot", type=Path, help="redraw the plot and table from a results JSON, then exit")
+    ap.add_argument("--ref", default="", help="run infera's frontends from this git ref (exported with its own C "
+                    "build; engines and peers as always): a live A/B is this tree's run and the ref's, in turn")
     args = ap.parse_args(argv)
     if args.replot:
         saved = json.loads(args.replot.read_text())
@@ -362,6 +362,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     scenarios = [s for s in scenarios if s not in skipped]
     tok = args.tokenizer or default_tokenizer_dir()
     log_dir = Path(tempfile.mkdtemp(prefix="infera-bench-overhead-"))
+    args.root = export_ref(args.ref, log_dir / "ref") if args.ref else None
     bodies = {s: [chat_body(i, MODEL, s, args.max_tokens) for i in range(4096)] for s in (False, True)}
     info = machine_info()
     started = time.monotonic()
