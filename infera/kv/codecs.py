@@ -139,6 +139,25 @@ class TiktokenCodec:
                 out.extend(ids)
         return out
 
+    def encode_fresh(self, text: str) -> list[int]:
+        """``encode(text, False)`` without the segment cache: for text the caller knows to be new (the prompt
+        cache's tail past its longest seen cut, mostly a unique user turn). Looking such a segment up misses, and
+        keeping it evicts a segment that could hit and holds its list of ints (~2 µs a request, bench/README.md
+        "Issue 15, tenth round ... ctx12"). The same ids: the cache only ever holds ``self._ordinary(piece)``."""
+        if self._nfc and not text.isascii():
+            text = unicodedata.normalize("NFC", text)
+        if self._split is None or len(text) < SEGMENT_CACHE_MIN_CHARS:
+            return self._encode(text, allowed_special=self._all_special, disallowed_special=())
+        out: list[int] = []
+        ordinary = self._ordinary
+        special = self._special_ids
+        for i, piece in enumerate(self._split(text)):
+            if i % 2:
+                out.append(special[piece])
+            elif piece:
+                out.extend(ordinary(piece))
+        return out
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
         return self._hf.decode(ids, skip_special_tokens)
 

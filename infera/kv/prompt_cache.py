@@ -90,7 +90,8 @@ class _Entry:
 class PromptCache:
     """Encode prompts through ``encode``, reusing the ids of the longest prefix seen before.
 
-    ``encode(text)`` must be a codec call without added special tokens, and ``boundaries``
+    ``encode(text)`` must be a codec call without added special tokens (``encode_tail``, if given, the same ids:
+    what the text past a reused prefix goes through), and ``boundaries``
     (token -> id) added tokens it splits on before anything else. ``vocab_size``: ids below
     it reach callers as shared int objects (a tuple of them, ~36 bytes an id, made here).
     ``native``: the per-request bookkeeping in C (``infera.kv._native``: True, ImportError if it is not built),
@@ -99,10 +100,13 @@ class PromptCache:
     """
 
     def __init__(self, encode: Callable[[str], list[int]], boundaries: Mapping[str, int],
-                 max_bytes: int = DEFAULT_MAX_BYTES, vocab_size: int = 0, native: bool | None = None) -> None:
+                 max_bytes: int = DEFAULT_MAX_BYTES, vocab_size: int = 0, native: bool | None = None,
+                 encode_tail: Callable[[str], list[int]] | None = None) -> None:
         if not boundaries:
             raise ValueError("a prompt cache needs the codec's boundary tokens")
         self._encode = encode
+        # the text past a reused prefix (new text: a codec's caches of earlier text would miss on it), the same ids
+        self._encode_tail = encode_tail or encode
         self._native = _native if native is None else choose(native)
         self._ints = tuple(range(vocab_size)) if self._native is not None else ()
         names = sorted((t.encode("utf-8") for t in boundaries), key=len, reverse=True)
@@ -179,7 +183,7 @@ class PromptCache:
             base, k = found
             start, _, offset, _ = base.cuts[k]
             before = base.cuts[: k + 1]
-            fresh = self._encode(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
+            fresh = self._encode_tail(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
             ids = base.ids[:offset]  # a memcpy
             packed = native.u32_pack(fresh) if native is not None else None  # C: no int read one by one
             if packed is not None:

@@ -138,7 +138,8 @@ class PromptRenderer:
     ) -> None:
         self._codec = codec
         self._prompts = (
-            PromptCache(self._encode_plain, codec.boundaries, prompt_cache_bytes, codec.vocab_size)
+            PromptCache(self._encode_plain, codec.boundaries, prompt_cache_bytes, codec.vocab_size,
+                        encode_tail=codec.encode_fresh if isinstance(codec, TiktokenCodec) else None)
             if codec.boundaries and prompt_cache_bytes > 0 else None
         )
         self._env = make_env()

@@ -70,3 +70,27 @@ def test_the_segment_cache_keeps_its_newest_segments_within_its_bound(qwen_token
         assert len(segments) <= 8
     assert [s[len("user\nturn "):].split()[0] for s in segments] == [str(i) for i in range(12, 20)]
     assert fast.encode(texts[-1]) == slow.encode(texts[-1])  # read back from the cache
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(SPECIALS), st.text(min_size=0, max_size=300)), max_size=12))
+def test_encode_fresh_gives_the_same_ids_without_touching_the_segment_cache(qwen_tokenizer_dir: Path,
+                                                                           parts: list[str]) -> None:
+    fast, slow = renderers(qwen_tokenizer_dir)
+    codec = fast._codec  # type: ignore[attr-defined]
+    text = "".join(parts)
+    before = list(codec._segments.items())
+    assert codec.encode_fresh(text) == slow.encode(text)
+    assert list(codec._segments.items()) == before
+
+
+def test_the_prompt_caches_fresh_tail_skips_the_segment_cache(qwen_tokenizer_dir: Path) -> None:
+    """A chat's next turn past a reused prefix is new text: its segment is not kept (nor evicts a kept one)."""
+    fast, slow = PromptRenderer.from_dir(qwen_tokenizer_dir), renderers(qwen_tokenizer_dir)[1]
+    segments = fast._codec._segments  # type: ignore[attr-defined]
+    system = "<|im_start|>system\n" + "a long shared system prompt, " * 300 + "<|im_end|>\n"
+    for i in range(3):
+        text = system + f"<|im_start|>user\nturn {i} " + "many words here " * 20 + "<|im_end|>\n<|im_start|>assistant\n"
+        assert fast.encode_chat(text) == slow.encode(text)
+    assert fast.prompt_cache is not None and fast.prompt_cache.hits == 2
+    assert not any(s.startswith("user\nturn 1") or s.startswith("user\nturn 2") for s in segments)
