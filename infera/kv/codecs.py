@@ -117,45 +117,38 @@ class TiktokenCodec:
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         if add_special_tokens:
             return self._hf.encode(text, True)
-        if self._nfc and not text.isascii():
-            text = unicodedata.normalize("NFC", text)
-        if self._split is None or len(text) < SEGMENT_CACHE_MIN_CHARS:
-            return self._encode(text, allowed_special=self._all_special, disallowed_special=())
-        out: list[int] = []
-        cache = self._segments
-        for i, piece in enumerate(self._split(text)):
-            if i % 2:
-                out.append(self._special_ids[piece])
-            elif len(piece) < SEGMENT_CACHE_MIN_CHARS:
-                if piece:
-                    out.extend(self._ordinary(piece))
-            else:
-                ids = cache.get(piece)
-                if ids is None:
-                    ids = self._ordinary(piece)
-                    if len(cache) >= SEGMENT_CACHE_ENTRIES:
-                        cache.popitem(last=False)
-                    cache[piece] = ids
-                out.extend(ids)
-        return out
+        return self._segmented(text, self._segments)
 
     def encode_fresh(self, text: str) -> list[int]:
         """``encode(text, False)`` without the segment cache: for text the caller knows to be new (the prompt
         cache's tail past its longest seen cut, mostly a unique user turn). Looking such a segment up misses, and
         keeping it evicts a segment that could hit and holds its list of ints (~2 µs a request, bench/README.md
         "Issue 15, tenth round ... ctx12"). The same ids: the cache only ever holds ``self._ordinary(piece)``."""
+        return self._segmented(text, None)
+
+    def _segmented(self, text: str, cache: OrderedDict[str, list[int]] | None) -> list[int]:
+        """The ids of ``text`` without added special tokens, section by section between special tokens; a long
+        section's ids through ``cache`` when one is given."""
         if self._nfc and not text.isascii():
             text = unicodedata.normalize("NFC", text)
         if self._split is None or len(text) < SEGMENT_CACHE_MIN_CHARS:
             return self._encode(text, allowed_special=self._all_special, disallowed_special=())
         out: list[int] = []
         ordinary = self._ordinary
-        special = self._special_ids
         for i, piece in enumerate(self._split(text)):
             if i % 2:
-                out.append(special[piece])
-            elif piece:
-                out.extend(ordinary(piece))
+                out.append(self._special_ids[piece])
+            elif cache is None or len(piece) < SEGMENT_CACHE_MIN_CHARS:
+                if piece:
+                    out.extend(ordinary(piece))
+            else:
+                ids = cache.get(piece)
+                if ids is None:
+                    ids = ordinary(piece)
+                    if len(cache) >= SEGMENT_CACHE_ENTRIES:
+                        cache.popitem(last=False)
+                    cache[piece] = ids
+                out.extend(ids)
         return out
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
