@@ -3,7 +3,8 @@
 A test is ``e2e`` when it starts processes: when its module, or the module of any fixture it uses
 (``fleet``, ``etcd``, ``kvd_fleet``, ...), holds one of the harness's process starters. Everything
 else is the fast tier, and there starting a process fails the test with the fix in the message, so
-the fast tier stays in-process. The Qwen tokenizer build (a set-up step, once per machine) is allowed.
+the fast tier stays in-process. Set-up steps done once per machine are allowed: the Qwen tokenizer build,
+and matplotlib's font cache, which its first import builds by running ``fc-list`` where fontconfig is installed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 import harness
 
 SPAWNERS = (harness.spawn, harness.start_mock, harness.start_frontend, harness.EtcdServer, harness.NatsServer)
-SETUP_STEPS = ("build_qwen_tokenizer.py",)
+SETUP_STEPS = ("build_qwen_tokenizer.py", "fc-list")
 
 
 def _holds_spawner(namespace: dict[str, Any], depth: int = 1) -> bool:
