@@ -214,13 +214,41 @@ typedef struct {
     Py_ssize_t bs;
 } PEvent;
 
+/* ``n`` token ids (msgpack ints in [0, 2**32)) into ``t``: 1, or 0 for anything else. The widths a tokenizer's ids
+ * take inline (vLLM writes the smallest), the rest through packed_u32. */
+static inline int rd_tokens(Rd *r, uint32_t *t, size_t n) {
+    const unsigned char *p = r->p, *end = r->end;
+    for (size_t j = 0; j < n; j++) {
+        if (p >= end) return 0;
+        unsigned c = *p;
+        if (c <= 0x7f) {
+            t[j] = c;
+            p++;
+        } else if (c == 0xcd && end - p >= 3) {
+            t[j] = ((uint32_t)p[1] << 8) | p[2];
+            p += 3;
+        } else if (c == 0xce && end - p >= 5) {
+            t[j] = ((uint32_t)p[1] << 24) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 8) | p[4];
+            p += 5;
+        } else if (c == 0xcc && end - p >= 2) {
+            t[j] = p[1];
+            p += 2;
+        } else if (!packed_u32(&p, end, &t[j])) {
+            return 0;
+        }
+    }
+    r->p = p;
+    return 1;
+}
+
 enum { F_TYPE, F_HASHES, F_PARENT, F_TOKENS, F_BS, F_LORA, F_MEDIUM, F_LORA_NAME, F_EXTRA, F_GROUP, F_KIND, F_OTHER };
 
-static int field_of(const unsigned char *s, size_t n) {
+static inline int field_of(const unsigned char *s, size_t n) {
     static const char *names[] = {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
                                   "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"};
+    static const unsigned char lens[] = {4, 12, 17, 9, 10, 7, 6, 9, 10, 9, 18};
     for (int f = 0; f < F_OTHER; f++)
-        if (strlen(names[f]) == n && memcmp(names[f], s, n) == 0) return f;
+        if (lens[f] == n && memcmp(names[f], s, n) == 0) return f;
     return F_OTHER;
 }
 
@@ -264,8 +292,7 @@ static int read_event(Rd *r, PEvent *ev, Grow *hs, Grow *toks) {
                 ev->ntok = n;
                 uint32_t *t = grow(toks, n);
                 if (t == NULL) return -1;
-                for (size_t j = 0; j < n; j++)
-                    if (!packed_u32(&r->p, r->end, &t[j])) return 0;
+                if (!rd_tokens(r, t, n)) return 0;
                 break;
             case F_BS: {
                 int neg;

@@ -19,6 +19,7 @@ from infera.kv.native import load
 from infera.protocols.kv_events import BlockStored, EventBatch, decode_batch, encode_batch
 from infera.transport.delivery import deliver
 from tests.fakes import FakeEvents, FakeFleet
+from tests.kv.test_packed import _FORMS, _pack
 
 native = load()
 pytestmark = pytest.mark.skipif(native is None or not hasattr(native, "apply_payload"),
@@ -249,3 +250,19 @@ def test_a_failure_inside_the_payload_path_counts_a_gap(monkeypatch: pytest.Monk
     deliver("w", b"\xc1", lambda w, b: got.append(b), lambda w, n: gaps.append((w, n)), lambda w, p: False)
     assert got == [] and gaps == [("w", 1)] and "undecodable" in caplog.text
     assert decode_batch(encode_batch(EventBatch(1.0, []))).events == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(token | st.integers(0, 2**32 - 1), min_size=0, max_size=3 * BS + 2),
+       st.lists(st.sampled_from(sorted(_FORMS)), min_size=1, max_size=4), st.sampled_from(["fix", "16", "32"]))
+def test_token_ids_in_every_msgpack_int_width(tokens: list[int], forms: list[str], header: str) -> None:
+    """What other encoders write (wider ints, signed forms, wider array headers): hashed as the decoder reads them."""
+    ev = {"type": "BlockStored", "block_hashes": [7, 8, 9], "parent_block_hash": None, "block_size": BS,
+          "lora_id": None, "medium": "GPU", "lora_name": None, "token_ids": []}
+    payload = msgpack.packb([1.0, [ev]])
+    assert payload.endswith(b"\x90")  # token_ids, last: splice the array in
+    payload = payload[:-1] + _pack(tokens, forms, header)
+    old, new = _start(None), _start(None)
+    old.apply("a", decode_batch(payload), now=1.0)
+    assert new.apply_payload("a", payload, now=1.0)
+    assert _state(new) == _state(old)
