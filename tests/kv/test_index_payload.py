@@ -266,3 +266,26 @@ def test_token_ids_in_every_msgpack_int_width(tokens: list[int], forms: list[str
     old.apply("a", decode_batch(payload), now=1.0)
     assert new.apply_payload("a", payload, now=1.0)
     assert _state(new) == _state(old)
+
+
+class _Stale:
+    """The C module as an extension built before apply_payload left it."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "apply_payload":
+            raise AttributeError(name)
+        return getattr(native, name)
+
+
+def test_an_extension_without_apply_payload_keeps_decode_and_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("infera.kv.index.choose", lambda _native: _Stale())
+    ix = PrefixIndex()
+    assert not ix.takes_payloads
+    events = FakeEvents()
+    feed = IndexFeed(FakeFleet(), events, ix)  # type: ignore[arg-type]
+    assert events.raw is None
+    payload = encode_batch(EventBatch(1.0, [BlockStored([1], None, list(range(16)), 16, medium="GPU")]))
+    deliver("w", payload, events.sink, events.on_gap, events.raw)
+    deliver("w", payload, events.sink, events.on_gap, events.raw)
+    assert not ix.apply_payload("w", payload)
+    assert feed.batches["w"] == 2 and ix.block_count("w") == 1
