@@ -6,7 +6,8 @@ third round's C loops) and of main 846da7f ("main4": ``bench/index_v4.py``, the 
 the fifth round moved them into C), in the same run.
 
   ingest   block events/s (one per stored or removed block) through ``PrefixIndex.apply``, and through
-           ``decode_batch`` + ``apply`` from msgpack frames (``encode_batch``), for 16 workers whose
+           ``decode_batch`` + ``apply`` from msgpack frames (``encode_batch``), and ("payload", where the index has
+           it) through ``PrefixIndex.apply_payload`` from those frames as the frontend's feed does, for 16 workers whose
            caches are full (every store evicts), requests storing 4-32 new blocks after an optional
            64-block shared prefix (bench/synth.py). CPU time, gc off, median of rounds interleaving
            old and new.
@@ -86,6 +87,9 @@ def ingest(quick: bool) -> dict[str, Any]:
     impls = _impls()
     rates: dict[str, dict[str, list[float]]] = {name: {"apply": [], "decode+apply": [], "decode": []}
                                                 for name in impls}
+    for name, (cls, _) in impls.items():  # the frontend's path where the tree has it: apply_payload, else decode+apply
+        if getattr(cls(), "takes_payloads", False):
+            rates[name]["payload"] = []
     for _ in range(3 if quick else 5):
         for name, (cls, decode) in impls.items():
             for mode in rates[name]:
@@ -101,6 +105,10 @@ def ingest(quick: bool) -> dict[str, Any]:
                 elif mode == "decode+apply":
                     for w, f in frames:
                         index.apply(w, decode(f))
+                elif mode == "payload":
+                    for w, f in frames:
+                        if not index.apply_payload(w, f):
+                            index.apply(w, decode(f))
                 else:
                     for _w, f in frames:
                         decode(f)
@@ -315,6 +323,10 @@ def print_report(res: dict[str, Any]) -> None:
         for mode in ("apply", "decode+apply", "decode"):
             print(f"{mode:<14}" + "".join(f"{rates[k][mode] / 1e6:>8.2f}" for k in names)
                   + "".join(f"{rates['new'][mode] / rates[k][mode]:>9.2f}x" for k in names[:-1]))
+        if "payload" in rates.get("new", {}):
+            pay = rates["new"]["payload"]
+            print(f"payload (new: apply_payload from the frames, else decode+apply) {pay / 1e6:.2f}: "
+                  + ", ".join(f"{pay / rates[k]['decode+apply']:.2f}x {k}'s decode+apply" for k in names))
     if "query" in res:
         pure = {(r["spread"], r["workers"], r["prompt_tokens"]): r for r in res["query"] if r["impl"] == "pure"}
         if pure:

@@ -5,10 +5,13 @@ turn each, ``max_tokens`` 8) through a real :class:`Router` over 2 workers with 
 request the stages of ``Router._place`` (topology + pool, context = render + tokenize through the prompt
 cache, block hashes, pick = the policy's score, legs = load ticket + the index's prediction), the first token
 and the end of the request, and then the KV events the engine would publish for it (``BlockStored`` of the
-blocks it lacked) applied to the index. CPU time of this process (``process_time``), µs per request,
-after a warm-up; the caller's ``gc`` settings as the server's (frozen heap, young threshold 5000). The last
-column, ``gc``, is the part of the total the cyclic GC's collections took (timed by a ``gc.callbacks`` hook; a
-collection runs inside whichever stage allocated, mostly the context stage).
+blocks it lacked, and the LRU's ``BlockRemoved`` with ``--kv-blocks``) as the frontend takes them: encoded
+(untimed), then ``deliver`` from their bytes into the index feed (decode + apply, or ``apply_payload`` where
+the tree has it; until issue 15's eleventh round this stage applied pre-built batches and timed the engine's
+LRU with them, so its figures before then are not comparable). CPU time of this process (``process_time``),
+µs per request, after a warm-up; the caller's ``gc`` settings as the server's (frozen heap, young threshold
+5000). The last column, ``gc``, is the part of the total the cyclic GC's collections took (timed by a
+``gc.callbacks`` hook; a collection runs inside whichever stage allocated, mostly the context stage).
 
     .venv/bin/python bench/kv_stages.py                  # kv-aware and round-robin, this tree
     .venv/bin/python bench/kv_stages.py --ref main       # and the same at git ref main, interleaved rounds
@@ -45,10 +48,11 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000) -> dic
 
     from bench.common import chat_body, default_tokenizer_dir
     from infera.kv.tokenizer import PromptRenderer
-    from infera.protocols.kv_events import BlockRemoved, BlockStored, EventBatch
+    from infera.protocols.kv_events import BlockRemoved, BlockStored, EventBatch, encode_batch
     from infera.protocols.worker import Capacity
     from infera.router.context import RouteRequest
     from infera.router.router import Router, RouterOptions
+    from infera.transport.delivery import deliver
     from tests.fakes import FakeFleet, FakeTransport, worker
 
     renderer = PromptRenderer.from_dir(default_tokenizer_dir())
@@ -59,6 +63,9 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000) -> dic
     router = Router(fleet, FakeTransport(), None, renderer, RouterOptions(policy=policy), rng=random.Random(1))
     cands, ctxs, picker, legs, load, index = (router._candidates, router._context, router._picker, router._legs,
                                               router._load, router._feed.index)
+    feed = router._feed
+    # the feed's raw sink as the frontend binds it (a tree before it has none; its deliver takes four arguments)
+    raw = feed.on_payload if getattr(index, "takes_payloads", False) else None
     gc.freeze()
     gc.set_threshold(5000, 10, 10)
     total = dict.fromkeys(STAGES, 0)
@@ -95,23 +102,30 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000) -> dic
         t6 = clock()
         placed.release()
         t7 = clock()
+        t7e = clock()
         if hashes and choice.overlap < len(hashes):
             ids, k = ctx.token_ids or [], choice.overlap
             wid = choice.worker.instance_id
             stored = [h & mask for h in hashes[k:]]
-            index.apply(wid, EventBatch(ts=0.0, events=[BlockStored(
+            sent = [encode_batch(EventBatch(ts=0.0, events=[BlockStored(
                 block_hashes=stored, parent_block_hash=hashes[k - 1] & mask if k else None,
-                token_ids=list(ids[k * 16: len(hashes) * 16]), block_size=16)]))
+                token_ids=list(ids[k * 16: len(hashes) * 16]), block_size=16)]))]
             lru = engines.setdefault(wid, OrderedDict())
             for h in hashes:  # the engine's LRU: the prompt's blocks are the youngest
                 lru[h & mask] = None
                 lru.move_to_end(h & mask)
             if len(lru) > kv_blocks:
                 gone = [lru.popitem(last=False)[0] for _ in range(len(lru) - kv_blocks)]
-                index.apply(wid, EventBatch(ts=0.0, events=[BlockRemoved(block_hashes=gone)]))
+                sent.append(encode_batch(EventBatch(ts=0.0, events=[BlockRemoved(block_hashes=gone)])))
+            t7e = clock()  # the engine's work (its LRU, the encoding) is not the router's
+            for payload in sent:  # what the frontend's event reader does with each batch's bytes
+                if raw is None:
+                    deliver(wid, payload, feed.on_batch, feed.on_gap)
+                else:
+                    deliver(wid, payload, feed.on_batch, feed.on_gap, raw)
         t8 = clock()
         if i >= warmup:
-            for stage, d in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, t8 - t7),
+            for stage, d in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, t8 - t7e),
                                 strict=True):
                 total[stage] += d
     gc.callbacks.remove(on_gc)

@@ -1100,6 +1100,99 @@ static int remove_alone(Tables *t, PyObject *eh, Py_ssize_t *unknown) {
     return 1;
 }
 
+/* remove_blocks' step for engine hash ``eh``: 1 done (or unknown: *unknown counted), 0 stop before it (a block in
+ * other tiers: Python's _remove), -1 error. ``alone``: the tables are U64Maps remove_alone reads. */
+static int remove_one(Tables *tp, PyObject *eh, int alone, Py_ssize_t *unknown, int *forget) {
+    Tables t = *tp;
+    PyObject *local, *refs;
+    int r;
+    if (PyDict_GET_SIZE(t.media) == 0) {  /* on the device only: one lookup takes it out */
+        if (alone) {
+            r = remove_alone(&t, eh, unknown);
+            if (r) return r;
+        }
+        local = tab_pop(t.blocks, eh);
+        if (local == NULL) return -1;
+        if (local == Py_None) {
+            Py_DECREF(local);
+            (*unknown)++;
+            return 1;
+        }
+        refs = PyDict_GET_SIZE(t.extra) ? PyDict_GetItemWithError(t.extra, local) : NULL;
+        if (refs == NULL && PyErr_Occurred()) goto fail;
+    } else {
+        local = tab_get_new(t.blocks, eh);
+        if (local == NULL) {
+            if (PyErr_Occurred()) return -1;
+            (*unknown)++;
+            return 1;
+        }
+        r = PyDict_Contains(t.media, eh);
+        if (r < 0) goto fail;
+        if (r) {
+            Py_DECREF(local);
+            return 0;
+        }
+        refs = PyDict_GET_SIZE(t.extra) ? PyDict_GetItemWithError(t.extra, local) : NULL;
+        if (refs == NULL && PyErr_Occurred()) goto fail;
+        if (refs != NULL) {  /* _relower scans the worker's blocks' tiers */
+            Py_DECREF(local);
+            return 0;
+        }
+        if (tab_del(t.blocks, eh) < 0) goto fail;
+    }
+    if (refs != NULL) {  /* still held through another engine block */
+        long k = PyLong_AsLong(refs);
+        if (k == -1 && PyErr_Occurred()) goto fail;
+        if (k == 1) {
+            r = PyDict_DelItem(t.extra, local);
+        } else {
+            PyObject *less = PyLong_FromLong(k - 1);
+            if (less == NULL) goto fail;
+            r = PyDict_SetItem(t.extra, local, less);
+            Py_DECREF(less);
+        }
+        if (r < 0 || discard(t.lower, local) < 0) goto fail;  /* every copy on the device: not lower */
+        Py_DECREF(local);
+        return 1;
+    }
+    PyObject *old = tab_get(t.holders, local);
+    if (old == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, local);
+        goto fail;
+    }
+    PyObject *m = PyNumber_Xor(old, t.bit);
+    if (m == NULL) goto fail;
+    int any = PyObject_IsTrue(m);
+    if (any) {
+        r = tab_set(t.holders, local, m);
+        if (r == 0) {  /* one holder left: no longer shared */
+            PyObject *below = PyNumber_Subtract(m, ONE);
+            PyObject *both = below == NULL ? NULL : PyNumber_And(m, below);
+            int many = both == NULL ? -1 : PyObject_IsTrue(both);
+            Py_XDECREF(below);
+            Py_XDECREF(both);
+            r = many < 0 ? -1 : many ? PyDict_SetItem(t.shared, local, m) : PyDict_DelItem(t.shared, local);
+        }
+        if (r == 0 && !*forget && PySet_GET_SIZE(t.watched)) {
+            r = PySet_Contains(t.watched, local);
+            if (r > 0) *forget = 1;
+            if (r > 0) r = 0;
+        }
+    } else {
+        r = tab_del(t.holders, local);
+    }
+    Py_DECREF(m);
+    if (r < 0) goto fail;
+    if (discard(t.lower, local) < 0) goto fail;
+    if (drop_guess(t.predicted, t.guess_masks, t.bit, local) < 0) goto fail;
+    Py_DECREF(local);
+    return 1;
+fail:
+    Py_DECREF(local);
+    return -1;
+}
+
 static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Tables t;
     if (nargs != 12) {
@@ -1113,96 +1206,12 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
     if (ehs == NULL) return NULL;
     PyObject *out = NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(ehs), unknown = 0;
-    int forget = 0, r;
+    int forget = 0;
     int alone = IS_MAP(t.blocks) && !((U64Map *)t.blocks)->objvals && IS_MAP(t.holders) && ((U64Map *)t.holders)->objvals;
     for (; i < n; i++) {
-        PyObject *eh = PySequence_Fast_GET_ITEM(ehs, i), *local, *refs;
-        if (PyDict_GET_SIZE(t.media) == 0) {  /* on the device only: one lookup takes it out */
-            if (alone) {
-                r = remove_alone(&t, eh, &unknown);
-                if (r < 0) goto done;
-                if (r) continue;
-            }
-            local = tab_pop(t.blocks, eh);
-            if (local == NULL) goto done;
-            if (local == Py_None) {
-                Py_DECREF(local);
-                unknown++;
-                continue;
-            }
-            refs = PyDict_GET_SIZE(t.extra) ? PyDict_GetItemWithError(t.extra, local) : NULL;
-            if (refs == NULL && PyErr_Occurred()) goto fail;
-        } else {
-            local = tab_get_new(t.blocks, eh);
-            if (local == NULL) {
-                if (PyErr_Occurred()) goto done;
-                unknown++;
-                continue;
-            }
-            r = PyDict_Contains(t.media, eh);
-            if (r < 0) goto fail;
-            if (r) {
-                Py_DECREF(local);
-                break;
-            }
-            refs = PyDict_GET_SIZE(t.extra) ? PyDict_GetItemWithError(t.extra, local) : NULL;
-            if (refs == NULL && PyErr_Occurred()) goto fail;
-            if (refs != NULL) {  /* _relower scans the worker's blocks' tiers */
-                Py_DECREF(local);
-                break;
-            }
-            if (tab_del(t.blocks, eh) < 0) goto fail;
-        }
-        if (refs != NULL) {  /* still held through another engine block */
-            long k = PyLong_AsLong(refs);
-            if (k == -1 && PyErr_Occurred()) goto fail;
-            if (k == 1) {
-                r = PyDict_DelItem(t.extra, local);
-            } else {
-                PyObject *less = PyLong_FromLong(k - 1);
-                if (less == NULL) goto fail;
-                r = PyDict_SetItem(t.extra, local, less);
-                Py_DECREF(less);
-            }
-            if (r < 0 || discard(t.lower, local) < 0) goto fail;  /* every copy on the device: not lower */
-            Py_DECREF(local);
-            continue;
-        }
-        PyObject *old = tab_get(t.holders, local);
-        if (old == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, local);
-            goto fail;
-        }
-        PyObject *m = PyNumber_Xor(old, t.bit);
-        if (m == NULL) goto fail;
-        int any = PyObject_IsTrue(m);
-        if (any) {
-            r = tab_set(t.holders, local, m);
-            if (r == 0) {  /* one holder left: no longer shared */
-                PyObject *below = PyNumber_Subtract(m, ONE);
-                PyObject *both = below == NULL ? NULL : PyNumber_And(m, below);
-                int many = both == NULL ? -1 : PyObject_IsTrue(both);
-                Py_XDECREF(below);
-                Py_XDECREF(both);
-                r = many < 0 ? -1 : many ? PyDict_SetItem(t.shared, local, m) : PyDict_DelItem(t.shared, local);
-            }
-            if (r == 0 && !forget && PySet_GET_SIZE(t.watched)) {
-                r = PySet_Contains(t.watched, local);
-                if (r > 0) forget = 1;
-                if (r > 0) r = 0;
-            }
-        } else {
-            r = tab_del(t.holders, local);
-        }
-        Py_DECREF(m);
-        if (r < 0) goto fail;
-        if (discard(t.lower, local) < 0) goto fail;
-        if (drop_guess(t.predicted, t.guess_masks, t.bit, local) < 0) goto fail;
-        Py_DECREF(local);
-        continue;
-    fail:
-        Py_DECREF(local);
-        goto done;
+        int r = remove_one(&t, PySequence_Fast_GET_ITEM(ehs, i), alone, &unknown, &forget);
+        if (r < 0) goto done;
+        if (r == 0) break;
     }
     out = Py_BuildValue("(nnO)", i, unknown, forget ? Py_True : Py_False);
 done:
@@ -1943,6 +1952,7 @@ static int add_recency(PyObject *mod); /* kv-aware's recency shadow: the block a
 static int add_scales(PyObject *mod);  /* kv-aware's speed scale: after it */
 static int add_pick11(PyObject *mod); /* the load tracker's block references, kv-aware's pick glue: after it */
 static int add_prompt_cache(PyObject *mod); /* the prompt cache's bookkeeping: csrc/prompt_cache.c, included last */
+static int add_payload(PyObject *mod); /* a KV-event batch from its payload: csrc/index_payload.c, included last */
 static double recency_tail(U64Map *m, long long blocks, double tau, double now);
 
 PyMODINIT_FUNC PyInit__native(void) {
@@ -1959,7 +1969,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0 || add_pick11(mod) < 0 ||
-        add_prompt_cache(mod) < 0) {
+        add_prompt_cache(mod) < 0 || add_payload(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
@@ -3155,3 +3165,4 @@ static int add_pick11(PyObject *mod) {
 }
 
 #include "prompt_cache.c"
+#include "index_payload.c"

@@ -48,8 +48,8 @@ class IndexFeed:
         self._blind_logged: set[str] = set()
         self._ticker: asyncio.Task[None] | None = None
         fleet.subscribe(self._on_change)
-        if events is not None:
-            events.bind(self.on_batch, self.on_gap)
+        if events is not None:  # the index takes vLLM's common batches straight from their bytes, if it can
+            events.bind(self.on_batch, self.on_gap, self.on_payload if index.takes_payloads else None)
 
     @property
     def follows_events(self) -> bool:
@@ -95,6 +95,18 @@ class IndexFeed:
     def on_batch(self, worker_id: str, batch: EventBatch) -> None:
         """Feed one decoded batch of a worker's KV events into the index."""
         self.index.apply(worker_id, batch)
+        self._arrived(worker_id)
+
+    def on_payload(self, worker_id: str, payload: bytes) -> bool:
+        """Feed one batch into the index from its msgpack payload, if the index takes it as it is (True);
+        False: nothing changed, decode it and call :meth:`on_batch`. The same effects as :meth:`on_batch`."""
+        if not self.index.apply_payload(worker_id, payload):
+            return False
+        self._arrived(worker_id)
+        return True
+
+    def _arrived(self, worker_id: str) -> None:
+        """A batch of ``worker_id``'s was applied: its events flow."""
         self.batches[worker_id] += 1
         self._last_batch[worker_id] = self._clock()
         self._expect_since.pop(worker_id, None)

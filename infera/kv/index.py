@@ -100,6 +100,11 @@ class PrefixIndex:
         # The C path's runs: their masks as rows, patched when one changes (Python's runs are forgotten).
         self._rows = None if self._native is None else RowRuns(self._native, self._slots.names, self._watched, RUNS_MAX,
                                                                     WATCHED_MAX)
+        # A batch's payload straight into the tables (apply_payload); not for an index whose block size no event
+        # can have (C reads 0 as "any")
+        self._apply_payload = getattr(self._native, "apply_payload", None) if block_size is None or block_size > 0 \
+            else None
+        self._payload_size = block_size or 0
         self._guesses = Predictions(self._native)
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
         self._expiry_heap = self._guesses.heap
@@ -109,6 +114,11 @@ class PrefixIndex:
         """The C module this index runs its loops with (``infera.kv._native``), or None on the pure path: a reader
         that has C parts of its own follows the index's choice."""
         return self._native
+
+    @property
+    def takes_payloads(self) -> bool:
+        """Whether :meth:`apply_payload` can take batches (the C path, built with it)."""
+        return self._apply_payload is not None
 
     def _worker(self, worker_id: str) -> WorkerTable:
         worker = self._workers.get(worker_id)
@@ -156,6 +166,36 @@ class PrefixIndex:
                     self._apply_run(worker, kind, list(run))
         worker.last_event_ts = batch.ts
         worker.last_applied_at = time.time() if now is None else now
+
+    def apply_payload(self, worker_id: str, payload: bytes, now: float | None = None) -> bool:
+        """:meth:`apply` of ``decode_batch(payload)`` in one C call, for the batches it takes: vLLM 0.32's form on
+        the device, to a worker the index knows with no block in other tiers (csrc/index_payload.c says exactly).
+        True: applied, with the tables, counters and times :meth:`apply` would leave. False: nothing changed (the
+        pure path, an extension without it, or a batch it does not take): decode and :meth:`apply` it instead.
+        """
+        worker = self._workers.get(worker_id)
+        if worker is None or self._apply_payload is None:  # a new worker: its table is made by apply
+            return False
+        got = self._apply_payload(*worker.tables, payload, self._payload_size)
+        if got is None:
+            return False
+        ts, stored, removed, orphans, unknown, mismatched, touched = got
+        counters = self.counters
+        if stored:
+            counters.block_stored += stored
+        if removed:
+            counters.block_removed += removed
+        if orphans:
+            self._orphans(worker, orphans)
+        if unknown:
+            counters.unknown_removed += unknown
+        if mismatched:
+            counters.block_size_mismatch += mismatched
+        if touched:
+            self._touch(touched)
+        worker.last_event_ts = ts
+        worker.last_applied_at = time.time() if now is None else now
+        return True
 
     def _apply_run(self, worker: WorkerTable, kind: type, run: list[Any]) -> None:
         """A run of events of one class (the exact classes first; a subclass is applied as its base)."""

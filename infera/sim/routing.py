@@ -53,8 +53,8 @@ class _Events:
     def __init__(self) -> None:
         self.sink: Callable[[str, EventBatch], None] | None = None
 
-    def bind(self, sink: Callable[[str, EventBatch], None], on_gap: Any) -> None:
-        self.sink = sink
+    def bind(self, sink: Callable[[str, EventBatch], None], on_gap: Any, raw: Any = None) -> None:
+        self.sink = sink  # the simulator hands over decoded batches: no payloads for ``raw``
 
     async def start(self) -> None:
         pass

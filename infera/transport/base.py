@@ -79,10 +79,15 @@ EventSink = Callable[[str, EventBatch], None]
 GapSink = Callable[[str, int], None]
 """Called with (worker id, number of batches lost) when a gap could not be repaired."""
 
+RawSink = Callable[[str, bytes], bool]
+"""Tried first with (worker id, the batch's msgpack payload): True when it took the batch whole; False when it
+changed nothing and the batch goes on to be decoded for the :data:`EventSink`."""
+
 
 class KvEventSource(Protocol):
-    def bind(self, sink: EventSink, on_gap: GapSink) -> None:
-        """Set where batches and unrepairable gaps go; called once, before ``start``."""
+    def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None) -> None:
+        """Set where batches and unrepairable gaps go; called once, before ``start``. ``raw``, if given, is
+        offered each batch's payload before it is decoded (:func:`infera.transport.delivery.deliver`)."""
         ...
 
     async def start(self) -> None: ...

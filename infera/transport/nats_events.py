@@ -24,7 +24,7 @@ from nats.errors import Error as NatsError
 from infera.protocols import nats_wire as wire
 from infera.protocols.kv_events import replay_step, seq_from_bytes, seq_to_bytes
 from infera.protocols.worker import WorkerRecord
-from infera.transport.base import EventSink, GapSink
+from infera.transport.base import EventSink, GapSink, RawSink
 from infera.transport.delivery import deliver
 
 log = logging.getLogger(__name__)
@@ -39,14 +39,16 @@ class NatsEventSource:
         self._connect_timeout = connect_timeout
         self._sink: EventSink = lambda worker_id, batch: None
         self._on_gap: GapSink = lambda worker_id, lost: None
+        self._raw: RawSink | None = None
         self._nc: Client | None = None
         self._subjects: dict[str, str] = {}  # events subject -> worker id
         self._queues: dict[str, asyncio.Queue[bytes]] = {}  # worker id -> live frames not yet applied
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
-    def bind(self, sink: EventSink, on_gap: GapSink) -> None:
+    def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None) -> None:
         self._sink = sink
         self._on_gap = on_gap
+        self._raw = raw
 
     async def start(self) -> None:
         try:
@@ -168,4 +170,4 @@ class NatsEventSource:
                 await sub.unsubscribe()
 
     def _deliver(self, worker_id: str, payload: bytes) -> None:
-        deliver(worker_id, payload, self._sink, self._on_gap)
+        deliver(worker_id, payload, self._sink, self._on_gap, self._raw)

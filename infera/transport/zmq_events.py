@@ -18,7 +18,7 @@ import zmq.asyncio
 
 from infera.protocols.kv_events import replay_step, seq_from_bytes, seq_to_bytes
 from infera.protocols.worker import WorkerRecord
-from infera.transport.base import EventSink, GapSink
+from infera.transport.base import EventSink, GapSink, RawSink
 from infera.transport.delivery import deliver
 
 log = logging.getLogger(__name__)
@@ -28,15 +28,17 @@ class ZmqEventSource:
     def __init__(self, replay_timeout: float = 1.0) -> None:
         self._sink: EventSink = lambda worker_id, batch: None
         self._on_gap: GapSink = lambda worker_id, lost: None
+        self._raw: RawSink | None = None
         self._replay_timeout = replay_timeout
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._endpoints: dict[str, str] = {}
         self._subs: set[zmq.Socket[bytes]] = set()  # the live SUB sockets (plain ones: see _follow)
 
-    def bind(self, sink: EventSink, on_gap: GapSink) -> None:
+    def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None) -> None:
         self._sink = sink
         self._on_gap = on_gap
+        self._raw = raw
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
@@ -126,7 +128,7 @@ class ZmqEventSource:
                         if not wake.done():
                             wake.set_result(None)
                         return
-                deliver(worker_id, frames[2], self._sink, self._on_gap)
+                deliver(worker_id, frames[2], self._sink, self._on_gap, self._raw)
                 expected = seq + 1
 
         def readable() -> None:
@@ -215,4 +217,4 @@ class ZmqEventSource:
             dealer.close(linger=0)
 
     def _deliver(self, worker_id: str, payload: bytes) -> None:
-        deliver(worker_id, payload, self._sink, self._on_gap)
+        deliver(worker_id, payload, self._sink, self._on_gap, self._raw)
