@@ -164,7 +164,7 @@ class AnthropicHandlers:
                 return Response(status_code=499)
             if isinstance(routed, RoutingError):
                 return anthropic_routing_error(routed)
-            self.metrics.of(self.metrics.ttft, PATH).observe(time.perf_counter() - started)
+            self.metrics.observer(self.metrics.ttft, PATH)(time.perf_counter() - started)
             try:
                 collected = await collect_or_disconnect(watch, routed)
             except UpstreamError as exc:
@@ -245,13 +245,13 @@ class AnthropicHandlers:
                 if not dispatch.done():
                     yield encode(PING)
             routed = await self._routed(dispatch)
-            self.metrics.of(self.metrics.ttft, PATH).observe(time.perf_counter() - started)
-            itl = self.metrics.of(self.metrics.itl, PATH)
+            self.metrics.observer(self.metrics.ttft, PATH)(time.perf_counter() - started)
+            itl = self.metrics.observer(self.metrics.itl, PATH)
             decoder = SseDecoder()
             last = time.perf_counter()
             async for chunk in routed.chunks():
                 now = time.perf_counter()
-                itl.observe(now - last)
+                itl(now - last)
                 last = now
                 out = b"".join(encode(e) for data in decoder.feed(chunk) for e in translator.feed(data))
                 if out:

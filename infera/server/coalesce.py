@@ -79,9 +79,15 @@ class HeadHold:
         return getattr(self._transport, name)
 
 
+def hold_heads(cycle: RequestResponseCycle, loop: asyncio.AbstractEventLoop) -> None:
+    """Give ``cycle`` a :class:`HeadHold` over its transport (once)."""
+    if not isinstance(cycle.transport, HeadHold):
+        cycle.transport = HeadHold(cycle.transport, cycle, loop)  # type: ignore[assignment]
+
+
 class CoalescingHttpToolsProtocol(NoDelayHttpToolsProtocol):
-    def on_headers_complete(self) -> None:
-        super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and not isinstance(cycle.transport, HeadHold):
-            cycle.transport = HeadHold(self.transport, cycle, self.loop)  # type: ignore[assignment]
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        # the hold is put on as the request's task starts (nothing writes to a cycle before): a subclass that
+        # answers a request in one write of its own starts it without calling this (infera.server.lean)
+        hold_heads(cycle, self.loop)
+        super()._start_asgi_task(cycle, app)

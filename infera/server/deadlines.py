@@ -117,12 +117,16 @@ class DeadlineHttpToolsProtocol(CoalescingHttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._in_body = True
-        self._cancel_headers()
+        if self._header_timer is not None:  # _cancel_headers(), inline: once per request
+            self._header_timer.cancel()
+            self._header_timer = None
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._in_body = False
-        self._cancel_body()
+        if self._body_timer is not None:  # _cancel_body(), inline: once per request
+            self._body_timer.cancel()
+            self._body_timer = None
         super().on_message_complete()
 
     def _arm_headers(self) -> None:

@@ -31,6 +31,7 @@ it cannot skip a behaviour silently; nor does a request the concurrency limit re
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -43,7 +44,7 @@ from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, 
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from infera.server.auth import AdminTokenMiddleware, is_admin_path
-from infera.server.coalesce import HeadHold
+from infera.server.coalesce import HeadHold, hold_heads
 from infera.server.deadlines import DeadlineHttpToolsProtocol
 from infera.server.direct import DefaultWorkerHeader, with_default_worker
 from infera.server.drain import DrainState
@@ -113,6 +114,7 @@ class LeanPath:
         except BaseException as exc:
             cycle.logger.error("Exception in ASGI application\n", exc_info=exc)
             if not cycle.response_started:
+                _hold_heads(cycle)  # uvicorn's 500 is two sends: in one write, as on the ASGI stack
                 await cycle.send_500_response()
             else:
                 cycle.transport.close()
@@ -126,11 +128,12 @@ class LeanPath:
             # young GC collection later (thousands of such objects per collection; bench/README.md, "Issue 15,
             # eighth round: why a live kv-aware request costs more than its stages"): the scope's Disconnects holds
             # this task and the watch's callback (watch -> Disconnects -> watch), the cycle its HeadHold (-> cycle)
-            disconnects = cast(dict[str, Any], cycle.scope).get(DISCONNECTS)
+            scope: Any = cycle.scope
+            disconnects = scope.get(DISCONNECTS)
             if disconnects is not None:
                 disconnects.action = None
                 disconnects.task = None
-            hold: object = cycle.transport  # a HeadHold where the coalescing protocol put one
+            hold: object = cycle.transport  # a HeadHold where a stream or a 500 put one
             if isinstance(hold, HeadHold) and hold.idle():
                 cycle.transport = hold.inner()
 
@@ -152,7 +155,7 @@ class LeanPath:
             cycle.body = bytearray()
             cycle.message_event.clear()
             cycle.flow.resume_reading()
-        request = Request(scope, cast(Receive, cycle.receive))
+        request = Request(scope, cycle.receive)  # type: ignore[arg-type]
         observation = Observation(self.telemetry, scope) if self.telemetry is not None else None
         try:
             try:
@@ -181,6 +184,7 @@ class LeanPath:
         """Send ``response``: a whole one in one write, a stream through the cycle's ``send``."""
         path: str = cycle.scope["path"]
         if type(response).__call__ is not Response.__call__:  # a stream (its own __call__)
+            _hold_heads(cycle)  # its head waits for its first chunk, as on the ASGI stack (infera.server.coalesce)
             send: Send = cast(Send, cycle.send)
             send = id_sender(_closing(send) if closing else send, rid, path)
             if observation is not None:
@@ -240,6 +244,16 @@ class LeanPath:
         if not keep_alive:
             cycle.transport.close()
         cycle.on_response()
+
+
+def _hold_heads(cycle: RequestResponseCycle) -> None:
+    """The coalescing protocol's :class:`HeadHold` on a lean request that writes its answer in several sends (a
+    stream, uvicorn's 500): a whole answer is one write of its own and needs none. The loop is the request's
+    task's (the protocol keeps it on the request's :class:`Disconnects`; ``get_running_loop()`` is a getpid)."""
+    scope: Any = cycle.scope
+    disconnects: Disconnects | None = scope.get(DISCONNECTS)
+    task = disconnects.task if disconnects is not None else None
+    hold_heads(cycle, task.get_loop() if task is not None else asyncio.get_running_loop())
 
 
 def _json(headers: list[tuple[bytes, bytes]]) -> bool:

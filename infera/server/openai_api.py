@@ -124,10 +124,10 @@ class OpenAIHandlers:
                 return openai_routing_error(routed), None
             ttft = time.perf_counter() - started
             if routed.content_type.startswith("text/event-stream"):
-                self.metrics.of(self.metrics.ttft, path).observe(ttft)
+                self.metrics.observer(self.metrics.ttft, path)(ttft)
                 relayed = True  # the relay stops the watch when the stream ends
                 return SseRelay(routed, watch, path, started, worker_headers(routed), _error_event,
-                                self.metrics.of(self.metrics.itl, path).observe, self.complete), None
+                                self.metrics.observer(self.metrics.itl, path), self.complete), None
             try:
                 collected = await collect_or_disconnect(watch, routed)
             except UpstreamError as exc:

@@ -46,7 +46,11 @@ def new_id_bytes() -> bytes:
 def take_id(headers: list[tuple[bytes, bytes]]) -> tuple[bytes, list[tuple[bytes, bytes]] | None]:
     """The request's id and, when one had to be made, the headers to use instead (the given list is
     not changed)."""
-    given = next((v for k, v in headers if k == HEADER), None)
+    given = None
+    for key, value in headers:  # a plain loop: no generator and next() per request
+        if key == HEADER:
+            given = value
+            break
     if given is not None and valid(given):
         return given, None
     rid = new_id_bytes()

@@ -399,7 +399,7 @@ class Pool:
 class Target:
     """A base URL, split once: the pool key, the path prefix and the request head's fixed lines."""
 
-    __slots__ = ("host_line", "key", "prefix")
+    __slots__ = ("_starts", "host_line", "key", "prefix")
 
     def __init__(self, base_url: str) -> None:
         url = urlsplit(base_url.rstrip("/"))
@@ -409,11 +409,17 @@ class Target:
         self.key = (url.hostname, url.port or (443 if tls else 80), tls)
         self.prefix = url.path.encode()
         self.host_line = b"Host: " + url.netloc.rsplit("@", 1)[-1].encode("idna") + b"\r\n"
+        self._starts: dict[str, bytes] = {}  # path -> the head's lines before the length's value
 
     def head(self, path: str, length: int, headers: Mapping[str, str]) -> bytes:
         """The head of a POST of ``length`` bytes to ``path`` with ``headers`` (CR/LF in a value is refused)."""
-        lines = [b"POST ", self.prefix, path.encode(), b" HTTP/1.1\r\n", self.host_line,
-                 b"Content-Length: ", str(length).encode(), b"\r\n"]
+        start = self._starts.get(path)
+        if start is None:
+            if len(self._starts) >= 64:  # a handful of API paths in practice: a bound, not an eviction policy
+                self._starts.clear()
+            start = self._starts[path] = b"".join(
+                (b"POST ", self.prefix, path.encode(), b" HTTP/1.1\r\n", self.host_line, b"Content-Length: "))
+        lines = [start, str(length).encode(), b"\r\n"]
         for name, value in headers.items():
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
                 raise WireError(f"header {name!r} has a line break")

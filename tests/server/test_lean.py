@@ -13,7 +13,7 @@ import io
 import random
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import pytest
@@ -358,3 +358,89 @@ async def test_an_answered_requests_objects_die_by_reference_count() -> None:
             gc.garbage.clear()
             gc.enable()
     assert found == {}
+
+
+class WriteSpy(asyncio.Transport):
+    """A client connection in memory that keeps every write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closing = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+
+    def writelines(self, lines: Any) -> None:
+        self.write(b"".join(lines))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+class Holds(LeanPath):
+    """Notes the cycle's transport as each request's task starts."""
+
+    seen: ClassVar[list[str]] = []
+
+    async def serve(self, cycle: Any) -> None:
+        Holds.seen.append(type(cycle.transport).__name__)
+        await super().serve(cycle)
+
+
+async def _writes_of(raw: bytes, failing_error_handler: bool = False) -> list[bytes]:
+    app, router, _ = make()
+    lean = Holds.of(app, DrainState())
+    assert lean is not None
+    if failing_error_handler:
+        async def broken(*args: Any, **kw: Any) -> Any:
+            raise RuntimeError("boom")
+
+        def no_handler(request: Any, exc: Exception) -> Any:
+            raise RuntimeError("the error handler failed too")
+
+        router.dispatch = broken  # type: ignore[method-assign]
+        lean.on_error = no_handler
+    config = uvicorn.Config(DrainMiddleware(app, DrainState()), http=with_lean(with_deadlines(10, 10), lean),
+                            log_level="critical", lifespan="off", proxy_headers=False)
+    config.load()
+    protocol = config.http_protocol_class(config=config, server_state=uvicorn.server.ServerState(), app_state={})
+    spy = WriteSpy()
+    protocol.connection_made(spy)
+    protocol.data_received(raw)
+    while protocol.tasks:
+        await asyncio.gather(*protocol.tasks, return_exceptions=True)
+    protocol.connection_lost(None)
+    return spy.writes
+
+
+async def test_a_whole_answer_is_one_write_with_no_head_hold_and_a_stream_or_500_holds_its_head() -> None:
+    """A lean whole answer is written in one piece by the lean path itself: its cycle gets no ``HeadHold``
+    (per request, an object and a frame per write that it would never use); a stream's head still waits for its
+    first chunk, and uvicorn's own 500 (two sends) is still one write, as on the ASGI stack."""
+    Holds.seen = []
+    whole = await _writes_of(post("/v1/chat/completions", CHAT))
+    assert len(whole) == 1 and whole[0].startswith(b"HTTP/1.1 200 OK") and b'"usage"' in whole[0]
+    stream = await _writes_of(post("/v1/chat/completions", STREAM))
+    assert stream[0].startswith(b"HTTP/1.1 200 OK") and b"data: " in stream[0]  # the head with the first chunk
+    failed = await _writes_of(post("/v1/chat/completions", CHAT), failing_error_handler=True)
+    assert len(failed) == 1 and failed[0].startswith(b"HTTP/1.1 500") and failed[0].endswith(b"Internal Server Error")
+    assert Holds.seen == ["WriteSpy"] * 3  # no hold at the task's start: the stream and the 500 put one on later

@@ -1,15 +1,20 @@
-"""An endpoint's bound accounting records what one ``ServerMetrics.of`` call per observation records."""
+"""An endpoint's bound accounting records what one ``ServerMetrics.of`` call per observation records; the fast
+observe and inc record what prometheus_client's own do."""
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infera.router.router import Router, RouterOptions
-from infera.server.metrics import ServerMetrics
+from infera.server.metrics import ITL_BUCKETS, LATENCY_BUCKETS, ServerMetrics, fast_inc, fast_observe
 from infera.server.tally import Usage
 from tests.fakes import FakeFleet, FakeTransport, worker
 
@@ -76,3 +81,58 @@ def test_a_series_appears_only_once_observed() -> None:
     kinds = {kind for name, kind in {(n, dict(labels).get("kind")) for n, labels in samples(m)}
              if name == "infera_tokens_total"}
     assert kinds == {"prompt", "completion"}
+
+
+AMOUNTS = st.one_of(
+    st.sampled_from([*LATENCY_BUCKETS, *ITL_BUCKETS, 0.0, -0.0, math.inf, -math.inf, math.nan]),  # on the bounds
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(min_value=0, max_value=200),
+)
+
+
+def _histograms() -> tuple[CollectorRegistry, Histogram, Histogram]:
+    registry = CollectorRegistry()
+    kw = {"labelnames": ["endpoint"], "buckets": LATENCY_BUCKETS, "registry": registry}
+    return registry, Histogram("fast_h", "h", **kw), Histogram("public_h", "h", **kw)  # type: ignore[arg-type]
+
+
+def _values(registry: CollectorRegistry, name: str) -> list[tuple[str, str, float]]:
+    return [(s.name.removeprefix(name), s.labels.get("le", ""), s.value)
+            for family in registry.collect() if family.name == name for s in family.samples
+            if not s.name.endswith("_created")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(AMOUNTS, max_size=30))
+def test_fast_observe_counts_each_amount_in_the_bucket_and_sum_observe_does(amounts: list[float]) -> None:
+    registry, fast, public = _histograms()
+    observe = fast_observe(fast.labels("/v1/x"))
+    assert observe != public.labels("/v1/x").observe  # the fast path is taken with this prometheus_client
+    for amount in amounts:
+        observe(amount)
+        public.labels("/v1/x").observe(amount)
+    got, want = _values(registry, "fast_h"), _values(registry, "public_h")
+    assert len(got) == len(want) == len(LATENCY_BUCKETS) + 3  # the buckets, +Inf, count, sum
+    for (name, le, value), (name_, le_, value_) in zip(got, want, strict=True):
+        assert (name, le) == (name_, le_)
+        assert value == value_ or (math.isnan(value) and math.isnan(value_)), (name, le)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=10**9), max_size=20))
+def test_fast_inc_adds_what_inc_adds(amounts: list[int]) -> None:
+    registry = CollectorRegistry()
+    fast = Counter("fast_c", "c", ["kind"], registry=registry)
+    public = Counter("public_c", "c", ["kind"], registry=registry)
+    inc = fast_inc(fast.labels("prompt"))
+    for amount in amounts:
+        inc(amount)
+        public.labels("prompt").inc(amount)
+    assert fast.labels("prompt")._value.get() == public.labels("prompt")._value.get() == float(sum(amounts))
+
+
+def test_a_metrics_fast_observers_are_made_once_per_child() -> None:
+    m = metrics()
+    assert m.observer(m.itl, "/v1/completions") is m.observer(m.itl, "/v1/completions")
+    assert m.counter(m.requests, "/v1/completions", "200") is m.counter(m.requests, "/v1/completions", "200")
+    assert m.counter(m.requests, "/v1/completions", "200") is not m.counter(m.requests, "/v1/completions", "404")

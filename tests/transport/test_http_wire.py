@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import uvloop
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import UpstreamError
@@ -414,3 +416,30 @@ def test_under_uvloop_as_the_frontend_runs() -> None:
         await test_each_request_on_a_connection_expires_at_its_own_deadline()
 
     uvloop.run(both())
+
+
+def _head_as_built_per_call(target: Target, path: str, length: int, headers: dict[str, str]) -> bytes:
+    """Target.head as it was written before its start lines were kept per path."""
+    lines = [b"POST ", target.prefix, path.encode(), b" HTTP/1.1\r\n", target.host_line,
+             b"Content-Length: ", str(length).encode(), b"\r\n"]
+    for name, value in headers.items():
+        lines += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+_PATHS = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/messages", "/x", ""]) | st.text(
+    st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=12).map(lambda s: "/" + s)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["http://e:8000", "http://e:8000/base/", "https://u:p@h.example"]),
+       st.lists(st.tuples(_PATHS, st.integers(min_value=0, max_value=10**7),
+                          st.dictionaries(st.sampled_from(["content-type", "x-request-id", "authorization"]),
+                                          st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E),
+                                                  max_size=20), max_size=3)), max_size=80))
+def test_a_head_is_what_building_it_whole_each_call_gives(base: str, calls: list[tuple[str, int, dict[str, str]]]
+                                                          ) -> None:
+    target = Target(base)
+    for path, length, headers in calls:  # paths repeat: the kept start lines are reused, past the bound too
+        assert target.head(path, length, headers) == _head_as_built_per_call(target, path, length, headers)
