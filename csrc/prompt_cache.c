@@ -305,15 +305,17 @@ static int drop_if_held(PyObject *d, PyObject *key, PyObject *holder) {
     return mine ? PyDict_DelItem(d, key) : 0;
 }
 
-/* prompt_evict(keys, ends, holder, cuts) -> None: PromptCache._store's eviction of one entry: each cut's key and
- * tail key deleted where they still lead to ``holder`` (the victim's). */
+/* prompt_evict(keys, ends, holder, cuts, first) -> None: PromptCache._store's eviction of one entry: each cut's key
+ * and tail key from index ``first`` on (those its holder keyed) deleted where they still lead to ``holder``. */
 static PyObject *prompt_evict(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "prompt_evict(keys: dict, ends: dict, holder, cuts: list)");
+    if (nargs != 5 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "prompt_evict(keys: dict, ends: dict, holder, cuts: list, first)");
         return NULL;
     }
     PyObject *keys = args[0], *ends = args[1], *holder = args[2], *cuts = args[3];
-    for (Py_ssize_t c = 0; c < PyList_GET_SIZE(cuts); c++) {
+    Py_ssize_t first = PyLong_AsSsize_t(args[4]);
+    if (first == -1 && PyErr_Occurred()) return NULL;
+    for (Py_ssize_t c = first < 0 ? 0 : first; c < PyList_GET_SIZE(cuts); c++) {
         PyObject *cut = PyList_GET_ITEM(cuts, c);
         if (!PyTuple_Check(cut) || PyTuple_GET_SIZE(cut) != 4) {
             PyErr_SetString(PyExc_TypeError, "prompt_evict: a cut is a 4-tuple");

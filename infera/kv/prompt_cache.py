@@ -71,7 +71,7 @@ if array(IDS).itemsize != 4:
 
 
 class _Entry:
-    __slots__ = ("cuts", "data", "ends", "hashes", "holder", "ids", "size", "state")
+    __slots__ = ("cuts", "data", "ends", "first", "hashes", "holder", "ids", "size", "state")
 
     def __init__(self, data: bytes, ids: array[int], cuts: list[tuple[int, int, int, int]]) -> None:
         self.data = data
@@ -81,6 +81,9 @@ class _Entry:
         # what the index's keys hold: a prompt that extends this one as a whole takes the
         # holder over, so the cuts they share move to it in O(1)
         self.holder = [self]
+        # the cuts from this index on are keyed to ``holder`` (those before it share with the prompt this one was
+        # made from: their keys lead there)
+        self.first = 0
         # xxh3 state after ``data[:cuts[-1][0]]``: a prompt extending this one hashes only its new bytes (the C
         # path's: an XXH3_state_t's bytes, which only it reads)
         self.state: xxhash.xxh3_64 | bytes | None = None
@@ -205,8 +208,8 @@ class PromptCache:
         # list still equals the array, no second pass), and the entry keeps its own copy for later prompts
         sizes = tuple(self._sizes)  # one C call: another thread may add a size meanwhile (encode runs off the loop too)
         complete = {size: extend_hashes(ids, known.get(size, []), size, offset // size) for size in sizes}
-        at_end = base is not None and k == len(base.cuts) - 1  # the base's state is at its last cut only
-        state = base.state if base is not None and at_end else None
+        # the base's state is at its last cut only
+        state = base.state if base is not None and k == len(base.cuts) - 1 else None
         if self._bounds is not None:
             entry = self._entry_native(data, ids, start, before, state)
         else:
@@ -214,7 +217,7 @@ class PromptCache:
             entry = self._entry(data, ids, fresh, offset, new, start, before, state)
         if entry is not None:
             with self._lock:
-                self._store(entry, base if base is not None and at_end else None)
+                self._store(entry, base, k)
                 if base is not None:
                     self.hits += 1
                     self.reused_tokens += before[-1][2]
@@ -401,17 +404,29 @@ class PromptCache:
             entry.state = stream
         return entry
 
-    def _store(self, entry: _Entry, superseded: _Entry | None) -> None:
-        """Index the cuts of ``entry``; ``superseded`` (whose cuts all start ``entry``'s) hands over."""
+    def _store(self, entry: _Entry, base: _Entry | None, k: int) -> None:
+        """Keep ``entry``, made from ``base``'s first ``k + 1`` cuts (or from scratch: None), and key its cuts past
+        them; evict the least recently used prompts past the bound. Under the lock.
+
+        A prompt that extends ``base`` as a whole (its last cut) replaces it: the holder, and with it the keys of the
+        cuts they share, move to ``entry``. Any other prompt made from ``base`` leaves the keys of the cuts it shares
+        with ``base`` leading there (``base`` is live: the lookup just found it): a fresh turn off a shared prefix
+        keys only its own ~3 cuts, not the prefix's ~6 again, and its eviction looks up only those (a hit on the
+        prefix then refreshes the prompt that first keyed it, which every such hit keeps in use)."""
         keys = self._keys
         lru = self._lru
-        first = 0
-        if superseded is not None and id(superseded) in lru and superseded.holder[0] is superseded:
-            del lru[id(superseded)]
-            self._bytes -= superseded.size
-            entry.holder = superseded.holder
+        first = 0  # the cuts from this index on are keyed here
+        if base is None or id(base) not in lru:  # from scratch, or ``base`` evicted meanwhile (another thread)
+            pass
+        elif k == len(base.cuts) - 1 and base.holder[0] is base:
+            del lru[id(base)]
+            self._bytes -= base.size
+            entry.holder = base.holder
             entry.holder[0] = entry  # the shared cuts' keys now find ``entry``
-            first = len(superseded.cuts)
+            entry.first = base.first
+            first = len(base.cuts)
+        else:
+            first = entry.first = k + 1
         cuts = entry.cuts
         ends = self._ends
         native = self._native
@@ -427,9 +442,9 @@ class PromptCache:
             _, victim = lru.popitem(last=False)
             self._bytes -= victim.size
             if native is not None:
-                native.prompt_evict(keys, ends, victim.holder, victim.cuts)
+                native.prompt_evict(keys, ends, victim.holder, victim.cuts, victim.first)
             else:
-                for _, key, _, tail in victim.cuts:
+                for _, key, _, tail in victim.cuts[victim.first :]:
                     hit = keys.get(key)
                     if hit is not None and hit[0] is victim.holder:
                         del keys[key]
