@@ -71,7 +71,7 @@ if array(IDS).itemsize != 4:
 
 
 class _Entry:
-    __slots__ = ("cuts", "data", "ends", "first", "hashes", "holder", "ids", "size", "state")
+    __slots__ = ("branch", "cuts", "data", "ends", "first", "hashes", "holder", "ids", "size", "state")
 
     def __init__(self, data: bytes, ids: array[int], cuts: list[tuple[int, int, int, int]]) -> None:
         self.data = data
@@ -87,6 +87,9 @@ class _Entry:
         # xxh3 state after ``data[:cuts[-1][0]]``: a prompt extending this one hashes only its new bytes (the C
         # path's: an XXH3_state_t's bytes, which only it reads)
         self.state: xxhash.xxh3_64 | bytes | None = None
+        # (k, the state after ``data[:cuts[k][0]]``) for the last cut a prompt branched off from before the last one
+        # (the fresh turns off a shared prefix: the next one hashes only its own bytes, not the ~6 KB prefix again)
+        self.branch: tuple[int, xxhash.xxh3_64 | bytes] | None = None
         self.size = len(data) + _BYTES_PER_ID * len(ids)
 
 
@@ -208,13 +211,20 @@ class PromptCache:
         # list still equals the array, no second pass), and the entry keeps its own copy for later prompts
         sizes = tuple(self._sizes)  # one C call: another thread may add a size meanwhile (encode runs off the loop too)
         complete = {size: extend_hashes(ids, known.get(size, []), size, offset // size) for size in sizes}
-        # the base's state is at its last cut only
-        state = base.state if base is not None and k == len(base.cuts) - 1 else None
+        # the xxh3 state after the reused prefix: the base's last cut's, or the one it keeps for the cut last branched
+        # off from; else hashed here, and kept for the next prompt made from that cut
+        state = None
+        if base is not None:
+            branch = base.branch
+            if k == len(base.cuts) - 1:
+                state = base.state
+            elif branch is not None and branch[0] == k:
+                state = branch[1]
         if self._bounds is not None:
-            entry = self._entry_native(data, ids, start, before, state)
+            entry = self._entry_native(data, ids, start, before, state, base, k)
         else:
             new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
-            entry = self._entry(data, ids, fresh, offset, new, start, before, state)
+            entry = self._entry(data, ids, fresh, offset, new, start, before, state, base, k)
         if entry is not None:
             with self._lock:
                 self._store(entry, base, k)
@@ -351,15 +361,16 @@ class PromptCache:
         return best
 
     def _entry(self, data: bytes, ids: array[int], fresh: list[int], offset: int, matches: list[tuple[int, bytes]],
-               start: int, before: list[tuple[int, int, int, int]],
-               state: xxhash.xxh3_64 | bytes | None) -> _Entry | None:
+               start: int, before: list[tuple[int, int, int, int]], state: xxhash.xxh3_64 | bytes | None,
+               base: _Entry | None, k: int) -> _Entry | None:
         """The entry for ``data`` (``ids``; ``fresh``: the same from ``ids[offset]`` on, as a list, ``offset`` the
         ids before ``start``): cuts up to ``start`` copied from the base, the rest found here.
 
         The id after each boundary token past ``start`` is found by scanning ``fresh`` for that
         token's id in order (a boundary token's id comes only from its own text). ``state``: the
         base's xxh3 state after its last cut, given only when that cut is ``start`` (the bytes it
-        covers equal ``data[:start]``, compared on the hit): those bytes are not hashed again.
+        covers equal ``data[:start]``, compared on the hit): those bytes are not hashed again. Else they are, and
+        the state after them is kept as ``base.branch`` (``base``'s cut ``k`` ends at ``start``).
         """
         n = len(data)
         cuts = list(before)
@@ -369,6 +380,8 @@ class PromptCache:
         else:
             stream = xxhash.xxh3_64()
             stream.update(view[:start])
+            if base is not None and k < len(base.cuts) - 1:
+                base.branch = (k, stream.copy())
         last = start
         pos = (before[-1][2] if before else 0) - 1
         id_of = self._id_of
@@ -389,15 +402,18 @@ class PromptCache:
         return entry
 
     def _entry_native(self, data: bytes, ids: array[int], start: int, before: list[tuple[int, int, int, int]],
-                      state: xxhash.xxh3_64 | bytes | None) -> _Entry | None:
+                      state: xxhash.xxh3_64 | bytes | None, base: _Entry | None, k: int) -> _Entry | None:
         """:meth:`_matches` past ``start`` and :meth:`_entry` in one C call (``_native.prompt_cuts``): the same cuts
-        (the boundary tokens' ids looked for in ``ids`` past the ``before`` cuts' ids), the state as bytes."""
+        (the boundary tokens' ids looked for in ``ids`` past the ``before`` cuts' ids), the states as bytes."""
         assert self._native is not None and self._bounds is not None
+        snap = base is not None and k < len(base.cuts) - 1
         got = self._native.prompt_cuts(data, start, ids, (before[-1][2] if before else 0) - 1, *self._bounds,
-                                       self._names_t, self._tokens, state, TAIL_WINDOW)
+                                       self._names_t, self._tokens, state, TAIL_WINDOW, snap)
         if got is None:
             return None  # the codec did not split where expected: do not remember this prompt
-        new, last, stream = got
+        new, last, stream, at_start = got
+        if at_start is not None:
+            base.branch = (k, at_start)  # type: ignore[union-attr]  # snap: base is not None
         cuts = before + new
         entry = _Entry(data, ids, cuts)
         if cuts and last == cuts[-1][0]:

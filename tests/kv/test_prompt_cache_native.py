@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infera.kv import hashing
 from infera.kv.hashing import block_hashes, pure_block_hashes
 from infera.kv.native import choose
-from infera.kv.prompt_cache import PromptCache
+from infera.kv.prompt_cache import TAIL_WINDOW, PromptCache
 from infera.kv.tokenizer import PromptRenderer
 
 try:
@@ -40,7 +41,8 @@ def _state(cache: PromptCache) -> tuple[Any, ...]:
     def place(p: tuple[list[Any], int]) -> tuple[list[bytes], int]:
         return [e.data for e in p[0]], p[1]
 
-    entries = [(e.data, e.cuts, e.ids.tolist(), e.hashes, e.holder[0] is e, e.state is None, e.first)
+    entries = [(e.data, e.cuts, e.ids.tolist(), e.hashes, e.holder[0] is e, e.state is None, e.first,
+                e.branch and e.branch[0])
                for e in cache._lru.values()]
     return ({k: place(v) for k, v in cache._keys.items()}, {k: place(v) for k, v in cache._ends.items()}, entries,
             cache.size_bytes, cache.hits, cache.reused_tokens, cache.encoded_tokens)
@@ -59,6 +61,10 @@ def _check_keys(cache: PromptCache) -> None:
         newest = next(reversed(cache._lru.values()))
         assert newest.holder[0] is newest and 0 <= newest.first <= len(newest.cuts)
         for k, cut in enumerate(newest.cuts):
+            # its keys are those of its bytes, however they were hashed (resumed from a stored state or not)
+            end = cut[0]
+            assert cut[1] == xxhash.xxh3_64_intdigest(newest.data[:end])
+            assert cut[3] == xxhash.xxh3_64_intdigest(newest.data[max(0, end - TAIL_WINDOW) : end], seed=end)
             for table, at in ((cache._keys, 1), (cache._ends, 3)):
                 if k >= newest.first:
                     assert table[cut[at]] == (newest.holder, k)
