@@ -17,10 +17,13 @@ codecs), so a cut never falls inside a longer added token. A reuse is confirmed 
 comparing the prefix bytes, so a hash collision costs a miss, never a wrong id.
 
 Lookup: the utf-8 bytes of every cut point are keyed by xxh3-64 of the text before it.
-Every stored prompt registers all its cuts, so "this cut was seen" is monotone in the
-cut's position and a binary search finds the longest seen cut in about log2(cuts)
-hashes. Registration is one streaming pass over the new text: a prompt that extends a
-stored one from its last cut resumes that one's hash state. The next turn's probes from
+Every stored prompt's cuts are keyed (those it shares with the prompt it was made from stay
+keyed to that one, which the lookup just found: a fresh turn off a shared prefix keys only
+its own), so "this cut was seen" is monotone in the cut's position and a binary search finds
+the longest seen cut in about log2(cuts) hashes. Registration is one streaming pass over
+the new text: a prompt that extends a stored one from its last cut resumes that one's hash
+state, and one made from an earlier cut resumes the state the stored prompt kept for the
+cut it was last branched off from. The next turn's probes from
 the end use a second key, xxh3 of the 64 bytes before the cut seeded with its offset (one
 int, no tuple to build, hash and compare per probe or registration), so each
 costs O(64), and a hit is confirmed by comparing the whole prefix (a memcmp).
