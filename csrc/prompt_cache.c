@@ -177,19 +177,24 @@ static PyObject *prompt_tail(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
-/* prompt_cuts(data, start, ids, pos, first, last, names, tokens, state, window) -> (cuts, last, state) | None:
+/* prompt_cuts(data, start, ids, pos, first, last, names, tokens, state, window, snap) -> (cuts, last, state, at_start)
+ * | None:
  * PromptCache._matches(data, start) and PromptCache._entry's loop over them. ``ids``: the prompt's ids
  * (array('I')), the first boundary token past ``start`` looked for from ``pos + 1`` on; ``tokens``: the ids of
  * ``names``, in order; ``state``: the xxh3 state after data[:start] (bytes this function returned) or None (hashed
  * here). Returns the new cuts (end, key, ids before it, xxh3 of the ``window`` bytes before it seeded with ``end``),
- * the end of the last boundary token (``start`` if none) and the state after data[:last] as bytes; None when a
- * token's id is not in ``ids`` where expected (the codec did not split there: the prompt is not remembered). */
+ * the end of the last boundary token (``start`` if none), the state after data[:last] as bytes, and, when ``snap`` is
+ * true and ``state`` None, the state after data[:start] as bytes (else None: the caller keeps it for the next prompt
+ * made from the same cut); None when a token's id is not in ``ids`` where expected (the codec did not split there:
+ * the prompt is not remembered). */
 static PyObject *prompt_cuts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10 || !PyTuple_Check(args[7])) {
+    if (nargs != 11 || !PyTuple_Check(args[7])) {
         PyErr_SetString(PyExc_TypeError,
-                        "prompt_cuts(data, start, ids, pos, first, last, names, tokens: tuple, state, window)");
+                        "prompt_cuts(data, start, ids, pos, first, last, names, tokens: tuple, state, window, snap)");
         return NULL;
     }
+    int snap = PyObject_IsTrue(args[10]);
+    if (snap < 0) return NULL;
     PyObject *data = args[0], *names = args[6], *tokens = args[7], *state = args[8];
     if (prompt_args(data, names, "prompt_cuts") < 0) return NULL;
     Py_ssize_t start = PyLong_AsSsize_t(args[1]), pos = PyLong_AsSsize_t(args[3]);
@@ -203,9 +208,11 @@ static PyObject *prompt_cuts(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     XXH3_state_t st;
+    PyObject *at_start = NULL;
     if (state == Py_None) {
         XXH3_64bits_reset(&st);
         XXH3_64bits_update(&st, d, (size_t)start);
+        if (snap && (at_start = PyBytes_FromStringAndSize((const char *)&st, sizeof st)) == NULL) return NULL;
     } else if (PyBytes_Check(state) && PyBytes_GET_SIZE(state) == (Py_ssize_t)sizeof st) {
         memcpy(&st, PyBytes_AS_STRING(state), sizeof st);
     } else {
@@ -213,7 +220,10 @@ static PyObject *prompt_cuts(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     Py_buffer view;
-    if (u32_view(args[2], &view) < 0) return NULL;
+    if (u32_view(args[2], &view) < 0) {
+        Py_XDECREF(at_start);
+        return NULL;
+    }
     const uint32_t *ids = (const uint32_t *)view.buf;
     Py_ssize_t n_ids = view.len / 4;
     PyObject *cuts = PyList_New(0);
@@ -234,6 +244,7 @@ static PyObject *prompt_cuts(PyObject *self, PyObject *const *args, Py_ssize_t n
         while (q < n_ids && ids[q] != tid) q++;
         if (q >= n_ids) { /* the codec did not split where expected */
             Py_DECREF(cuts);
+            Py_XDECREF(at_start);
             PyBuffer_Release(&view);
             Py_RETURN_NONE;
         }
@@ -242,9 +253,19 @@ static PyObject *prompt_cuts(PyObject *self, PyObject *const *args, Py_ssize_t n
         last = end;
         if (end == n || (unsigned char)d[end] < 0x80) {
             Py_ssize_t lo = end > window ? end - window : 0;
-            PyObject *cut = Py_BuildValue("(nKnK)", end, (unsigned long long)XXH3_64bits_digest(&st), pos + 1,
-                                          (unsigned long long)XXH3_64bits_withSeed(d + lo, (size_t)(end - lo),
-                                                                                   (XXH64_hash_t)end));
+            PyObject *cut = PyTuple_New(4); /* (end, key, ids before it, tail key): no format string parsed per cut */
+            if (cut != NULL) {
+                PyTuple_SET_ITEM(cut, 0, PyLong_FromSsize_t(end));
+                PyTuple_SET_ITEM(cut, 1, PyLong_FromUnsignedLongLong(XXH3_64bits_digest(&st)));
+                PyTuple_SET_ITEM(cut, 2, PyLong_FromSsize_t(pos + 1));
+                PyTuple_SET_ITEM(cut, 3, PyLong_FromUnsignedLongLong(
+                                             XXH3_64bits_withSeed(d + lo, (size_t)(end - lo), (XXH64_hash_t)end)));
+                for (int f = 0; f < 4; f++)
+                    if (PyTuple_GET_ITEM(cut, f) == NULL) {
+                        Py_CLEAR(cut); /* a tuple with NULL items deallocates */
+                        break;
+                    }
+            }
             if (cut == NULL || PyList_Append(cuts, cut) < 0) {
                 Py_XDECREF(cut);
                 goto fail;
@@ -257,11 +278,13 @@ static PyObject *prompt_cuts(PyObject *self, PyObject *const *args, Py_ssize_t n
     PyObject *saved = PyBytes_FromStringAndSize((const char *)&st, sizeof st);
     if (saved == NULL) {
         Py_DECREF(cuts);
+        Py_XDECREF(at_start);
         return NULL;
     }
-    return Py_BuildValue("(NnN)", cuts, last, saved);
+    return Py_BuildValue("(NnNN)", cuts, last, saved, at_start != NULL ? at_start : Py_NewRef(Py_None));
 fail:
     Py_XDECREF(cuts);
+    Py_XDECREF(at_start);
     PyBuffer_Release(&view);
     return NULL;
 }
@@ -305,15 +328,17 @@ static int drop_if_held(PyObject *d, PyObject *key, PyObject *holder) {
     return mine ? PyDict_DelItem(d, key) : 0;
 }
 
-/* prompt_evict(keys, ends, holder, cuts) -> None: PromptCache._store's eviction of one entry: each cut's key and
- * tail key deleted where they still lead to ``holder`` (the victim's). */
+/* prompt_evict(keys, ends, holder, cuts, first) -> None: PromptCache._store's eviction of one entry: each cut's key
+ * and tail key from index ``first`` on (those its holder keyed) deleted where they still lead to ``holder``. */
 static PyObject *prompt_evict(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "prompt_evict(keys: dict, ends: dict, holder, cuts: list)");
+    if (nargs != 5 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "prompt_evict(keys: dict, ends: dict, holder, cuts: list, first)");
         return NULL;
     }
     PyObject *keys = args[0], *ends = args[1], *holder = args[2], *cuts = args[3];
-    for (Py_ssize_t c = 0; c < PyList_GET_SIZE(cuts); c++) {
+    Py_ssize_t first = PyLong_AsSsize_t(args[4]);
+    if (first == -1 && PyErr_Occurred()) return NULL;
+    for (Py_ssize_t c = first < 0 ? 0 : first; c < PyList_GET_SIZE(cuts); c++) {
         PyObject *cut = PyList_GET_ITEM(cuts, c);
         if (!PyTuple_Check(cut) || PyTuple_GET_SIZE(cut) != 4) {
             PyErr_SetString(PyExc_TypeError, "prompt_evict: a cut is a 4-tuple");

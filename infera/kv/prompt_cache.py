@@ -17,10 +17,13 @@ codecs), so a cut never falls inside a longer added token. A reuse is confirmed 
 comparing the prefix bytes, so a hash collision costs a miss, never a wrong id.
 
 Lookup: the utf-8 bytes of every cut point are keyed by xxh3-64 of the text before it.
-Every stored prompt registers all its cuts, so "this cut was seen" is monotone in the
-cut's position and a binary search finds the longest seen cut in about log2(cuts)
-hashes. Registration is one streaming pass over the new text: a prompt that extends a
-stored one from its last cut resumes that one's hash state. The next turn's probes from
+Every stored prompt's cuts are keyed (those it shares with the prompt it was made from stay
+keyed to that one, which the lookup just found: a fresh turn off a shared prefix keys only
+its own), so "this cut was seen" is monotone in the cut's position and a binary search finds
+the longest seen cut in about log2(cuts) hashes. Registration is one streaming pass over
+the new text: a prompt that extends a stored one from its last cut resumes that one's hash
+state, and one made from an earlier cut resumes the state the stored prompt kept for the
+cut it was last branched off from. The next turn's probes from
 the end use a second key, xxh3 of the 64 bytes before the cut seeded with its offset (one
 int, no tuple to build, hash and compare per probe or registration), so each
 costs O(64), and a hit is confirmed by comparing the whole prefix (a memcmp).
@@ -71,7 +74,7 @@ if array(IDS).itemsize != 4:
 
 
 class _Entry:
-    __slots__ = ("cuts", "data", "ends", "hashes", "holder", "ids", "size", "state")
+    __slots__ = ("branch", "cuts", "data", "ends", "first", "hashes", "holder", "ids", "size", "state")
 
     def __init__(self, data: bytes, ids: array[int], cuts: list[tuple[int, int, int, int]]) -> None:
         self.data = data
@@ -81,9 +84,15 @@ class _Entry:
         # what the index's keys hold: a prompt that extends this one as a whole takes the
         # holder over, so the cuts they share move to it in O(1)
         self.holder = [self]
+        # the cuts from this index on are keyed to ``holder`` (those before it share with the prompt this one was
+        # made from: their keys lead there)
+        self.first = 0
         # xxh3 state after ``data[:cuts[-1][0]]``: a prompt extending this one hashes only its new bytes (the C
         # path's: an XXH3_state_t's bytes, which only it reads)
         self.state: xxhash.xxh3_64 | bytes | None = None
+        # (k, the state after ``data[:cuts[k][0]]``) for the last cut a prompt branched off from before the last one
+        # (the fresh turns off a shared prefix: the next one hashes only its own bytes, not the ~6 KB prefix again)
+        self.branch: tuple[int, xxhash.xxh3_64 | bytes] | None = None
         self.size = len(data) + _BYTES_PER_ID * len(ids)
 
 
@@ -205,16 +214,23 @@ class PromptCache:
         # list still equals the array, no second pass), and the entry keeps its own copy for later prompts
         sizes = tuple(self._sizes)  # one C call: another thread may add a size meanwhile (encode runs off the loop too)
         complete = {size: extend_hashes(ids, known.get(size, []), size, offset // size) for size in sizes}
-        at_end = base is not None and k == len(base.cuts) - 1  # the base's state is at its last cut only
-        state = base.state if base is not None and at_end else None
+        # the xxh3 state after the reused prefix: the base's last cut's, or the one it keeps for the cut last branched
+        # off from; else hashed here, and kept for the next prompt made from that cut
+        state = None
+        if base is not None:
+            branch = base.branch
+            if k == len(base.cuts) - 1:
+                state = base.state
+            elif branch is not None and branch[0] == k:
+                state = branch[1]
         if self._bounds is not None:
-            entry = self._entry_native(data, ids, start, before, state)
+            entry = self._entry_native(data, ids, start, before, state, base, k)
         else:
             new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
-            entry = self._entry(data, ids, fresh, offset, new, start, before, state)
+            entry = self._entry(data, ids, fresh, offset, new, start, before, state, base, k)
         if entry is not None:
             with self._lock:
-                self._store(entry, base if base is not None and at_end else None)
+                self._store(entry, base, k)
                 if base is not None:
                     self.hits += 1
                     self.reused_tokens += before[-1][2]
@@ -348,15 +364,16 @@ class PromptCache:
         return best
 
     def _entry(self, data: bytes, ids: array[int], fresh: list[int], offset: int, matches: list[tuple[int, bytes]],
-               start: int, before: list[tuple[int, int, int, int]],
-               state: xxhash.xxh3_64 | bytes | None) -> _Entry | None:
+               start: int, before: list[tuple[int, int, int, int]], state: xxhash.xxh3_64 | bytes | None,
+               base: _Entry | None, k: int) -> _Entry | None:
         """The entry for ``data`` (``ids``; ``fresh``: the same from ``ids[offset]`` on, as a list, ``offset`` the
         ids before ``start``): cuts up to ``start`` copied from the base, the rest found here.
 
         The id after each boundary token past ``start`` is found by scanning ``fresh`` for that
         token's id in order (a boundary token's id comes only from its own text). ``state``: the
         base's xxh3 state after its last cut, given only when that cut is ``start`` (the bytes it
-        covers equal ``data[:start]``, compared on the hit): those bytes are not hashed again.
+        covers equal ``data[:start]``, compared on the hit): those bytes are not hashed again. Else they are, and
+        the state after them is kept as ``base.branch`` (``base``'s cut ``k`` ends at ``start``).
         """
         n = len(data)
         cuts = list(before)
@@ -366,6 +383,8 @@ class PromptCache:
         else:
             stream = xxhash.xxh3_64()
             stream.update(view[:start])
+            if base is not None and k < len(base.cuts) - 1:
+                base.branch = (k, stream.copy())
         last = start
         pos = (before[-1][2] if before else 0) - 1
         id_of = self._id_of
@@ -386,32 +405,47 @@ class PromptCache:
         return entry
 
     def _entry_native(self, data: bytes, ids: array[int], start: int, before: list[tuple[int, int, int, int]],
-                      state: xxhash.xxh3_64 | bytes | None) -> _Entry | None:
+                      state: xxhash.xxh3_64 | bytes | None, base: _Entry | None, k: int) -> _Entry | None:
         """:meth:`_matches` past ``start`` and :meth:`_entry` in one C call (``_native.prompt_cuts``): the same cuts
-        (the boundary tokens' ids looked for in ``ids`` past the ``before`` cuts' ids), the state as bytes."""
+        (the boundary tokens' ids looked for in ``ids`` past the ``before`` cuts' ids), the states as bytes."""
         assert self._native is not None and self._bounds is not None
+        snap = base is not None and k < len(base.cuts) - 1
         got = self._native.prompt_cuts(data, start, ids, (before[-1][2] if before else 0) - 1, *self._bounds,
-                                       self._names_t, self._tokens, state, TAIL_WINDOW)
+                                       self._names_t, self._tokens, state, TAIL_WINDOW, snap)
         if got is None:
             return None  # the codec did not split where expected: do not remember this prompt
-        new, last, stream = got
+        new, last, stream, at_start = got
+        if at_start is not None:
+            base.branch = (k, at_start)  # type: ignore[union-attr]  # snap: base is not None
         cuts = before + new
         entry = _Entry(data, ids, cuts)
         if cuts and last == cuts[-1][0]:
             entry.state = stream
         return entry
 
-    def _store(self, entry: _Entry, superseded: _Entry | None) -> None:
-        """Index the cuts of ``entry``; ``superseded`` (whose cuts all start ``entry``'s) hands over."""
+    def _store(self, entry: _Entry, base: _Entry | None, k: int) -> None:
+        """Keep ``entry``, made from ``base``'s first ``k + 1`` cuts (or from scratch: None), and key its cuts past
+        them; evict the least recently used prompts past the bound. Under the lock.
+
+        A prompt that extends ``base`` as a whole (its last cut) replaces it: the holder, and with it the keys of the
+        cuts they share, move to ``entry``. Any other prompt made from ``base`` leaves the keys of the cuts it shares
+        with ``base`` leading there (``base`` is live: the lookup just found it): a fresh turn off a shared prefix
+        keys only its own ~3 cuts, not the prefix's ~6 again, and its eviction looks up only those (a hit on the
+        prefix then refreshes the prompt that first keyed it, which every such hit keeps in use)."""
         keys = self._keys
         lru = self._lru
-        first = 0
-        if superseded is not None and id(superseded) in lru and superseded.holder[0] is superseded:
-            del lru[id(superseded)]
-            self._bytes -= superseded.size
-            entry.holder = superseded.holder
+        first = 0  # the cuts from this index on are keyed here
+        if base is None or id(base) not in lru:  # from scratch, or ``base`` evicted meanwhile (another thread)
+            pass
+        elif k == len(base.cuts) - 1 and base.holder[0] is base:
+            del lru[id(base)]
+            self._bytes -= base.size
+            entry.holder = base.holder
             entry.holder[0] = entry  # the shared cuts' keys now find ``entry``
-            first = len(superseded.cuts)
+            entry.first = base.first
+            first = len(base.cuts)
+        else:
+            first = entry.first = k + 1
         cuts = entry.cuts
         ends = self._ends
         native = self._native
@@ -427,9 +461,9 @@ class PromptCache:
             _, victim = lru.popitem(last=False)
             self._bytes -= victim.size
             if native is not None:
-                native.prompt_evict(keys, ends, victim.holder, victim.cuts)
+                native.prompt_evict(keys, ends, victim.holder, victim.cuts, victim.first)
             else:
-                for _, key, _, tail in victim.cuts:
+                for _, key, _, tail in victim.cuts[victim.first :]:
                     hit = keys.get(key)
                     if hit is not None and hit[0] is victim.holder:
                         del keys[key]

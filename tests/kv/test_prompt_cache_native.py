@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infera.kv import hashing
 from infera.kv.hashing import block_hashes, pure_block_hashes
 from infera.kv.native import choose
-from infera.kv.prompt_cache import PromptCache
+from infera.kv.prompt_cache import TAIL_WINDOW, PromptCache
 from infera.kv.tokenizer import PromptRenderer
 
 try:
@@ -40,10 +41,38 @@ def _state(cache: PromptCache) -> tuple[Any, ...]:
     def place(p: tuple[list[Any], int]) -> tuple[list[bytes], int]:
         return [e.data for e in p[0]], p[1]
 
-    entries = [(e.data, e.cuts, e.ids.tolist(), e.hashes, e.holder[0] is e, e.state is None)
+    entries = [(e.data, e.cuts, e.ids.tolist(), e.hashes, e.holder[0] is e, e.state is None, e.first,
+                e.branch and e.branch[0])
                for e in cache._lru.values()]
     return ({k: place(v) for k, v in cache._keys.items()}, {k: place(v) for k, v in cache._ends.items()}, entries,
             cache.size_bytes, cache.hits, cache.reused_tokens, cache.encoded_tokens)
+
+
+def _check_keys(cache: PromptCache) -> None:
+    """What a prompt that keys only the cuts it does not share with the prompt it was made from must keep: every key
+    leads to a live entry's cut with that key (no key keeps an evicted prompt alive past the bound); the newest
+    entry's cuts from its ``first`` on are keyed to it, and each cut before that leads, if anywhere, to a live entry
+    with the same bytes before it (the prompt it shares them with); the bytes are the entries' and within the bound."""
+    live = {id(e) for e in cache._lru.values()}
+    for table, at in ((cache._keys, 1), (cache._ends, 3)):
+        for key, (holder, k) in table.items():
+            assert holder and id(holder[0]) in live and holder[0].cuts[k][at] == key
+    if cache.entries:
+        newest = next(reversed(cache._lru.values()))
+        assert newest.holder[0] is newest and 0 <= newest.first <= len(newest.cuts)
+        for k, cut in enumerate(newest.cuts):
+            # its keys are those of its bytes, however they were hashed (resumed from a stored state or not)
+            end = cut[0]
+            assert cut[1] == xxhash.xxh3_64_intdigest(newest.data[:end])
+            assert cut[3] == xxhash.xxh3_64_intdigest(newest.data[max(0, end - TAIL_WINDOW) : end], seed=end)
+            for table, at in ((cache._keys, 1), (cache._ends, 3)):
+                if k >= newest.first:
+                    assert table[cut[at]] == (newest.holder, k)
+                elif cut[at] in table:
+                    holder, j = table[cut[at]]
+                    assert holder[0].cuts[j][0] == cut[0] and holder[0].data[: cut[0]] == newest.data[: cut[0]]
+    assert cache.size_bytes == sum(e.size for e in cache._lru.values())
+    assert cache.size_bytes <= cache.max_bytes or cache.entries == 1
 
 
 def _pair(encode: Any, boundaries: dict[str, int], max_bytes: int) -> tuple[PromptCache, PromptCache]:
@@ -60,6 +89,8 @@ def _feed(caches: tuple[PromptCache, PromptCache], text: str, want: list[int], l
         assert ids is not None and list(ids) == want
         assert not size or block_hashes(ids, size) == block_hashes(want, size)  # size 0: ids past uint32
     assert _state(caches[0]) == _state(caches[1])
+    for cache in caches:
+        _check_keys(cache)
 
 
 PIECE = st.sampled_from([*TOKENS, "<", ">", "<|", "|>", "x", "abc ", "\n", "é", "\u0338", "😀", "<x", "x>", "  "])
