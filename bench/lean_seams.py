@@ -35,45 +35,22 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # not first: a child's PYTHONPATH picks its infera
 
+from harness.memsock import MemTransport  # after the path: harness is beside bench/
+
 MODEL = "bench-model"
 SEAMS = ("path", "cpu", "place", "collect", "id")
 
 
-class MemSocket(asyncio.Transport):
+class MemSocket(MemTransport):
     """The client's connection, in memory: each write completes the answer being waited for."""
 
     def __init__(self) -> None:
         super().__init__()
         self.answer: asyncio.Future[bytes] | None = None
-        self.closing = False
 
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(name, default)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
+    def sent(self, data: bytes) -> None:
         if self.answer is not None and not self.answer.done():
-            self.answer.set_result(bytes(data))
-
-    def writelines(self, lines: Any) -> None:
-        self.write(b"".join(lines))
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
+            self.answer.set_result(data)
 
 
 class WholeBody:

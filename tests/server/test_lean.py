@@ -21,6 +21,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from harness.memsock import MemTransport
 from infera.router.router import Router, RouterOptions
 from infera.server.app import build_app, install_operations
 from infera.server.deadlines import with_deadlines
@@ -360,40 +361,15 @@ async def test_an_answered_requests_objects_die_by_reference_count() -> None:
     assert found == {}
 
 
-class WriteSpy(asyncio.Transport):
+class WriteSpy(MemTransport):
     """A client connection in memory that keeps every write."""
 
     def __init__(self) -> None:
         super().__init__()
         self.writes: list[bytes] = []
-        self.closing = False
 
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(name, default)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.writes.append(bytes(data))
-
-    def writelines(self, lines: Any) -> None:
-        self.write(b"".join(lines))
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
+    def sent(self, data: bytes) -> None:
+        self.writes.append(data)
 
 
 class Holds(LeanPath):
