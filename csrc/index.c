@@ -715,18 +715,19 @@ fail:
 
 /* ---- block hashes from msgpack ------------------------------------------------------------------- */
 
-/* One msgpack int at *p (< end) into *v if it is in [0, 2**32): 1; anything else (another type, a negative or larger
- * int, bytes cut short): 0. Every int width counts (positive fixint, uint8/16/32/64, int8/16/32/64, negative fixint),
- * as the Python path takes any int in range whatever its encoding. */
-static int packed_u32(const unsigned char **p, const unsigned char *end, uint32_t *v) {
+/* Any msgpack int at *p (< end), every width (positive and negative fixint, uint8/16/32/64, int8/16/32/64): 1 with
+ * *u its value's bits (sign-extended for a negative one) and *neg set for a negative value, *p past it; 0: not an
+ * int, or cut short (nothing read). */
+static inline int msgpack_int(const unsigned char **p, const unsigned char *end, uint64_t *u, int *neg) {
     const unsigned char *q = *p;
     if (q >= end) return 0;
     unsigned char c = *q++;
-    uint64_t u;
-    int neg = 0;
     size_t w;
-    if (c <= 0x7f) {
-        *v = c;
+    int sig = 0;
+    *neg = 0;
+    if (c <= 0x7f || c >= 0xe0) {  /* fixints */
+        *u = c <= 0x7f ? c : (uint64_t)(int64_t)(int8_t)c;
+        *neg = c >= 0xe0;
         *p = q;
         return 1;
     }
@@ -735,19 +736,34 @@ static int packed_u32(const unsigned char **p, const unsigned char *end, uint32_
         case 0xcd: w = 2; break;
         case 0xce: w = 4; break;
         case 0xcf: w = 8; break;
-        case 0xd0: w = 1; neg = 1; break;
-        case 0xd1: w = 2; neg = 1; break;
-        case 0xd2: w = 4; neg = 1; break;
-        case 0xd3: w = 8; neg = 1; break;
-        default: return 0;  /* negative fixint, or not an int */
+        case 0xd0: w = 1; sig = 1; break;
+        case 0xd1: w = 2; sig = 1; break;
+        case 0xd2: w = 4; sig = 1; break;
+        case 0xd3: w = 8; sig = 1; break;
+        default: return 0;
     }
     if ((size_t)(end - q) < w) return 0;
-    u = 0;
-    for (size_t k = 0; k < w; k++) u = (u << 8) | q[k];
-    if (neg && (u >> (8 * w - 1)) & 1) return 0;  /* a signed form holding a negative value */
-    if (u > 0xFFFFFFFFULL) return 0;
-    *v = (uint32_t)u;
+    uint64_t v = 0;
+    for (size_t k = 0; k < w; k++) v = (v << 8) | q[k];
+    if (sig && (v >> (8 * w - 1)) & 1) {
+        *neg = 1;
+        if (w < 8) v |= ~(uint64_t)0 << (8 * w);  /* sign-extend */
+    }
+    *u = v;
     *p = q + w;
+    return 1;
+}
+
+/* One msgpack int at *p (< end) into *v if it is in [0, 2**32): 1; anything else (another type, a negative or larger
+ * int, bytes cut short): 0. Every int width counts, as the Python path takes any int in range whatever its
+ * encoding. */
+static inline int packed_u32(const unsigned char **p, const unsigned char *end, uint32_t *v) {
+    const unsigned char *q = *p;
+    uint64_t u;
+    int neg;
+    if (!msgpack_int(&q, end, &u, &neg) || neg || u > 0xFFFFFFFFULL) return 0;
+    *v = (uint32_t)u;
+    *p = q;
     return 1;
 }
 

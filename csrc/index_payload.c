@@ -15,47 +15,8 @@ typedef struct {
     const unsigned char *p, *end;
 } Rd;
 
-/* Any msgpack int: 1 with *u its magnitude bits and *neg set for a negative value; 0: not an int (nothing read). */
-static int rd_int(Rd *r, uint64_t *u, int *neg) {
-    const unsigned char *q = r->p;
-    if (q >= r->end) return 0;
-    unsigned char c = *q++;
-    size_t w;
-    int sig = 0;
-    *neg = 0;
-    if (c <= 0x7f) {
-        *u = c;
-        r->p = q;
-        return 1;
-    }
-    if (c >= 0xe0) {
-        *u = (uint64_t)(int64_t)(int8_t)c;
-        *neg = 1;
-        r->p = q;
-        return 1;
-    }
-    switch (c) {
-        case 0xcc: w = 1; break;
-        case 0xcd: w = 2; break;
-        case 0xce: w = 4; break;
-        case 0xcf: w = 8; break;
-        case 0xd0: w = 1; sig = 1; break;
-        case 0xd1: w = 2; sig = 1; break;
-        case 0xd2: w = 4; sig = 1; break;
-        case 0xd3: w = 8; sig = 1; break;
-        default: return 0;
-    }
-    if ((size_t)(r->end - q) < w) return 0;
-    uint64_t v = 0;
-    for (size_t k = 0; k < w; k++) v = (v << 8) | q[k];
-    if (sig && (v >> (8 * w - 1)) & 1) {
-        *neg = 1;
-        if (w < 8) v |= ~(uint64_t)0 << (8 * w);  /* sign-extend */
-    }
-    *u = v;
-    r->p = q + w;
-    return 1;
-}
+/* Any msgpack int: 1 with *u its bits and *neg set for a negative value; 0: not an int (nothing read). */
+static inline int rd_int(Rd *r, uint64_t *u, int *neg) { return msgpack_int(&r->p, r->end, u, neg); }
 
 /* A non-negative int (an unsigned 64-bit hash): 1, or 0 for anything else. */
 static inline int rd_u64(Rd *r, uint64_t *u) {
