@@ -434,18 +434,17 @@ class PromptCache:
         prefix then refreshes the prompt that first keyed it, which every such hit keeps in use)."""
         keys = self._keys
         lru = self._lru
-        first = 0  # the cuts from this index on are keyed here
-        if base is None or id(base) not in lru:  # from scratch, or ``base`` evicted meanwhile (another thread)
-            pass
-        elif k == len(base.cuts) - 1 and base.holder[0] is base:
-            del lru[id(base)]
-            self._bytes -= base.size
-            entry.holder = base.holder
-            entry.holder[0] = entry  # the shared cuts' keys now find ``entry``
-            entry.first = base.first
-            first = len(base.cuts)
-        else:
-            first = entry.first = k + 1
+        first = 0  # the cuts from this index on are keyed here (all: from scratch, or ``base`` evicted meanwhile)
+        if base is not None and id(base) in lru:
+            if k == len(base.cuts) - 1 and base.holder[0] is base:
+                del lru[id(base)]
+                self._bytes -= base.size
+                entry.holder = base.holder
+                entry.holder[0] = entry  # the shared cuts' keys now find ``entry``
+                entry.first = base.first
+                first = len(base.cuts)
+            else:
+                first = entry.first = k + 1
         cuts = entry.cuts
         ends = self._ends
         native = self._native
