@@ -1,12 +1,14 @@
-"""uvicorn's server loop ticking once a second instead of ten times, and woken at once to exit.
+"""uvicorn's server without its tick: the Date header is made when a request reads it, and exit wakes the loop.
 
 uvicorn's ``main_loop`` sleeps 0.1 s between ticks (``on_tick``): every tenth tick refreshes the
-``Date`` header, and every tick looks at ``should_exit``. On an idle frontend those ten wakeups a
-second were most of its CPU (bench/idle_cpu.py). Here a tick falls just after each whole second of
-the wall clock, so the ``Date`` header changes when the second does (uvicorn's lags by up to a
-second), and setting ``should_exit`` (the SIGTERM/SIGINT handler, or a test, from any thread) wakes
-the loop at once, so shutdown begins as promptly as before. A config that asks for uvicorn's
-per-tick checks (``limit_max_requests``, ``callback_notify``) keeps uvicorn's own loop.
+default headers (``Date``, and ``Server``), and every tick looks at ``should_exit``. On an idle
+frontend those ten wakeups a second were most of its CPU (bench/idle_cpu.py). Here the default
+headers are a property of the server state, remade the first time they are read in a new second
+of the wall clock (uvicorn reads them once per request: a clock read and a compare), so the Date
+is the request's second (uvicorn's lagged by up to a second); and the loop sleeps until
+``should_exit`` is set (by the SIGTERM/SIGINT handler, or a test, from any thread), which wakes it
+at once, so shutdown begins as promptly as before. A config that asks for uvicorn's per-tick
+checks (``limit_max_requests``, ``callback_notify``) keeps uvicorn's own loop.
 """
 
 from __future__ import annotations
@@ -14,16 +16,40 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
+from email.utils import formatdate
 
 import uvicorn
+from uvicorn.server import ServerState
 
-TICK_LAG_S = 0.002  # a tick falls this long after the second begins (timers may fire a little early)
+MICROSECOND = 1e-6  # formatdate rounds the time to the microsecond: this close to a second, it may show the next
 
 
-def until_next_second(now: float) -> float:
-    """Seconds from the wall-clock time ``now`` to just past the next whole second, in
-    ``(TICK_LAG_S, 1 + TICK_LAG_S]``."""
-    return math.floor(now) + 1.0 - now + TICK_LAG_S
+class DatedState(ServerState):
+    """uvicorn's server state whose ``default_headers`` carry the Date of the second they are read in."""
+
+    def __init__(self, config: uvicorn.Config, clock: Callable[[], float] = time.time) -> None:
+        self._config = config
+        self._clock = clock
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._from = self._until = 0.0  # the wall-clock times the headers hold for: [from, until)
+        super().__init__()
+
+    @property
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        now = self._clock()
+        if not self._from <= now < self._until:  # a new second (or the clock was set back)
+            config = self._config
+            date = [(b"date", formatdate(now, usegmt=True).encode())] if config.date_header else []
+            self._headers = date + config.encoded_headers  # as uvicorn's on_tick makes them
+            self._from = math.floor(now)
+            self._until = self._from + 1.0 - MICROSECOND
+        return self._headers
+
+    @default_headers.setter
+    def default_headers(self, value: list[tuple[bytes, bytes]]) -> None:
+        self._headers = value  # uvicorn's on_tick (at start and exit): the same headers
+        self._from = self._until = 0.0  # remade at the next read all the same
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -32,13 +58,14 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 class QuietServer(uvicorn.Server):
-    """uvicorn's server with one tick a second; setting :attr:`should_exit` ends the wait."""
+    """uvicorn's server with no tick; setting :attr:`should_exit` wakes it."""
 
     def __init__(self, config: uvicorn.Config) -> None:
         self._waiter: asyncio.Future[None] | None = None
         self._exit = False
-        self.ticks = 0  # ticks run by :meth:`main_loop` (tests count them)
+        self.wakeups = 0  # times :meth:`main_loop` woke (tests count them)
         super().__init__(config)
+        self.server_state = DatedState(config)
 
     @property
     def should_exit(self) -> bool:
@@ -56,13 +83,9 @@ class QuietServer(uvicorn.Server):
             await super().main_loop()
             return
         loop = asyncio.get_running_loop()
-        while not await self.on_tick(0):  # counter 0: every tick refreshes the Date header
-            self.ticks += 1
+        while not await self.on_tick(0):
             waiter = self._waiter = loop.create_future()
             if not self._exit:  # set before the waiter existed: nothing would wake it
-                timer = loop.call_later(until_next_second(time.time()), _wake, waiter)
-                try:
-                    await waiter
-                finally:
-                    timer.cancel()
+                await waiter
             self._waiter = None
+            self.wakeups += 1

@@ -9,10 +9,10 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator
-from email.utils import parsedate_to_datetime
+from email.utils import formatdate, parsedate_to_datetime
 
-import pytest
-from hypothesis import given
+import uvicorn
+from hypothesis import example, given
 from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
@@ -27,12 +27,22 @@ from infera.server.drain import DrainingServer
 REQUEST = b"GET /ping HTTP/1.1\r\nhost: x\r\n\r\n"
 
 
-@given(st.floats(min_value=0, max_value=4e9, allow_nan=False))
-def test_a_tick_falls_just_after_the_next_whole_second(now: float) -> None:
-    delay = quiet.until_next_second(now)
-    assert quiet.TICK_LAG_S < delay <= 1 + quiet.TICK_LAG_S + 1e-6
-    assert math.floor(now + delay) == math.floor(now) + 1
-    assert now + delay - (math.floor(now) + 1) <= quiet.TICK_LAG_S + 1e-6  # just after the second begins
+@given(st.integers(min_value=0, max_value=4_000_000_000),
+       st.lists(st.floats(min_value=0, max_value=3, allow_nan=False), min_size=1, max_size=8),
+       st.booleans(), st.booleans())
+@example(0, [2.5, 2.9999996, 3.2], True, True)  # formatdate shows 2.9999996 as second 3 (rounds to the microsecond)
+def test_the_default_headers_are_uvicorns_of_the_second_they_are_read_in(base: int, offsets: list[float],
+                                                                         date_header: bool,
+                                                                         server_header: bool) -> None:
+    times = [base + offset for offset in offsets]  # reads within a few seconds of each other, in any order
+    config = uvicorn.Config(app=PlainTextResponse("x"), date_header=date_header, server_header=server_header,
+                            headers=[("x-extra", "1")])
+    config.load()  # makes encoded_headers
+    clock = iter(times)
+    state = quiet.DatedState(config, clock=lambda: next(clock))
+    for now in times:  # the wall clock may be set back
+        date = [(b"date", formatdate(now, usegmt=True).encode())] if date_header else []
+        assert state.default_headers == date + config.encoded_headers
 
 
 @contextlib.asynccontextmanager
@@ -65,31 +75,28 @@ async def date_of_a_request(address: tuple[str, int]) -> float:
     return parsedate_to_datetime(date.decode().strip()).timestamp()
 
 
-async def test_an_idle_server_ticks_once_a_second_and_its_date_header_follows_the_clock() -> None:
+async def test_an_idle_server_does_not_wake_and_its_date_header_follows_the_clock() -> None:
     server = frontend_server()
     async with started(server) as address:
-        ticks0, t0 = server.ticks, time.monotonic()
-        for _ in range(2):  # a request 50 ms into a second carries that second (uvicorn's lagged up to 1 s)
+        for _ in range(2):  # a request 10 ms into a second carries that second (uvicorn's lagged up to 1 s)
             now = time.time()
-            await asyncio.sleep(math.floor(now) + 1.05 - now)
+            await asyncio.sleep(math.floor(now) + 1.01 - now)
             asked = time.time()
             assert await date_of_a_request(address) == math.floor(asked)
-        elapsed = time.monotonic() - t0
-        assert server.ticks - ticks0 <= elapsed + 2  # uvicorn's own loop: ten a second
+        assert server.wakeups == 0  # uvicorn's own loop: ten a second
 
 
-async def test_should_exit_ends_the_wait_at_once_from_any_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(quiet, "until_next_second", lambda now: 3600.0)  # only the wake can end the wait
+async def test_should_exit_ends_the_wait_from_any_thread() -> None:
     server = frontend_server()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    while not server.started or server.ticks == 0:
+    while not server.started:
         assert not task.done(), "uvicorn did not start"
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)  # waiting in the tick
     setter = threading.Thread(target=setattr, args=(server, "should_exit", True))
     setter.start()
     setter.join()
-    await asyncio.wait_for(task, 10)  # not an hour
+    await asyncio.wait_for(task, 10)  # only the wake can end the wait
     assert server.should_exit
