@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infera.discovery.base import FleetChange
-from infera.discovery.static import StaticFleet, same_json
-from infera.protocols.worker import WorkerRecord
+from infera.discovery.static import StaticFleet
+from infera.protocols.worker import Capacity, KvEventEndpoint, WorkerRecord
 
 URLS = ("http://w0:8000", "http://w1:8000", "http://w2:8000")
 PLAIN = {"http_url": "http://plain:9000", "model": "m", "instance_id": "plain"}
@@ -155,7 +155,24 @@ async def test_remembered_records_give_the_fleet_that_revalidating_gives(steps: 
     assert sum(fast.gets.values()) == len(steps) * (len(URLS) + 1)
 
 
-def test_same_json_tells_types_apart() -> None:
-    assert same_json({"a": [1, {"b": None}]}, {"a": [1, {"b": None}]})
-    assert not same_json({"a": 1}, {"a": 1.0}) and not same_json({"a": 1}, {"a": True})
-    assert not same_json([1, 2], [1, 2, 3]) and not same_json({"a": 1}, {"b": 1})
+def test_json_values_python_holds_equal_validate_the_same_in_every_field() -> None:
+    """What lets a record equal (``==``) to the last one skip validation: 1, 1.0 and true (and 0, 0.0,
+    false) give the same record, or all fail, whatever field of the record (or its parts) they are in."""
+    base = record(URLS[0], capacity={"kv_blocks": 1, "max_num_seqs": 1})
+    paths = [(name,) for name in WorkerRecord.model_fields]
+    paths += [("capacity", name) for name in Capacity.model_fields]
+    paths += [("kv_events", name) for name in KvEventEndpoint.model_fields]
+    for path in paths:
+        for equal in ((1, 1.0, True), (0, 0.0, False)):
+            outcomes = set()
+            for value in equal:
+                doc = copy.deepcopy(base)
+                holder = doc
+                for key in path[:-1]:
+                    holder = holder[key]
+                holder[path[-1]] = value
+                try:
+                    outcomes.add(WorkerRecord.model_validate(doc).model_dump_json())
+                except ValueError:
+                    outcomes.add("invalid")
+            assert len(outcomes) == 1, (path, equal, outcomes)
