@@ -72,6 +72,8 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=5.0)
     ap.add_argument("--ref", default="", help="also run infera rr/kv from this git ref's tree (e.g. main)")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--args", default="", help="extra flags for this tree's infera frontends (not the ref's), "
+                    "e.g. '--worker-poll-interval 10'")
     args = ap.parse_args()
     info = machine_info()
     print(" ".join(f"{k}={v}" for k, v in info.items()))
@@ -82,8 +84,10 @@ def main() -> None:
     ref_root = export_ref(args.ref, log / "ref") if args.ref else None
     trees = [("", None)] + ([(f" @{args.ref}", ref_root)] if ref_root is not None else [])
     for tag, root in trees:
-        routers[f"infera rr{tag}"] = frontend(f"infera-rr{tag.strip()}", tok, "round-robin", engines, log, root)
-        routers[f"infera kv{tag}"] = frontend(f"infera-kv{tag.strip()}", tok, "kv-aware", engines, log, root)
+        extra = args.args.split() if root is None else []
+        for label, policy in (("rr", "round-robin"), ("kv", "kv-aware")):
+            routers[f"infera {label}{tag}"] = frontend(f"infera-{label}{tag.strip()}", tok, policy, engines, log, root,
+                                                       extra)
     if not args.no_peers:
         for label, package in PEERS.items():
             peer = peers.ensure(package, install=False)
