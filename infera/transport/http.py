@@ -68,8 +68,8 @@ class IdleWatch:
 
 
 class HttpTransport:
-    """Requests go over :mod:`infera.transport.http_wire`'s pool; ``get_json`` (discovery, health)
-    over aiohttp, where per-call cost does not matter."""
+    """Requests and ``get_json`` (discovery, health) go over :mod:`infera.transport.http_wire`'s pool;
+    aiohttp takes the GETs the pool does not do as aiohttp would (see the module's docstring)."""
 
     def __init__(self, connect_timeout: float, first_byte_timeout: float, idle_timeout: float = 0.0) -> None:
         self._connect_timeout = connect_timeout
