@@ -12,14 +12,14 @@ arrive before the first token does.
 
 :meth:`IndexFeed.blind` is a pure query (metrics scrape it). The log line that says a
 worker went blind, or that its events flow again, is written by :meth:`IndexFeed.tick`,
-which runs on every decision and on a timer while the feed is started, and by the batch
-that ends the blindness.
+which runs on every decision and, while the feed is started, on a timer set for the moment
+the first owed batch is ``stale_seconds`` late (none is set while no batch is owed: an idle
+frontend's loop is not woken for it), and by the batch that ends the blindness.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -46,7 +46,8 @@ class IndexFeed:
         self._expect_since: dict[str, float] = {}  # worker -> when it served an uncached prompt, no batch since
         self._last_batch: dict[str, float] = {}  # worker -> when its last batch arrived (the clock's time)
         self._blind_logged: set[str] = set()
-        self._ticker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # set while started (and following events)
+        self._timer: asyncio.TimerHandle | None = None
         fleet.subscribe(self._on_change)
         if events is not None:  # the index takes vLLM's common batches straight from their bytes, if it can
             events.bind(self.on_batch, self.on_gap, self.on_payload if index.takes_payloads else None)
@@ -59,22 +60,31 @@ class IndexFeed:
         """Watch the workers that were in the fleet before the feed subscribed to its changes."""
         for worker in self._fleet.workers().values():
             self._on_change(FleetChange("add", worker))
-        if self._events is not None and self._ticker is None:
-            self._ticker = asyncio.ensure_future(self._tick_forever())
+        if self._events is not None and self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._arm()  # for batches owed since before the start
 
     async def stop(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
-            self._ticker = None
+        self._loop = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-    async def _tick_forever(self) -> None:
-        """A silence is noticed (and logged) without waiting for the next decision."""
-        interval = min(1.0, max(0.1, self._stale / 2))
-        while True:
-            await asyncio.sleep(interval)
-            self.tick()
+    def _arm(self) -> None:
+        """(On the loop.) Unless a timer is set: one for when the first owed batch not yet logged is late,
+        so that a silence is noticed (and logged) without waiting for the next decision. :meth:`tick` logs
+        every owed batch that is late, so no timer is set again for one that already was."""
+        if self._loop is None or self._timer is not None:
+            return
+        first = min((since for wid, since in self._expect_since.items() if wid not in self._blind_logged),
+                    default=None)
+        if first is not None:
+            self._timer = self._loop.call_later(max(0.0, first + self._stale - self._clock()), self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        self.tick()
+        self._arm()
 
     def _on_change(self, change: FleetChange) -> None:
         worker = change.worker
@@ -129,6 +139,12 @@ class IndexFeed:
         if sent_at is not None and last is not None and last > sent_at:
             return  # its events already came (published as the prompt was computed, before the first byte)
         self._expect_since[worker_id] = self._clock()
+        loop = self._loop
+        if loop is not None and self._timer is None:  # a set timer falls before this batch is late
+            if asyncio._get_running_loop() is loop:
+                self._arm()
+            else:
+                loop.call_soon_threadsafe(self._arm)
 
     def blind(self, worker_id: str) -> bool:
         """True when the router cannot see this worker's cache through events (no side effects)."""

@@ -28,6 +28,8 @@ from collections.abc import Iterable
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from infera.server.quiet import QuietServer
+
 log = logging.getLogger(__name__)
 
 QUIET_S = 0.5  # an open connection that carried no request for this long is taken as unused
@@ -98,8 +100,9 @@ def _idle(connection: object) -> bool:
     return cycle is None or bool(getattr(cycle, "response_complete", True))
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server with the drain above before its own shutdown, all within ``drain_seconds``."""
+class DrainingServer(QuietServer):
+    """uvicorn's server (ticking once a second: server/quiet.py) with the drain above before its own
+    shutdown, all within ``drain_seconds``."""
 
     def __init__(self, config: uvicorn.Config, state: DrainState, drain_seconds: float) -> None:
         super().__init__(config)

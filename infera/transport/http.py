@@ -3,7 +3,9 @@
 The request path's client is :mod:`infera.transport.http_wire` (HTTP/1.1 over asyncio, parsed by
 httptools): measured against aiohttp, which was measured against httpx (bench/README.md, "HTTP
 client choice"), it costs the least CPU per proxied request, which is what the router's added
-latency is made of. Discovery and health GETs still use aiohttp.
+latency is made of. Discovery and health GETs use it too (a third of aiohttp's CPU per GET, which
+an idle frontend pays at every poll: bench/idle_cpu.py); aiohttp still takes the few GETs the pool
+does not do as aiohttp would (a redirect, credentials in the URL, a URL that is not ASCII).
 
 ``first_byte_timeout`` seconds (0 = none) bound the wait from the send to the response's
 first body chunk (a streamed answer's headers come before its first token); expiry is a 504
@@ -17,7 +19,11 @@ stream forever.
 from __future__ import annotations
 
 import asyncio
+import codecs
+import contextlib
+import json
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -62,8 +68,8 @@ class IdleWatch:
 
 
 class HttpTransport:
-    """Requests go over :mod:`infera.transport.http_wire`'s pool; ``get_json`` (discovery, health)
-    over aiohttp, where per-call cost does not matter."""
+    """Requests and ``get_json`` (discovery, health) go over :mod:`infera.transport.http_wire`'s pool;
+    aiohttp takes the GETs the pool does not do as aiohttp would (see the module's docstring)."""
 
     def __init__(self, connect_timeout: float, first_byte_timeout: float, idle_timeout: float = 0.0) -> None:
         self._connect_timeout = connect_timeout
@@ -94,8 +100,39 @@ class HttpTransport:
             await self._session.close()
             self._session = None
 
-    async def get_json(self, url: str, timeout: float) -> object:  # noqa: ASYNC109 (a per-call aiohttp timeout)
-        """GET a JSON document (discovery and health checks)."""
+    async def get_json(self, url: str, timeout: float) -> object:  # noqa: ASYNC109 (a per-call timeout)
+        """GET a JSON document (discovery and health checks) within ``timeout`` seconds: the body as aiohttp's
+        ``json()`` reads it (an empty one is None; decoded by the Content-Type's charset, else UTF-8); an
+        answer of 400 or more raises, as does every failure."""
+        pool = self._pool
+        assert pool is not None, "transport not started"
+        parts = urlsplit(url)
+        if not url.isascii() or parts.username is not None or parts.password is not None:
+            return await self._get_json_aiohttp(url, timeout)
+        target = self._target(f"{parts.scheme}://{parts.netloc}")
+        head = b"".join((b"GET ", (parts.path or "/").encode(), b"?" + parts.query.encode() if parts.query else b"",
+                         b" HTTP/1.1\r\n", target.host_line, b"\r\n"))
+        conn: Connection | None = None
+        reader: BodyReader | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                conn = pool.take(target.key) or await pool.connect(target.key)
+                reader = await conn.request(head, b"")
+                parts_read = []
+                while chunk := await reader.readany():
+                    parts_read.append(chunk)
+        except BaseException:
+            if conn is not None and (reader is None or not conn.done(reader)):
+                conn.abort()
+            raise
+        if 300 <= reader.status < 400:  # aiohttp follows redirects
+            return await self._get_json_aiohttp(url, timeout)
+        if reader.status >= 400:
+            raise WireError(f"GET {url} answered {reader.status}")
+        body = b"".join(parts_read).strip()
+        return json.loads(body.decode(_charset(reader.content_type))) if body else None
+
+    async def _get_json_aiohttp(self, url: str, timeout: float) -> object:  # noqa: ASYNC109
         assert self._session is not None, "transport not started"
         async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             resp.raise_for_status()
@@ -143,6 +180,16 @@ class HttpTransport:
         ctype = reader.content_type.decode("latin-1") if reader.content_type else "application/json"
         return UpstreamResponse(status=status, content_type=ctype, body=content, close=content.close,
                                 drain=content.drain, ended=content.ended)
+
+
+def _charset(content_type: bytes) -> str:
+    """The text encoding of a JSON answer, as aiohttp's ``get_encoding`` finds it."""
+    for param in content_type.decode("latin-1").lower().split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip() == "charset" and (value := value.strip().strip("\"'")):
+            with contextlib.suppress(LookupError, ValueError):
+                return codecs.lookup(value).name
+    return "utf-8"
 
 
 async def _read_some(reader: BodyReader, conn: Connection, limit: int = 65536) -> bytes:
