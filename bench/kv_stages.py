@@ -137,11 +137,13 @@ def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str
     git ``ref``'s kv_evict.py and kv_ttft.py against this tree's, decision by decision on run_stages' router (the
     same index, load and candidates; the order alternating; both policies see the same clock reading per decision,
     and each keeps its own shadow), with the cost compared: wall ns per call (gc as the server's), medians over
-    the decisions, how many decisions' costs differed (to the bit) and how many picked another worker."""
+    the decisions, how many decisions' costs differed (to the bit) and how many picked another worker. Where this tree
+    scores the worker records (``score_workers``), each side's time includes its candidates as its Picker builds
+    them (the ref's Candidate objects; none here)."""
     import importlib.util
 
     from infera.router import kv_evict
-    from infera.router.base import PolicyDeps
+    from infera.router.base import Candidate, PolicyDeps
 
     repo = Path(__file__).resolve().parent.parent
 
@@ -169,7 +171,23 @@ def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str
     ours = kv_evict.KvEvictPolicy.score
     frozen = [0.0]
 
-    def both(self: Any, ctx: Any, cands: Any) -> Any:
+    # where this tree's Picker hands kv-aware the worker records (score_workers, issue 15's twelfth round), both sides
+    # time what their Picker runs: the ref builds the candidates (Picker._candidates) and scores them, this tree
+    # makes its one call (or, where that answers None, the same as the ref)
+    fast = getattr(kv_evict.KvEvictPolicy, "score_workers", None)
+
+    def candidates(tracker: Any, workers: Any) -> list[Any]:
+        return [Candidate(w, tracker.in_flight(w.instance_id), tracker.prefill_tokens(w.instance_id),
+                          tracker.active_blocks(w.instance_id)) for w in workers]
+
+    def ours_workers(self: Any, ctx: Any, workers: Any, tracker: Any) -> Any:
+        got = fast(self, ctx, workers, tracker)
+        return got if got is not None else ours(self, ctx, candidates(tracker, workers))
+
+    def both_workers(self: Any, ctx: Any, workers: Any, tracker: Any) -> Any:
+        return both(self, ctx, (workers, tracker))
+
+    def both(self: Any, ctx: Any, cands: Any) -> Any:  # the workers' form passes (workers, load)
         other = refs.get(id(self))
         if other is None:
             clock = self._clock
@@ -177,11 +195,18 @@ def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str
             other = refs[id(self)] = module.KvEvictPolicy(PolicyDeps(self._index, self._weight, lambda w: False,
                                                                      self._load, lambda: frozen[0]))
             other._real_clock = clock
+            if fast is not None:
+                self._decide_cfg = None  # built again with the frozen clock
         frozen[0] = other._real_clock()
         out = {}
         for name in (ref, "this tree") if len(times[ref]) % 2 else ("this tree", ref):
             t = time.perf_counter_ns()
-            out[name] = ours(self, ctx, cands) if name == "this tree" else other.score(ctx, cands)
+            if type(cands) is tuple:
+                workers, tracker = cands
+                out[name] = ours_workers(self, ctx, workers, tracker) if name == "this tree" else \
+                    other.score(ctx, candidates(tracker, workers))
+            else:
+                out[name] = ours(self, ctx, cands) if name == "this tree" else other.score(ctx, cands)
             times[name].append(time.perf_counter_ns() - t)
         a, b = out[ref].costs, out["this tree"].costs
         differ[0] += a != b
@@ -189,10 +214,14 @@ def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str
         return out["this tree"]
 
     kv_evict.KvEvictPolicy.score = both  # type: ignore[method-assign]
+    if fast is not None:
+        kv_evict.KvEvictPolicy.score_workers = both_workers  # type: ignore[method-assign]
     try:
         run_stages("kv-aware", n, warmup, kv_blocks)
     finally:
         kv_evict.KvEvictPolicy.score = ours  # type: ignore[method-assign]
+        if fast is not None:
+            kv_evict.KvEvictPolicy.score_workers = fast  # type: ignore[method-assign]
     med = {name: statistics.median(v) / 1e3 for name, v in times.items()}
     return {"decisions": len(times[ref]), "costs differ": differ[0], "picks differ": differ[1],
             **{f"{k} µs": v for k, v in med.items()}, "ratio": med["this tree"] / med[ref]}

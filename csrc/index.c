@@ -1967,6 +1967,7 @@ static int add_prompt_ids(PyObject *mod); /* the prompt cache's uint32 ids: the 
 static int add_recency(PyObject *mod); /* kv-aware's recency shadow: the block at the end of this file */
 static int add_scales(PyObject *mod);  /* kv-aware's speed scale: after it */
 static int add_pick11(PyObject *mod); /* the load tracker's block references, kv-aware's pick glue: after it */
+static int add_pick14(PyObject *mod); /* kv-aware's whole decision in one call: after it */
 static int add_prompt_cache(PyObject *mod); /* the prompt cache's bookkeeping: csrc/prompt_cache.c, included last */
 static int add_payload(PyObject *mod); /* a KV-event batch from its payload: csrc/index_payload.c, included last */
 static double recency_tail(U64Map *m, long long blocks, double tau, double now);
@@ -1985,7 +1986,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0 || add_pick11(mod) < 0 ||
-        add_prompt_cache(mod) < 0 || add_payload(mod) < 0) {
+        add_pick14(mod) < 0 || add_prompt_cache(mod) < 0 || add_payload(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
@@ -3178,6 +3179,480 @@ static int add_pick11(PyObject *mod) {
         STR_SUM_MODELLED == NULL || STR_SUM_FLOOR == NULL)
         return -1;
     return PyModule_AddFunctions(mod, pick11_methods);
+}
+
+/* ==== kv-aware's whole decision in one call (infera/router/kv_evict.py, KvEvictPolicy.score_workers; helper pick14) ==
+ *
+ * kv_decide(policy, ctx, workers, cfg) -> (costs, overlaps, reason) | None
+ * KvEvictPolicy.score followed by KvTtftPolicy.score's plain C path (kv_score) for the default kv-aware policy, from the
+ * worker records instead of Candidate objects: per worker its load (``prefill_tokens``, ``active_blocks``) and cache
+ * (``held``) read first, then the policy clock, the decision count and the shadows' prune, the previous decision's
+ * recency touch (_place_previous, _touch: the workers ``holding`` its last block, per block size of the candidates'
+ * set in its iteration order), the recency arguments, the overlap walk per block size (a clock reading each), the
+ * speed scales (``ttft_samples``, the kept sums, ``refresh`` for a worker with new samples, kv_scales), the terms,
+ * the stay floor and the costs, the reason (_scores) and the pending decision: the same calls in the same order,
+ * the same doubles (terms_of, recency_touch, kv_scales are the functions the old path calls).
+ * ``cfg`` (built once by the policy, see KvEvictPolicy._decide_cfg): (clock, held, holding, block_count,
+ * overlaps_and_confirmed, ttft_samples, prefill_tokens, active_blocks, decoding, refresh, recency, new_shadow, scales,
+ * confirmed_best, prune, weight, horizon, eviction, occupancy, margin, floor_mode, min_samples, dead_band,
+ * max_relative, reuse_ema, prune_every). The policy's attributes _now, _decisions, _pending, _log_tau,
+ * _recency_args and stay_added are read and set as the Python sets them. None, before anything else is read or
+ * changed, when there is no worker or a worker holds blocks below the device (cached_credit's fractional credit):
+ * the caller takes the candidates' path. */
+
+enum { DC_CLOCK, DC_HELD, DC_HOLDING, DC_BLOCK_COUNT, DC_OVERLAPS, DC_TTFT_SAMPLES, DC_PREFILL, DC_ACTIVE, DC_DECODING,
+       DC_REFRESH, DC_RECENCY, DC_NEW_SHADOW, DC_SCALES, DC_BEST, DC_PRUNE, DC_WEIGHT, DC_HORIZON, DC_EVICTION,
+       DC_OCCUPANCY, DC_MARGIN, DC_FLOOR_MODE, DC_MIN_SAMPLES, DC_DEAD_BAND, DC_MAX_RELATIVE, DC_REUSE_EMA,
+       DC_PRUNE_EVERY, DC_N };
+
+static PyObject *STR_D_NOW, *STR_D_DECISIONS, *STR_D_PENDING, *STR_D_LOG_TAU, *STR_D_RECENCY_ARGS, *STR_D_STAY_ADDED,
+    *STR_D_HASHES, *STR_D_COUNT, *STR_D_NO_HIT, *STR_D_CACHE_HIT, *STR_D_LOAD, *STR_D_PROMPT_TOKENS, *STR_D_MAX_TOKENS;
+
+typedef struct {
+    PyObject *wid, *size_obj;  /* new references */
+    long long size, capacity, queued, active, cached, decoding, overlap;
+    double t[8], sum;
+    int short_;
+} DecideCand;
+
+static PyObject *call1(PyObject *f, PyObject *a) { return PyObject_CallOneArg(f, a); }
+
+static PyObject *call2(PyObject *f, PyObject *a, PyObject *b) {
+    PyObject *args[2] = {a, b};
+    return PyObject_Vectorcall(f, args, 2, NULL);
+}
+
+static int ll_of(PyObject *o, long long *out) {  /* steals o */
+    if (o == NULL) return -1;
+    *out = PyLong_AsLongLong(o);
+    Py_DECREF(o);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* _place_previous + _touch for one block size: the workers holding ``hashes``' last block touch their shadow */
+static NO_FMA int decide_touch(PyObject *policy, PyObject **cfg, PyObject *hashes, PyObject *when_obj, PyObject *now) {
+    Py_ssize_t n = PyObject_Size(hashes);
+    if (n <= 0) return n < 0 ? -1 : 0;  /* a prompt without a full block touches nothing */
+    PyObject *last = PySequence_GetItem(hashes, n - 1);
+    if (last == NULL) return -1;
+    PyObject *wids = call2(cfg[DC_HOLDING], last, now);
+    Py_DECREF(last);
+    if (wids == NULL) return -1;
+    if (!PyList_Check(wids)) {
+        Py_DECREF(wids);
+        PyErr_SetString(PyExc_TypeError, "kv_decide: holding() answers a list");
+        return -1;
+    }
+    double when = PyFloat_AsDouble(when_obj);
+    if (when == -1.0 && PyErr_Occurred()) {
+        Py_DECREF(wids);
+        return -1;
+    }
+    int rc = -1;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(wids); k++) {
+        PyObject *wid = PyList_GET_ITEM(wids, k);
+        PyObject *shadow = PyDict_GetItemWithError(cfg[DC_RECENCY], wid);
+        if (shadow == NULL) {
+            if (PyErr_Occurred()) goto done;
+            shadow = PyObject_CallNoArgs(cfg[DC_NEW_SHADOW]);
+            if (shadow == NULL) goto done;
+            int r = PyDict_SetItem(cfg[DC_RECENCY], wid, shadow);
+            Py_DECREF(shadow);  /* the dict holds it */
+            if (r < 0) goto done;
+        }
+        long long count;
+        if (ll_of(call1(cfg[DC_BLOCK_COUNT], wid), &count) < 0) goto done;
+        PyObject *limit = PyLong_FromLongLong(count > (long long)n ? count : (long long)n);
+        if (limit == NULL) goto done;
+        PyObject *targs[4] = {shadow, hashes, when_obj, limit};
+        PyObject *got = recency_touch(NULL, targs, 4);
+        Py_DECREF(limit);
+        if (got == NULL) goto done;
+        double oldest = PyFloat_AsDouble(got);
+        Py_DECREF(got);
+        if (oldest < when) {  /* one sample per request: the age of its prefix's last use here */
+            double x = log(when - oldest);
+            PyObject *had = PyObject_GetAttr(policy, STR_D_LOG_TAU);
+            if (had == NULL) goto done;
+            double tau = x;
+            if (had != Py_None) {
+                double prev = PyFloat_AsDouble(had);
+                if (prev == -1.0 && PyErr_Occurred()) {
+                    Py_DECREF(had);
+                    goto done;
+                }
+                double ema = PyFloat_AsDouble(cfg[DC_REUSE_EMA]);
+                tau = prev + ema * (x - prev);
+            }
+            Py_DECREF(had);
+            PyObject *f = PyFloat_FromDouble(tau);
+            if (f == NULL) goto done;
+            int r = PyObject_SetAttr(policy, STR_D_LOG_TAU, f);
+            Py_DECREF(f);
+            if (r < 0) goto done;
+        }
+    }
+    rc = 0;
+done:
+    Py_DECREF(wids);
+    return rc;
+}
+
+static NO_FMA PyObject *kv_decide(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "kv_decide takes 4 arguments");
+        return NULL;
+    }
+    PyObject *policy = args[0], *ctx = args[1], *workers = args[2];
+    if (!PyList_Check(workers) || !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != DC_N) {
+        PyErr_SetString(PyExc_TypeError, "kv_decide: workers is a list, cfg the policy's tuple");
+        return NULL;
+    }
+    PyObject **cfg = &PyTuple_GET_ITEM(args[3], 0);
+    if (!PyDict_Check(cfg[DC_RECENCY]) || !PyDict_Check(cfg[DC_SCALES]) || !PyDict_Check(cfg[DC_BEST])) {
+        PyErr_SetString(PyExc_TypeError, "kv_decide: recency, scales and best are dicts");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(workers);
+    if (n == 0) Py_RETURN_NONE;
+    long long margin = PyLong_AsLongLong(cfg[DC_MARGIN]), floor_mode = PyLong_AsLongLong(cfg[DC_FLOOR_MODE]);
+    long long prune_every = PyLong_AsLongLong(cfg[DC_PRUNE_EVERY]);
+    double weight = PyFloat_AsDouble(cfg[DC_WEIGHT]), horizon_w = PyFloat_AsDouble(cfg[DC_HORIZON]);
+    double eviction_w = PyFloat_AsDouble(cfg[DC_EVICTION]), occupancy_w = PyFloat_AsDouble(cfg[DC_OCCUPANCY]);
+    if (PyErr_Occurred()) return NULL;
+    if (prune_every <= 0) {
+        PyErr_SetString(PyExc_ValueError, "kv_decide: prune_every must be positive");
+        return NULL;
+    }
+    DecideCand *cs = PyMem_Calloc((size_t)n, sizeof(DecideCand));
+    double *stay = PyMem_Calloc((size_t)n, sizeof(double));
+    if (cs == NULL || stay == NULL) {
+        PyMem_Free(cs);
+        PyMem_Free(stay);
+        return PyErr_NoMemory();
+    }
+    PyObject *out = NULL, *now = NULL, *by_size = NULL, *overlaps = NULL, *sums = NULL, *scales = NULL;
+    PyObject *costs = NULL, *added = NULL, *log_tau = NULL;
+    /* the candidates' reads (Picker._candidates' and the terms' held): nothing here changes them */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        DecideCand *c = &cs[i];
+        PyObject *worker = PyList_GET_ITEM(workers, i), *cap;
+        c->wid = PyObject_GetAttr(worker, STR_INSTANCE_ID);
+        c->size_obj = c->wid ? PyObject_GetAttr(worker, STR_BLOCK_SIZE) : NULL;
+        cap = c->size_obj ? PyObject_GetAttr(worker, STR_CAPACITY) : NULL;
+        if (cap == NULL) goto done;
+        int bad = attr_ll(cap, STR_KV_BLOCKS, &c->capacity) < 0;
+        Py_DECREF(cap);
+        c->size = bad ? 0 : PyLong_AsLongLong(c->size_obj);
+        if (bad || (c->size == -1 && PyErr_Occurred())) goto done;
+        if (c->size <= 0) {
+            PyErr_SetString(PyExc_ValueError, "kv_decide: the block size must be positive");
+            goto done;
+        }
+        if (ll_of(call1(cfg[DC_PREFILL], c->wid), &c->queued) < 0 ||
+            ll_of(call1(cfg[DC_ACTIVE], c->wid), &c->active) < 0)
+            goto done;
+        PyObject *h = call1(cfg[DC_HELD], c->wid);  /* (cached blocks, any held only below the device) */
+        if (h == NULL) goto done;
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2) {
+            Py_DECREF(h);
+            PyErr_SetString(PyExc_TypeError, "kv_decide: held() answers (count, lower)");
+            goto done;
+        }
+        c->cached = PyLong_AsLongLong(PyTuple_GET_ITEM(h, 0));
+        int lower = c->cached == -1 && PyErr_Occurred() ? -1 : PyObject_IsTrue(PyTuple_GET_ITEM(h, 1));
+        Py_DECREF(h);
+        if (lower < 0) goto done;
+        if (lower) {  /* a credit may be fractional: the candidates' path, nothing done yet */
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+    }
+    /* KvEvictPolicy.score: the clock, the decision count, the prune */
+    now = PyObject_CallNoArgs(cfg[DC_CLOCK]);
+    if (now == NULL || PyObject_SetAttr(policy, STR_D_NOW, now) < 0) goto done;
+    long long decisions;
+    if (ll_of(PyObject_GetAttr(policy, STR_D_DECISIONS), &decisions) < 0) goto done;
+    decisions++;
+    {
+        PyObject *d = PyLong_FromLongLong(decisions);
+        if (d == NULL) goto done;
+        int r = PyObject_SetAttr(policy, STR_D_DECISIONS, d);
+        Py_DECREF(d);
+        if (r < 0) goto done;
+    }
+    if (decisions % prune_every == 0) {
+        PyObject *r = PyObject_CallNoArgs(cfg[DC_PRUNE]);
+        if (r == NULL) goto done;
+        Py_DECREF(r);
+    }
+    {  /* _place_previous */
+        PyObject *pending = PyObject_GetAttr(policy, STR_D_PENDING);
+        if (pending == NULL) goto done;
+        if (pending != Py_None) {
+            if (!PyTuple_Check(pending) || PyTuple_GET_SIZE(pending) != 2 ||
+                PyObject_SetAttr(policy, STR_D_PENDING, Py_None) < 0) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "kv_decide: _pending is (ctx, when)");
+                Py_DECREF(pending);
+                goto done;
+            }
+            PyObject *sizes = PySet_New(NULL), *it = NULL, *size;
+            int fail = sizes == NULL;
+            for (Py_ssize_t i = 0; i < n && !fail; i++) fail = PySet_Add(sizes, cs[i].size_obj) < 0;
+            it = fail ? NULL : PyObject_GetIter(sizes);
+            fail = it == NULL;
+            while (!fail && (size = PyIter_Next(it)) != NULL) {
+                PyObject *hashes = PyObject_CallMethodOneArg(PyTuple_GET_ITEM(pending, 0), STR_D_HASHES, size);
+                Py_DECREF(size);
+                if (hashes == NULL) {
+                    fail = 1;
+                    break;
+                }
+                fail = decide_touch(policy, cfg, hashes, PyTuple_GET_ITEM(pending, 1), now) < 0;
+                Py_DECREF(hashes);
+            }
+            fail = fail || PyErr_Occurred();
+            Py_XDECREF(it);
+            Py_XDECREF(sizes);
+            Py_DECREF(pending);
+            if (fail) goto done;
+        } else {
+            Py_DECREF(pending);
+        }
+    }
+    /* the recency arguments: (shadows, tau, now) once a reuse was seen */
+    log_tau = PyObject_GetAttr(policy, STR_D_LOG_TAU);
+    if (log_tau == NULL) goto done;
+    PyObject *shadows = NULL;
+    double tau = 0.0, now_d = 0.0;
+    {
+        PyObject *recency_args = Py_None;
+        Py_INCREF(recency_args);
+        if (log_tau != Py_None) {
+            double lt = PyFloat_AsDouble(log_tau);
+            if (lt == -1.0 && PyErr_Occurred()) {
+                Py_DECREF(recency_args);
+                goto done;
+            }
+            tau = exp(lt);
+            now_d = PyFloat_AsDouble(now);
+            if (now_d == -1.0 && PyErr_Occurred()) {
+                Py_DECREF(recency_args);
+                goto done;
+            }
+            shadows = cfg[DC_RECENCY];
+            Py_DECREF(recency_args);
+            recency_args = Py_BuildValue("(OdO)", shadows, tau, now);
+            if (recency_args == NULL) goto done;
+        }
+        int r = PyObject_SetAttr(policy, STR_D_RECENCY_ARGS, recency_args);
+        Py_DECREF(recency_args);
+        if (r < 0) goto done;
+    }
+    /* KvTtftPolicy.score: the overlaps, one walk per block size (a clock reading each) */
+    PyDict_Clear(cfg[DC_BEST]);
+    by_size = PyDict_New();
+    overlaps = by_size ? PyList_New(n) : NULL;
+    if (overlaps == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *found = PyDict_GetItemWithError(by_size, cs[i].size_obj);
+        if (found == NULL) {
+            if (PyErr_Occurred()) goto done;
+            PyObject *t = PyObject_CallNoArgs(cfg[DC_CLOCK]);
+            PyObject *hashes = t ? PyObject_CallMethodOneArg(ctx, STR_D_HASHES, cs[i].size_obj) : NULL;
+            PyObject *both = hashes ? call2(cfg[DC_OVERLAPS], hashes, t) : NULL;
+            Py_XDECREF(t);
+            Py_XDECREF(hashes);
+            if (both == NULL) goto done;
+            if (!PyTuple_Check(both) || PyTuple_GET_SIZE(both) != 2 || !PyDict_Check(PyTuple_GET_ITEM(both, 0))) {
+                Py_DECREF(both);
+                PyErr_SetString(PyExc_TypeError, "kv_decide: overlaps_and_confirmed answers (dict, int)");
+                goto done;
+            }
+            found = PyTuple_GET_ITEM(both, 0);
+            int r = PyDict_GET_SIZE(found) ? PyDict_SetItem(cfg[DC_BEST], cs[i].size_obj, PyTuple_GET_ITEM(both, 1))
+                                           : 0;
+            if (r == 0) r = PyDict_SetItem(by_size, cs[i].size_obj, found);
+            Py_DECREF(both);  /* by_size holds found */
+            if (r < 0) goto done;
+        }
+        PyObject *o = PyDict_GetItemWithError(found, cs[i].wid);
+        if (o == NULL && PyErr_Occurred()) goto done;
+        if (o == NULL) o = ZERO;
+        cs[i].overlap = PyLong_AsLongLong(o);
+        if (cs[i].overlap == -1 && PyErr_Occurred()) goto done;
+        Py_INCREF(o);
+        PyList_SET_ITEM(overlaps, i, o);
+    }
+    /* _relative_scales: the kept sums, refreshed for a worker with new samples, then kv_scales */
+    sums = PyList_New(n);
+    if (sums == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *got = call1(cfg[DC_TTFT_SAMPLES], cs[i].wid);
+        if (got == NULL) goto done;
+        if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2) {
+            Py_DECREF(got);
+            PyErr_SetString(PyExc_TypeError, "kv_decide: ttft_samples() answers (count, samples)");
+            goto done;
+        }
+        PyObject *count = PyTuple_GET_ITEM(got, 0), *x = PyDict_GetItemWithError(cfg[DC_SCALES], cs[i].wid);
+        int same = 0;
+        if (x == NULL && PyErr_Occurred()) {
+            Py_DECREF(got);
+            goto done;
+        }
+        if (x != NULL) {
+            PyObject *kept = PyObject_GetAttr(x, STR_D_COUNT);
+            same = kept == NULL ? -1 : PyObject_RichCompareBool(kept, count, Py_EQ);
+            Py_XDECREF(kept);
+            if (same < 0) {
+                Py_DECREF(got);
+                goto done;
+            }
+        }
+        if (same) {
+            Py_INCREF(x);
+        } else {
+            PyObject *rargs[4] = {PyList_GET_ITEM(workers, i), cs[i].wid, count, PyTuple_GET_ITEM(got, 1)};
+            x = PyObject_Vectorcall(cfg[DC_REFRESH], rargs, 4, NULL);
+        }
+        Py_DECREF(got);
+        if (x == NULL) goto done;
+        PyList_SET_ITEM(sums, i, x);
+    }
+    {
+        PyObject *sargs[4] = {sums, cfg[DC_MIN_SAMPLES], cfg[DC_DEAD_BAND], cfg[DC_MAX_RELATIVE]};
+        scales = kv_scales(NULL, sargs, 4);
+        if (scales == NULL) goto done;
+    }
+    /* kv_score: the terms, their sums, the stay floor, the costs */
+    long long prompt_tokens, max_tokens;
+    if (attr_ll(ctx, STR_D_PROMPT_TOKENS, &prompt_tokens) < 0 || attr_ll(ctx, STR_D_MAX_TOKENS, &max_tokens) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        DecideCand *c = &cs[i];
+        if (ll_of(call1(cfg[DC_DECODING], c->wid), &c->decoding) < 0) goto done;
+        U64Map *shadow = NULL;
+        if (shadows != NULL) {
+            PyObject *sh = PyDict_GetItemWithError(shadows, c->wid);
+            if (sh == NULL && PyErr_Occurred()) goto done;
+            if (sh != NULL && sh != Py_None) {
+                if (!IS_MAP(sh) || ((U64Map *)sh)->objvals) {
+                    PyErr_SetString(PyExc_TypeError, "kv_decide: a shadow is a U64Map(False)");
+                    goto done;
+                }
+                shadow = (U64Map *)sh;
+            }
+        }
+        /* no block below the device (checked above): the credit is the overlap itself */
+        terms_of(c->t, prompt_tokens, (double)c->overlap, c->size, c->queued, c->active, c->decoding, c->capacity,
+                 max_tokens, weight, horizon_w, eviction_w, c->cached, occupancy_w, shadow, tau, now_d);
+        double sum = 0.0;  /* sum(t): 0 + t[0] is t[0], then in order */
+        for (int k = 0; k < 8; k++) sum += c->t[k];
+        c->sum = sum;
+    }
+    if (floor_mode && PyDict_GET_SIZE(cfg[DC_BEST]) > 0) {  /* _floor: the holders' least decode terms and batch */
+        long long holders = 0, held_dec = 0;
+        double floor = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *w = PyDict_GetItemWithError(cfg[DC_BEST], cs[i].size_obj);
+            long long wanted = 0;
+            if (w == NULL ? PyErr_Occurred() != NULL : ((wanted = PyLong_AsLongLong(w)) == -1 && PyErr_Occurred()))
+                goto done;
+            cs[i].short_ = cs[i].overlap < wanted;
+            if (cs[i].overlap < wanted || wanted <= 0) continue;
+            double part = floor_mode == 2 ? cs[i].t[3] : cs[i].t[1] + cs[i].t[3];
+            if (!holders || part < floor) floor = part;
+            if (!holders || cs[i].decoding < held_dec) held_dec = cs[i].decoding;
+            holders++;
+        }
+        for (Py_ssize_t i = 0; holders && i < n; i++) {
+            if (!cs[i].short_) continue;
+            if (margin && held_dec - cs[i].decoding >= margin) continue;
+            double mine = floor_mode == 2 ? cs[i].t[3] : cs[i].t[1] + cs[i].t[3];
+            if (mine < floor) {
+                cs[i].sum += floor - mine;
+                stay[i] = floor - mine;
+            }
+        }
+    }
+    added = PyList_New(n);
+    costs = added ? PyList_New(n) : NULL;
+    if (costs == NULL) goto done;
+    long long best_overlap = 0;
+    Py_ssize_t low = 0;
+    double low_cost = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double scale = PyFloat_AsDouble(PyList_GET_ITEM(scales, i));
+        if (scale == -1.0 && PyErr_Occurred()) goto done;
+        double cost = scale * cs[i].sum;
+        PyObject *f = PyFloat_FromDouble(cost), *a = f ? PyFloat_FromDouble(stay[i]) : NULL;
+        if (a == NULL) {
+            Py_XDECREF(f);
+            goto done;
+        }
+        PyList_SET_ITEM(costs, i, f);
+        PyList_SET_ITEM(added, i, a);
+        if (cs[i].overlap > best_overlap) best_overlap = cs[i].overlap;  /* max(overlaps, default=0): all >= 0 */
+        if (i == 0 || cost < low_cost) {  /* min(costs): the first of the least, by < */
+            low = i;
+            low_cost = cost;
+        }
+    }
+    /* _scores: costs.index(min(costs)) is the first cost equal to the least (or the least itself: a NaN) */
+    Py_ssize_t cheapest = low;
+    for (Py_ssize_t i = 0; i < low; i++) {
+        if (PyFloat_AS_DOUBLE(PyList_GET_ITEM(costs, i)) == low_cost) {
+            cheapest = i;
+            break;
+        }
+    }
+    PyObject *reason = best_overlap <= 0 ? STR_D_NO_HIT
+                       : cs[cheapest].overlap == best_overlap ? STR_D_CACHE_HIT : STR_D_LOAD;
+    if (PyObject_SetAttr(policy, STR_D_STAY_ADDED, added) < 0) goto done;
+    {
+        PyObject *pending = PyTuple_Pack(2, ctx, now);
+        if (pending == NULL) goto done;
+        int r = PyObject_SetAttr(policy, STR_D_PENDING, pending);
+        Py_DECREF(pending);
+        if (r < 0) goto done;
+    }
+    out = PyTuple_Pack(3, costs, overlaps, reason);
+done:
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_XDECREF(cs[i].wid);
+        Py_XDECREF(cs[i].size_obj);
+    }
+    PyMem_Free(cs);
+    PyMem_Free(stay);
+    Py_XDECREF(now);
+    Py_XDECREF(by_size);
+    Py_XDECREF(overlaps);
+    Py_XDECREF(sums);
+    Py_XDECREF(scales);
+    Py_XDECREF(costs);
+    Py_XDECREF(added);
+    Py_XDECREF(log_tau);
+    return out;
+}
+
+static PyMethodDef pick14_methods[] = {
+    {"kv_decide", (PyCFunction)(void (*)(void))kv_decide, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_pick14(PyObject *mod) {
+    PyObject **names[] = {&STR_D_NOW, &STR_D_DECISIONS, &STR_D_PENDING, &STR_D_LOG_TAU, &STR_D_RECENCY_ARGS,
+                          &STR_D_STAY_ADDED, &STR_D_HASHES, &STR_D_COUNT, &STR_D_NO_HIT, &STR_D_CACHE_HIT, &STR_D_LOAD,
+                          &STR_D_PROMPT_TOKENS, &STR_D_MAX_TOKENS};
+    const char *text[] = {"_now", "_decisions", "_pending", "_log_tau", "_recency_args", "stay_added", "hashes",
+                          "count", "no-hit", "cache-hit", "load", "prompt_tokens", "max_tokens"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        *names[k] = PyUnicode_InternFromString(text[k]);
+        if (*names[k] == NULL) return -1;
+    }
+    return PyModule_AddFunctions(mod, pick14_methods);
 }
 
 #include "prompt_cache.c"

@@ -68,6 +68,10 @@ class Scores:
 
 
 class Policy(Protocol):
+    """Scores candidates. A policy may also offer ``score_workers(ctx, workers, load) -> Scores | None``: the same
+    scores from the worker records and the router's load tracker, without the :class:`Candidate` objects (kv-aware's
+    one C call); None and the router scores candidates (:class:`infera.router.pick.Picker`)."""
+
     needs_tokens: bool  # the router tokenizes the prompt only for policies that need it
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores: ...

@@ -30,8 +30,10 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
+from infera.kv.load import LoadTracker
+from infera.protocols.worker import WorkerRecord
 from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores
-from infera.router.kv_ttft import KvTtftPolicy
+from infera.router.kv_ttft import _FLOOR_MODES, MAX_RELATIVE_SCALE, MIN_SAMPLES, SCALE_DEAD_BAND, KvTtftPolicy
 
 REUSE_EMA = 0.02  # weight of each new reuse age in the running mean of log ages (~50 reuses of memory)
 PRUNE_EVERY = 1024  # decisions between sweeps that drop the recency lists of workers the index has forgotten
@@ -108,6 +110,17 @@ class KvEvictPolicy(KvTtftPolicy):
         self._log_tau: float | None = None  # running mean of log(reuse age in s)
         self._now = 0.0
         self._decisions = 0
+        # the whole decision in one C call from the worker records (issue 15's twelfth round: Picker builds no
+        # Candidate and the score's Python glue runs in C; the same calls and doubles, see score_workers) for this
+        # class's own cost only: a subclass (bench/cost_sweep.py's variants), a studied knob or an extension built
+        # before kv_decide keeps the candidates' path
+        self._c_decide: Any = None
+        floor_mode = _FLOOR_MODES.get(self.stay_floor)
+        if native is not None and hasattr(native, "kv_decide") and type(self) is KvEvictPolicy and \
+                self._c_score is not None and floor_mode is not None and not self.stay_fair and \
+                not self.busy_occupancy and not self.progress_busy:
+            self._c_decide = native.kv_decide
+        self._decide_cfg: tuple[Any, ...] | None = None  # kv_decide's cfg, built at its first call
 
     @property
     def tau(self) -> float | None:
@@ -126,6 +139,29 @@ class KvEvictPolicy(KvTtftPolicy):
         scores = super().score(ctx, candidates)
         self._pending = (ctx, now)
         return scores
+
+    def score_workers(self, ctx: RoutingContext, workers: Sequence[WorkerRecord], load: LoadTracker) -> Scores | None:
+        """:meth:`score` of the candidates :class:`~infera.router.pick.Picker` would build from ``workers`` with the
+        load tracker ``load``, in one C call (``_native.kv_decide``): the same reads, clock readings, shadow touches
+        and doubles in the same order. None, having done nothing, where that call does not apply (the pure path, a
+        subclass, another tracker than this policy's, a worker holding blocks below the device): the caller scores
+        the candidates."""
+        decide = self._c_decide
+        if decide is None or load is not self._load:
+            return None
+        cfg = self._decide_cfg
+        if cfg is None:
+            index, tracker = self._index, self._load
+            cfg = self._decide_cfg = (  # in kv_decide's order (csrc/index.c, helper pick14's block)
+                self._clock, index.held, index.holding, index.block_count, index.overlaps_and_confirmed,
+                tracker.ttft_samples, tracker.prefill_tokens, tracker.active_blocks, tracker.decoding, self._refresh,
+                self._recency, self._new_shadow, self._scales, self._confirmed_best, self._prune, self._weight,
+                self.horizon, self.eviction_weight, self._occupancy, self.stay_margin, _FLOOR_MODES[self.stay_floor],
+                MIN_SAMPLES, SCALE_DEAD_BAND, MAX_RELATIVE_SCALE, REUSE_EMA, PRUNE_EVERY)
+        got = decide(self, ctx, workers if type(workers) is list else list(workers), cfg)
+        if got is None:
+            return None
+        return Scores(got[0], got[2], got[1])
 
     def shadow(self, wid: str) -> list[tuple[int, float]]:
         """``wid``'s recency shadow: (router hash, last use), least recently used first (tests, diagnostics)."""

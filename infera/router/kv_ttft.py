@@ -93,6 +93,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from infera.kv.load import LoadTracker, TtftSample
+from infera.protocols.worker import WorkerRecord
 from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores, cached_credit
 
 STEP_TOKENS = 8192  # prompt tokens one engine step computes (vLLM's default max_num_batched_tokens)
@@ -510,7 +511,7 @@ class KvTtftPolicy:
             wid = c.worker.instance_id
             x = kept.get(wid)
             count, samples = samples_of(wid)
-            sums.append(x if x is not None and x.count == count else self._refresh(c, wid, count, samples))
+            sums.append(x if x is not None and x.count == count else self._refresh(c.worker, wid, count, samples))
         return self._scales_of(sums)
 
     def _scales_of(self, sums: Sequence[_Scale]) -> list[float]:
@@ -540,15 +541,16 @@ class KvTtftPolicy:
         """Observed and modelled TTFT over the worker's last samples, and its fastest one."""
         wid = cand.worker.instance_id
         count, samples = self._load.ttft_samples(wid)
-        return self._refresh(cand, wid, count, samples)
+        return self._refresh(cand.worker, wid, count, samples)
 
-    def _refresh(self, cand: Candidate, wid: str, count: int, samples: Sequence[TtftSample]) -> _Scale:
-        """:meth:`_sums` given what ``ttft_samples(wid)`` answered (``count`` samples ever, the window)."""
+    def _refresh(self, worker: WorkerRecord, wid: str, count: int, samples: Sequence[TtftSample]) -> _Scale:
+        """:meth:`_sums` given what ``ttft_samples(wid)`` answered (``count`` samples ever, the window) for ``worker``
+        (whose id is ``wid``)."""
         sums = self._scales.get(wid)
         if sums is None:
             sums = self._scales[wid] = _Scale()
         if sums.count != count:
-            capacity = cand.worker.capacity.kv_blocks
+            capacity = worker.capacity.kv_blocks
             if self._c_refresh is not None:
                 load = self._load
                 if self._c_refresh(sums, samples, count, capacity, load.ttft_seconds(wid), load.ttft_fastest(wid)) \

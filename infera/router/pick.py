@@ -77,8 +77,14 @@ class Picker:
 
     def pick(self, ctx: RoutingContext, workers: Sequence[WorkerRecord], policy: Policy, name: str) -> Choice:
         """The worker to send to; counts the decision under ``(name, reason)``."""
-        cands = self._candidates(workers)
-        scores = policy.score(ctx, cands)
+        # a policy that scores the worker records itself, reading the same load tracker (kv-aware: one C call, issue
+        # 15's twelfth round), builds no candidates; None: it does not apply, score the candidates
+        fast = getattr(policy, "score_workers", None)
+        scores = fast(ctx, workers, self._load) if fast is not None else None
+        cands: list[Candidate] | None = None
+        if scores is None:
+            cands = self._candidates(workers)
+            scores = policy.score(ctx, cands)
         costs = scores.costs
         if len(costs) == 1:
             i = 0  # one candidate: no temperature, no tie to break
@@ -88,7 +94,9 @@ class Picker:
             i = self._rng.choices(range(len(costs)), weights=weights)[0]
         else:
             low = min(costs)
-            best = self._least_busy(cands, [j for j, c in enumerate(costs) if c - low <= 1e-9])
+            best = [j for j, c in enumerate(costs) if c - low <= 1e-9]
+            if len(best) > 1:  # the candidates' in-flight counts: read now if no candidates were built (the same)
+                best = self._least_busy(cands if cands is not None else self._candidates(workers), best)
             i = best[0] if len(best) == 1 else self._rng.choice(best)
         self._stats.decisions[(name, scores.reason)] += 1
         overlap = scores.overlap_blocks[i] if scores.overlap_blocks else 0
