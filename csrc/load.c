@@ -207,6 +207,21 @@ static int call_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, Py
     return 0;
 }
 
+/* Prefetch the home slots of ``hashes``' keys in ``m`` (a hint: nothing read or changed; any other sequence, or a key
+ * that is no u64, is left to the loop that follows to refuse). A prompt's slots are mostly cold by the time it is
+ * placed or released; the loops then wait on each miss in turn, where prefetched misses overlap. */
+static void prefetch_slots(const U64Map *m, PyObject *hashes) {
+    if (m->cap == 0 || !(PyList_CheckExact(hashes) || PyTuple_CheckExact(hashes))) return;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
+    PyObject **items = PySequence_Fast_ITEMS(hashes);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        uint64_t key;
+        int r = map_key(items[k], &key);
+        if (r == 1) __builtin_prefetch(&m->slots[map_home(m, key)]);
+        else if (r < 0) PyErr_Clear();
+    }
+}
+
 static PyObject *load_begin(PyObject *self, PyObject *const *given, Py_ssize_t nargs, PyObject *kwnames) {
     static const char *const names[7] = {"loads", "clock", "maxlen", "worker_id", "prefill_tokens", "hashes",
                                          "tail_blocks"};
@@ -232,6 +247,7 @@ static PyObject *load_begin(PyObject *self, PyObject *const *given, Py_ssize_t n
         return NULL;
     }
     LoadCell *c = (LoadCell *)cell;
+    prefetch_slots((U64Map *)c->block_refs, hashes);  /* first: the clock's calls overlap the misses */
     long long queued = c->prefill_tokens, decoding = c->in_flight - c->prefilling;
     long long active = (long long)((U64Map *)c->block_refs)->used + c->tail_blocks;
     c->in_flight++;
@@ -396,6 +412,7 @@ static PyObject *load_end(PyObject *self, PyObject *const *given, Py_ssize_t nar
     }
     LoadTicket *t = (LoadTicket *)args[0];
     if (!t->open) Py_RETURN_NONE;
+    prefetch_slots((U64Map *)((LoadCell *)t->load)->block_refs, t->hashes);
     settle(t);  /* a request that failed or was cancelled first is no TTFT sample */
     t->open = 0;
     LoadCell *c = (LoadCell *)t->load;
@@ -407,19 +424,7 @@ static PyObject *load_end(PyObject *self, PyObject *const *given, Py_ssize_t nar
 }
 
 static PyObject *predict_map_prefetch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs == 5 && IS_MAP(args[0]) && (PyList_CheckExact(args[3]) || PyTuple_CheckExact(args[3]))) {
-        const U64Map *m = (const U64Map *)args[0];
-        PyObject *seq = args[3];
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-        PyObject **items = PySequence_Fast_ITEMS(seq);
-        if (m->cap) {
-            for (Py_ssize_t k = 0; k < n; k++) {
-                uint64_t key;
-                if (map_key(items[k], &key) == 1) __builtin_prefetch(&m->slots[map_home(m, key)]);
-                else if (PyErr_Occurred()) PyErr_Clear();  /* predict_map_add raises it */
-            }
-        }
-    }
+    if (nargs == 5 && IS_MAP(args[0])) prefetch_slots((const U64Map *)args[0], args[3]);
     return predict_map_add(self, args, nargs);
 }
 
