@@ -561,8 +561,12 @@ class PrefixIndex:
         A later prediction of the same block extends it. Predictions never become
         confirmed blocks; events do that.
         """
-        self._guesses.prune(now, self._workers)
-        worker = self._worker(worker_id)
+        heap = self._expiry_heap
+        if heap and heap[0][0] <= now:  # Predictions.prune's own test, without its call when nothing expired
+            self._guesses.prune(now, self._workers)
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            worker = self._worker(worker_id)
         if ttl > 0:
             self._guesses.add(worker_id, worker, hashes, now + ttl)
 

@@ -42,8 +42,11 @@ class Predictions:
         self._native = native
         # C: each worker's expiries in a U64Map(True) (``WorkerTable.predicted``; the index makes them when this is
         # set), added to by predict_map_add: ~1.8 µs a routed prompt's re-prediction against ~4.9 in a dict (issue
-        # 15's ninth round); an extension built before it keeps the dicts and predict_add
-        self.map_add = getattr(native, "predict_map_add", None) if native is not None else None
+        # 15's ninth round); an extension built before it keeps the dicts and predict_add. predict_map_prefetch is
+        # predict_map_add with the prompt's ~64 expiry slots prefetched first (issue 15's twelfth round: they are
+        # mostly cold by then, and the loop waited on each miss in turn)
+        self.map_add = None if native is None else \
+            getattr(native, "predict_map_prefetch", None) or getattr(native, "predict_map_add", None)
         self.masks: dict[int, int] = {}
         self.heap: list[tuple[float, int, str, list[int]]] = []  # (expiry, seq, worker id, router hashes)
         self._seq = 0

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from infera.kv.native import choose
+
+if TYPE_CHECKING:
+    from infera.kv._native import LoadCell
 
 TTFT_SAMPLES = 32
 
@@ -51,8 +55,31 @@ class _WorkerLoad:
     ttft_fastest: float = 0.0  # min(ttft_seconds) (0.0 while empty)
 
 
+class Ticket(Protocol):
+    """One request's hold on a worker's load, from :meth:`LoadTracker.begin` to :meth:`LoadTracker.end`."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def prefill_tokens(self) -> int: ...  # uncached prompt tokens the worker must compute
+    @property
+    def hashes(self) -> Sequence[int]: ...  # the prompt's full-block hashes (router hashes), may be empty
+    @property
+    def tail_blocks(self) -> int: ...  # blocks beyond ``hashes``: the partial prompt block and expected output
+    @property
+    def started(self) -> float: ...  # the clock's reading at begin
+    @property
+    def met(self) -> tuple[int, int, int]: ...  # (queued tokens, decoding, active blocks) at dispatch
+    @property
+    def prefilling(self) -> bool: ...  # no first token yet
+    @property
+    def open(self) -> bool: ...  # not ended
+
+
 @dataclasses.dataclass(slots=True)
-class Ticket:
+class _Ticket:
+    """The Python path's :class:`Ticket` (the C path's is ``infera.kv._native.LoadTicket``)."""
+
     worker_id: str
     prefill_tokens: int  # uncached prompt tokens the worker must compute
     hashes: Sequence[int]  # the prompt's full-block hashes (router hashes), may be empty
@@ -65,10 +92,22 @@ class Ticket:
 
 
 class LoadTracker:
+    """Per worker load. A ticket's three steps: ``begin(worker_id, prefill_tokens, hashes, tail_blocks) -> Ticket``
+    when the request is placed; ``prefill_done(ticket)`` at its first token (the prompt no longer waits for compute;
+    the time since begin is kept as one of the worker's TTFT samples; only the first call counts); ``end(ticket)``
+    when it ends however it ended (releases everything it holds; idempotent). On the C path (``infera.kv._native``
+    built with ``load_begin``) each step is one C call with no Python frame (``LoadCell``, ``LoadTicket``: the same
+    values as the Python lines, issue 15's twelfth round); else they are the methods ``_begin``, ``_prefill_done``
+    and ``_end`` below."""
+
+    begin: Callable[[str, int, Sequence[int], int], Ticket]
+    prefill_done: Callable[[Ticket], None]
+    end: Callable[[Ticket], None]
+
     def __init__(self, clock: Callable[[], float] = time.monotonic, *, native: bool | None = None) -> None:
         """``native``: count block references in C (``infera.kv._native``'s ``refs_add``/``refs_release``, one call
         per ticket instead of a step per block), False: in Python, None: C if built (as the prefix index)."""
-        self._load: dict[str, _WorkerLoad] = {}
+        self._load: dict[str, _WorkerLoad | LoadCell] = {}
         self._clock = clock
         self._native: Any = choose(native)
         # C: each worker's references in a U64Map(False) (the counts inline: ~0.2 µs a ticket each way against ~2.4
@@ -79,9 +118,19 @@ class LoadTracker:
             self._refs_add, self._refs_release = native_.load_refs_add, native_.load_refs_release
         elif native_ is not None:
             self._refs_add, self._refs_release = native_.refs_add, native_.refs_release
+        # the whole ticket in C (an extension built before load_begin runs the methods below)
+        self._cells = native_ is not None and hasattr(native_, "load_begin")
+        if self._cells:
+            self.begin = functools.partial(native_.load_begin, self._load, clock, TTFT_SAMPLES)
+            self.prefill_done = functools.partial(native_.load_prefill_done, clock, TtftSample)
+            self.end = native_.load_end
+        else:
+            self.begin = self._begin
+            self.prefill_done = cast(Callable[[Ticket], None], self._prefill_done)
+            self.end = cast(Callable[[Ticket], None], self._end)
 
-    def begin(self, worker_id: str, prefill_tokens: int, hashes: Sequence[int], tail_blocks: int) -> Ticket:
-        load = self._load.get(worker_id)
+    def _begin(self, worker_id: str, prefill_tokens: int, hashes: Sequence[int], tail_blocks: int) -> Ticket:
+        load = cast(_WorkerLoad | None, self._load.get(worker_id))
         if load is None:
             load = self._load[worker_id] = _WorkerLoad()
             if self._map_refs:
@@ -99,13 +148,9 @@ class LoadTracker:
         else:
             for h in hashes:
                 refs[h] = refs.get(h, 0) + 1
-        return Ticket(worker_id, prefill_tokens, hashes, tail_blocks, load, self._clock(), met)
+        return _Ticket(worker_id, prefill_tokens, hashes, tail_blocks, load, self._clock(), met)
 
-    def prefill_done(self, ticket: Ticket) -> None:
-        """The worker produced its first token: the prompt is no longer waiting for compute.
-
-        The time since :meth:`begin` is kept as one of the worker's TTFT samples.
-        """
+    def _prefill_done(self, ticket: _Ticket) -> None:
         if ticket.open and ticket.prefilling:
             load = ticket.load
             queued, decoding, active = ticket.met
@@ -126,14 +171,13 @@ class LoadTracker:
             load.busy_since = now
             self._settle(ticket)
 
-    def _settle(self, ticket: Ticket) -> None:
+    def _settle(self, ticket: _Ticket) -> None:
         if ticket.prefilling:
             ticket.prefilling = False
             ticket.load.prefilling -= 1
             ticket.load.prefill_tokens -= ticket.prefill_tokens
 
-    def end(self, ticket: Ticket) -> None:
-        """Release everything the ticket holds. Idempotent."""
+    def _end(self, ticket: _Ticket) -> None:
         if not ticket.open:
             return
         self._settle(ticket)  # a request that failed or was cancelled first is no TTFT sample

@@ -68,7 +68,7 @@ class Legs:
         """
         wid = worker.instance_id
         size = worker.kv_block_size
-        hashes = ctx.hashes(size) if ctx.token_ids else []
+        hashes = ctx.hashes(size)  # [] without token ids (not asked of ctx.token_ids: a Python __len__ per request)
         max_tokens = 1 if role == "prefill" else ctx.max_tokens
         prefill_tokens = 0 if role == "decode" else max(0, ctx.prompt_tokens - overlap * size)
         tail_blocks = -(-(ctx.prompt_tokens - len(hashes) * size + max_tokens) // size)
@@ -76,22 +76,27 @@ class Legs:
         if hashes:
             if role != "decode":
                 self._stats.observe_overlap(overlap / len(hashes))
-            self._feed.index.predict(wid, hashes, ttl=PREDICTION_TTL, now=self._clock())
+            self._feed.index.predict(wid, hashes, PREDICTION_TTL, self._clock())
         return ticket
 
     def place(self, kind: Literal["mixed", "pd"], workers: dict[str, WorkerRecord], connector: str | None,
               ctx: RoutingContext, overlap: int, named: frozenset[str], room: int,
               fallbacks: list[WorkerRecord] | None = None) -> Placement:
         """A placement on ``workers`` (by role) with a load ticket held per worker."""
-        tickets = {role: self.hold(w, role, ctx, overlap if role != "decode" else 0) for role, w in workers.items()}
+        tickets = {}
+        for role, w in workers.items():  # a loop, not a comprehension: no frame of its own per placement
+            tickets[role] = self.hold(w, role, ctx, overlap if role != "decode" else 0)
         failed, answered, moved = self._hooks
         return Placement(kind, workers.get("decode") or workers["mixed"], workers.get("prefill"), connector, ctx,
                          overlap, tickets, named, room, self._load, failed, answered, moved,
                          fallbacks if fallbacks is not None else [])
 
     def _answered(self, placement: Placement) -> None:
-        for role, worker in placement.workers().items():
-            self._served(placement, worker, role)
+        if placement.prefill is not None:
+            self._served(placement, placement.prefill, "prefill")
+            self._served(placement, placement.worker, "decode")
+        else:
+            self._served(placement, placement.worker, "mixed")
 
     def _served(self, placement: Placement, worker: WorkerRecord, role: str) -> None:
         """A worker's first byte: it is healthy; one that computed an uncached prompt owes KV events."""

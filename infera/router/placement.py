@@ -22,7 +22,7 @@ from infera.router.base import RoutingContext
 Allowed = Callable[[WorkerRecord], bool]  # a subset of the fleet a placement must stay within
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Placement:
     kind: Literal["mixed", "pd"]
     worker: WorkerRecord  # the mixed worker, or the decode worker of a pair
@@ -41,15 +41,21 @@ class Placement:
 
     def release(self, role: str | None = None) -> None:
         """End the load ticket(s): one role's, or all of them. Idempotent."""
+        end = self._load.end
+        if role is None:
+            for ticket in self.tickets.values():
+                end(ticket)
+            return
         for r, ticket in self.tickets.items():
-            if role is None or r == role:
-                self._load.end(ticket)
+            if r == role:
+                end(ticket)
 
     def answered(self) -> None:
         """The worker(s) sent their first byte: the prompt no longer waits for compute (load model), the
         workers are healthy, and one that computed an uncached prompt owes KV events (blindness rule)."""
+        prefill_done = self._load.prefill_done
         for ticket in self.tickets.values():
-            self._load.prefill_done(ticket)
+            prefill_done(ticket)
         self._on_answer(self)
 
     def moved_to(self, worker: WorkerRecord) -> None:
