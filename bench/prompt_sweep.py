@@ -40,6 +40,7 @@ from bench.common import PLOTS, PYTHON, REPO, _text, export_ref
 
 BLOCK = 16
 MIN_MESSAGES = 12  # infera.kv.render_cache.MIN_MESSAGES (this file also runs on code from before it)
+PLAIN_MAX = 11  # infera.kv.plain_render.MAX_MESSAGES (likewise)
 LENGTHS = (1000, 2000, 4000, 8000, 16000, 32000)
 TURNS = (1, 2, 4, 8, 12, 16, 24, 32)
 SESSIONS = 12
@@ -81,6 +82,7 @@ def _time_turn(renderer: Any, cached: bool, sessions: Pairs | list[Pairs], repea
 
     cache = getattr(renderer, "prompt_cache", None)  # None in code from before the cache
     renders = getattr(renderer, "render_caches", {})  # {} in code from before the render cache
+    plains = getattr(renderer, "plain_recipes", {})  # {} in code from before the recipes
     per: list[float] = []
     render: list[float] = []
     per_repeat = sessions if isinstance(sessions[0], list) else [sessions] * repeats
@@ -92,6 +94,8 @@ def _time_turn(renderer: Any, cached: bool, sessions: Pairs | list[Pairs], repea
         for rc in renders.values():  # "cached" = both caches as configured, else neither
             rc.clear()
             rc.min_messages = MIN_MESSAGES if cached else 1 << 60
+        for recipes in plains.values():  # and short chats of plain messages from recipes, or through jinja
+            recipes.max_messages = PLAIN_MAX if cached else 0
         for prev, _cur in sessions:
             block_hashes(renderer.chat_token_ids(prev), BLOCK)
         gc.collect()

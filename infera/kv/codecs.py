@@ -12,7 +12,7 @@ import dataclasses
 import re
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any, Protocol
 
@@ -107,7 +107,16 @@ class TiktokenCodec:
         # building ``all - allowed`` (an empty set) on every short encode
         self._all_special = self._enc.special_tokens_set
         names = sorted(spec.specials, key=len, reverse=True)
-        self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")").split if names else None
+        self._split: Callable[[str], list[str]] | None = (
+            re.compile("(" + "|".join(map(re.escape, names)) + ")").split if names else None)
+        self._delims = ("", "")
+        # ChatML-like specials (one first and one last character, the last nowhere else in any): split with
+        # str.find, the same pieces as the regex's (~0.5 µs instead of ~2 on a ~900-character turn: the regex
+        # tries every special's alternative at each character)
+        if names and all(len(n) > 1 and n[0] == names[0][0] and n[-1] == names[0][-1] and n.count(n[-1]) == 1
+                         for n in names):
+            self._split = self._split_delimited
+            self._delims = (names[0][0], names[0][-1])
         # oldest first out: an OrderedDict pops its first item in O(1); a dict's ``next(iter(d))`` walks over the
         # slots its earlier deletions left (~2 µs a unique turn at 4096 entries)
         self._segments: OrderedDict[str, list[int]] = OrderedDict()
@@ -149,6 +158,31 @@ class TiktokenCodec:
                         cache.popitem(last=False)
                     cache[piece] = ids
                 out.extend(ids)
+        return out
+
+    def _split_delimited(self, text: str) -> list[str]:
+        """``re.split`` of ``text`` on the specials, captured (text, special, text, ..., text), for specials that
+        all start with one character and end with another found nowhere else in them: a special starting at ``i``
+        can only end at the first end character after ``i``, so one ``in`` per start character decides."""
+        first, last = self._delims
+        names = self._special_ids
+        out: list[str] = []
+        find = text.find
+        pos = 0  # where the current text piece starts
+        i = find(first)
+        while i >= 0:
+            j = find(last, i + 1)
+            if j < 0:
+                break
+            token = text[i : j + 1]
+            if token in names:
+                out.append(text[pos:i])
+                out.append(token)
+                pos = j + 1
+                i = find(first, pos)
+            else:
+                i = find(first, i + 1)
+        out.append(text[pos:])
         return out
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:

@@ -61,6 +61,7 @@ from infera.kv.codecs import (
     hf_boundaries,
     tiktoken_spec,
 )
+from infera.kv.plain_render import PlainRecipes
 from infera.kv.prompt_cache import DEFAULT_MAX_BYTES, PromptCache
 from infera.kv.render_cache import RenderCache
 from infera.kv.template_split import split_template
@@ -149,7 +150,10 @@ class PromptRenderer:
         self._renders = {n: self._render_cache(t, self._formats[n]) for n, t in templates.items()}
         self._special = dict(special_tokens)
         self._special_free = _RENDER_ARGS.isdisjoint(self._special)  # no special token named as a render argument
-        self._adhoc: dict[str, tuple[PreparedTemplate, ContentFormat, RenderCache | None]] = {}
+        # short chats of plain messages from a recipe per shape (infera.kv.plain_render); string content only
+        self._plain = {n: self._plain_recipes(t, self._compiled[n]) if self._formats[n] == "string" else None
+                       for n, t in templates.items()}
+        self._adhoc: dict[str, tuple[PreparedTemplate, ContentFormat, RenderCache | None, PlainRecipes | None]] = {}
         self.name = name
         eos = special_tokens.get("eos_token")
         self._eos_id = codec.token_to_id(eos) if eos is not None else None
@@ -254,8 +258,19 @@ class PromptRenderer:
         split = split_template(self._env, template)
         return RenderCache(split, fmt) if split is not None else None
 
-    def _pick(self, tools: list[dict[str, Any]] | None,
-              override: str | None) -> tuple[PreparedTemplate, ContentFormat, RenderCache | None]:
+    def _plain_recipes(self, template: str, prepared: PreparedTemplate) -> PlainRecipes | None:
+        if not self._special_free:
+            return None
+        return PlainRecipes.build(self._env, template, prepared.render_vars,
+                                  {"tools": None, "documents": None, **self._special})
+
+    @property
+    def plain_recipes(self) -> dict[str, PlainRecipes]:
+        """The named templates' recipes for short chats of plain messages (templates proven to allow them)."""
+        return {n: p for n, p in self._plain.items() if p is not None}
+
+    def _pick(self, tools: list[dict[str, Any]] | None, override: str | None
+              ) -> tuple[PreparedTemplate, ContentFormat, RenderCache | None, PlainRecipes | None]:
         name: str | None
         if override is not None:
             if override in self._compiled:
@@ -264,7 +279,7 @@ class PromptRenderer:
                 if override not in self._adhoc:
                     self._adhoc[override] = (
                         PreparedTemplate(self._env.from_string(override)), detect_content_format(self._env, override),
-                        None,
+                        None, None,
                     )
                 return self._adhoc[override]
         elif tools is not None and "tool_use" in self._compiled:
@@ -280,7 +295,7 @@ class PromptRenderer:
                 f"tokenizer {self.name or '?'} has no chat template"
                 + (f" named 'default' (has {sorted(self._compiled)})" if self._compiled else "")
             )
-        return self._compiled[name], self._formats[name], self._renders[name]
+        return self._compiled[name], self._formats[name], self._renders[name], self._plain[name]
 
     def render_chat(
         self,
@@ -296,7 +311,11 @@ class PromptRenderer:
         literal one. Raises ChatTemplateError if there is no template or it raises.
         """
         override = template_kwargs.pop("chat_template", None)
-        template, fmt, cache = self._pick(tools, override)
+        template, fmt, cache, plain = self._pick(tools, override)
+        if plain is not None and tools is None and not template_kwargs:
+            text = plain.render(messages, add_generation_prompt)  # a short chat of plain messages: no jinja
+            if text is not None:
+                return text
         context = {**self._special, **template_kwargs}
         if cache is not None and len(messages) >= cache.min_messages and _RENDER_ARGS.isdisjoint(context):
             # the same text, the messages seen in an earlier request's prefix not rendered again

@@ -94,3 +94,22 @@ def test_the_prompt_caches_fresh_tail_skips_the_segment_cache(qwen_tokenizer_dir
         assert fast.encode_chat(text) == slow.encode(text)
     assert fast.prompt_cache is not None and fast.prompt_cache.hits == 2
     assert not any(s.startswith("user\nturn 1") or s.startswith("user\nturn 2") for s in segments)
+
+
+_NEAR = st.sampled_from([*SPECIALS, "<", ">", "<|", "|>", "<|im_", "<|im_end", "im_end|>", "<<|im_end|>", "<|x|>",
+                         "</tool_call", "a", " ", "\n", "é", "数"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_NEAR, st.text(max_size=20)), max_size=16))
+def test_the_delimited_split_cuts_where_the_regex_does(qwen_tokenizer_dir: Path, parts: list[str]) -> None:
+    """The str.find split of ChatML-like specials == ``re.split`` on them all, near-specials and nesting included."""
+    import re
+
+    fast, _ = renderers(qwen_tokenizer_dir)
+    codec = fast._codec
+    assert codec._split == codec._split_delimited  # type: ignore[union-attr]  # Qwen's specials are all <...>
+    names = sorted(codec._special_ids, key=len, reverse=True)  # type: ignore[union-attr]
+    regex = re.compile("(" + "|".join(map(re.escape, names)) + ")")
+    text = "".join(parts)
+    assert codec._split_delimited(text) == regex.split(text)  # type: ignore[union-attr]

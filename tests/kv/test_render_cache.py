@@ -73,6 +73,9 @@ def _renderers(template: str, bodies_min: int = 1) -> tuple[PromptRenderer, Prom
         cache.bodies_min = bodies_min
     for cache in whole.render_caches.values():
         cache.min_messages = 1 << 30
+    for renderer in (cached, whole):  # short chats of plain messages: not from recipes (tests/kv/test_plain_render.py)
+        for recipes in renderer.plain_recipes.values():
+            recipes.max_messages = 0
     return cached, whole
 
 
