@@ -13,14 +13,19 @@ engines, KV capacity and routers as routing_quality) and splits that column:
   inter-token histogram counts one sample per chunk after the first), KV-event batches per request;
 - per thread (``/proc/<pid>/task``): the event loop's thread and the rest (libzmq's I/O thread,
   tokenizer threads);
-- ``--profile``: each infera frontend profiles its loop thread with cProfile on ``time.thread_time``
-  between two signals (SIGUSR1 at a cell's start, SIGUSR2 at its end: only the cell is profiled) and
-  times every GC collection; prints cumulative profiled µs per request per area (cProfile inflates
-  small calls ~3x: read shares).
+- ``--timers``: each infera frontend times its stages (context, pick, ``Legs.place``, the KV events'
+  ``deliver``, the index's clear, ``StreamTally.feed``) in thread CPU between two signals (SIGUSR1 at a
+  cell's start installs the wrappers, SIGUSR2 at its end dumps them: only the cell counts), times every GC
+  collection and counts the KV events' stored and removed blocks; a timer costs ~2 µs (two
+  ``clock_gettime`` syscalls);
+- ``--profile``: the same window profiled with cProfile on ``time.thread_time``; prints cumulative
+  profiled µs per request per area (cProfile inflates small calls ~3x: read shares).
 
 Client side, per request: SSE events and body reads received.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/quality_cpu_split.py --workloads tenants --no-install [--profile]
+    PYTHONPATH=$PWD .venv/bin/python bench/quality_cpu_split.py --workloads tenants,multiturn --no-install [--timers]
+
+Findings: bench/README.md, "Issue 15, twelfth round: routing_quality's CPU per request, diagnosed".
 """
 
 from __future__ import annotations
@@ -78,8 +83,8 @@ if b"infera.server" in _cmd and b"--router-policy" in _cmd:
         _st["prof"] = _st["gc"] = None
         tag = os.environ.get("QUALITY_SPLIT_TAG", "")
         k = _st["k"] = _st["k"] + 1
-        p.dump_stats(f"{_out}/{_pol}-{k}.pstats")
-        open(f"{_out}/{_pol}-{k}.gc.json", "w").write(json.dumps(g))
+        p.dump_stats(f"{_out}/{tag}-{_pol}-{k}.pstats")
+        open(f"{_out}/{tag}-{_pol}-{k}.gc.json", "w").write(json.dumps(g))
     signal.signal(signal.SIGUSR1, _on)
     signal.signal(signal.SIGUSR2, _off)
 '''
@@ -147,6 +152,8 @@ if b"infera.server" in _cmd and b"--router-policy" in _cmd:
         R.Router._pick = _timed("pick", R.Router._pick)
         L.Legs.place = _timed("legs.place", L.Legs.place)
         T.StreamTally.feed = _timed("tally.feed", T.StreamTally.feed)
+        from infera.kv import index as I
+        I.PrefixIndex._clear = _timed("index clear (AllBlocksCleared)", I.PrefixIndex._clear)
         inner = _timed("kv deliver (decode+apply)", Z.deliver)
         def deliver(worker_id, payload, *a, **k):
             r = inner(worker_id, payload, *a, **k)
@@ -167,7 +174,8 @@ if b"infera.server" in _cmd and b"--router-policy" in _cmd:
         _st["on"] = False
         k = _st["k"] = _st["k"] + 1
         out = {"timers": _st["t"], "gc": _st["gc"], "loop": _tt() - _st["t0"], "events": _st["ev"]}
-        open(f"{_out}/{_pol}-{k}.timers.json", "w").write(json.dumps(out))
+        tag = os.environ.get("QUALITY_SPLIT_TAG", "")
+        open(f"{_out}/{tag}-{_pol}-{k}.timers.json", "w").write(json.dumps(out))
     signal.signal(signal.SIGUSR1, _on)
     signal.signal(signal.SIGUSR2, _off)
 '''
@@ -278,6 +286,7 @@ def run(w: workloads.Workload, names: list[str], args: argparse.Namespace, tok: 
     blocks = max(int(routing_quality.FIT * hot), 256)
     extra = ["--num-kv-blocks", str(blocks), "--max-num-seqs", "256"]
     wdir = log_dir / w.name
+    os.environ["QUALITY_SPLIT_TAG"] = w.name  # the frontends' profile files name their workload
     engines = [mock_engine(f"engine-{k}", tok, routing_quality.MODEL, wdir, args.speedup, extra)
                for k in range(args.engines)]
     urls = [e.url for e in engines]
@@ -341,9 +350,10 @@ def run(w: workloads.Workload, names: list[str], args: argparse.Namespace, tok: 
 
 def report_profiles(prof_dir: Path, rows: list[dict[str, Any]]) -> None:
     for path in sorted(prof_dir.glob("*.pstats")):
-        pol, k = path.stem.rsplit("-", 1)
+        wl, rest = path.stem.split("-", 1)
+        pol, k = rest.rsplit("-", 1)
         label = {"round-robin": "round-robin", "kv-aware": "infera kv-aware"}[pol]
-        cells = [r for r in rows if r["router"] == label]
+        cells = [r for r in rows if r["router"] == label and r["workload"] == wl]
         n = cells[int(k) - 1]["ok"] if int(k) <= len(cells) else 1
         stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
         g = json.loads(path.with_suffix(".gc.json").read_text())
@@ -361,9 +371,10 @@ def report_profiles(prof_dir: Path, rows: list[dict[str, Any]]) -> None:
 def report_timers(prof_dir: Path, rows: list[dict[str, Any]]) -> None:
     """The stage timers' thread CPU per request and per call, and the KV events per request."""
     for path in sorted(prof_dir.glob("*.timers.json")):
-        pol, k = path.name.removesuffix(".timers.json").rsplit("-", 1)
+        wl, rest = path.name.removesuffix(".timers.json").split("-", 1)
+        pol, k = rest.rsplit("-", 1)
         label = {"round-robin": "round-robin", "kv-aware": "infera kv-aware"}[pol]
-        cell = [r for r in rows if r["router"] == label][int(k) - 1]
+        cell = [r for r in rows if r["router"] == label and r["workload"] == wl][int(k) - 1]
         n = max(cell["ok"], 1)
         d = json.loads(path.read_text())
         ev = d["events"]
