@@ -45,10 +45,8 @@ class Placement:
         if role is None:
             for ticket in self.tickets.values():
                 end(ticket)
-            return
-        for r, ticket in self.tickets.items():
-            if r == role:
-                end(ticket)
+        elif (held := self.tickets.get(role)) is not None:
+            end(held)
 
     def answered(self) -> None:
         """The worker(s) sent their first byte: the prompt no longer waits for compute (load model), the
