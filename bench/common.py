@@ -38,6 +38,18 @@ C_EXTENSIONS = (("csrc/index.c", "infera/kv/_native"), ("csrc/otlp.c", "infera/t
                 ("csrc/bpe.c", "infera/kv/_bpe"))  # as setup.py
 
 
+# The start of a sitecustomize acting in infera frontends only (bench/live_kv_profile.py, bench/quality_cpu_split.py):
+# what follows it, indented four spaces, runs in a process started as ``infera.server ... --router-policy P``.
+FRONTEND_SITE_HEAD = r'''
+import os
+try:
+    _cmd = open("/proc/self/cmdline", "rb").read().split(b"\0")
+except OSError:
+    _cmd = []
+if b"infera.server" in _cmd and b"--router-policy" in _cmd:
+'''
+
+
 def export_ref(ref: str, dest: Path) -> Path:
     """Git ``ref``'s ``infera/`` under ``dest``, its C extensions built from its own ``csrc/`` the way setup.py
     builds them (gcc -O3), so an A/B runs the ref's C code as well as its Python. A ref without a ``csrc/`` or

@@ -22,14 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-SITE = r'''
-import os
-try:
-    _cmd = open("/proc/self/cmdline", "rb").read().split(b"\0")
-except OSError:
-    _cmd = []
-if b"infera.server" in _cmd and b"--router-policy" in _cmd:
-    import cProfile, gc, json, signal, time
+from bench.common import FRONTEND_SITE_HEAD
+
+SITE = FRONTEND_SITE_HEAD + r'''    import cProfile, gc, json, signal, time
     _pol = _cmd[_cmd.index(b"--router-policy") + 1].decode()
     _out = os.environ["LIVE_KV_PROFILE_DIR"]
     _prof = cProfile.Profile(time.thread_time)

@@ -47,17 +47,10 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import peers, quality_load, routing_quality, workloads
-from bench.common import default_tokenizer_dir, http_get, mock_engine, stop_all
+from bench.common import FRONTEND_SITE_HEAD, default_tokenizer_dir, http_get, mock_engine, stop_all
 from bench.quality_load import Outcome, warm_up
 
-SITE = r'''
-import os
-try:
-    _cmd = open("/proc/self/cmdline", "rb").read().split(b"\0")
-except OSError:
-    _cmd = []
-if b"infera.server" in _cmd and b"--router-policy" in _cmd:
-    import cProfile, gc, json, signal, time
+SITE = FRONTEND_SITE_HEAD + r'''    import cProfile, gc, json, signal, time
     _pol = _cmd[_cmd.index(b"--router-policy") + 1].decode()
     _out = os.environ["QUALITY_SPLIT_PROFILE_DIR"]
     _st = {"prof": None, "gc": None, "t0": 0.0, "k": 0}
@@ -89,14 +82,7 @@ if b"infera.server" in _cmd and b"--router-policy" in _cmd:
     signal.signal(signal.SIGUSR2, _off)
 '''
 
-TIMERS_SITE = r'''
-import os
-try:
-    _cmd = open("/proc/self/cmdline", "rb").read().split(b"\0")
-except OSError:
-    _cmd = []
-if b"infera.server" in _cmd and b"--router-policy" in _cmd:
-    import functools, gc, json, signal, time
+TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, time
     _pol = _cmd[_cmd.index(b"--router-policy") + 1].decode()
     _out = os.environ["QUALITY_SPLIT_PROFILE_DIR"]
     _st = {"on": False, "t": {}, "k": 0, "gc": [0, 0.0], "gct0": 0.0, "t0": 0.0, "ev": [0, 0, 0, 0, 0]}
