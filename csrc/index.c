@@ -1971,6 +1971,7 @@ static int add_pick14(PyObject *mod); /* kv-aware's whole decision in one call: 
 static int add_prompt_cache(PyObject *mod); /* the prompt cache's bookkeeping: csrc/prompt_cache.c, included last */
 static int add_payload(PyObject *mod); /* a KV-event batch from its payload: csrc/index_payload.c, included last */
 static int add_load(PyObject *mod); /* the load tracker's cells and tickets: csrc/load.c, included last */
+static int add_clear15(PyObject *mod); /* a worker's clear (PrefixIndex._clear): csrc/index_clear.c, included last */
 static double recency_tail(U64Map *m, long long blocks, double tau, double now);
 
 PyMODINIT_FUNC PyInit__native(void) {
@@ -1987,7 +1988,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0 || add_pick11(mod) < 0 ||
-        add_pick14(mod) < 0 || add_prompt_cache(mod) < 0 || add_payload(mod) < 0 || add_load(mod) < 0) {
+        add_pick14(mod) < 0 || add_prompt_cache(mod) < 0 || add_payload(mod) < 0 || add_load(mod) < 0 ||
+        add_clear15(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
@@ -3659,3 +3661,4 @@ static int add_pick14(PyObject *mod) {
 #include "prompt_cache.c"
 #include "index_payload.c"
 #include "load.c"
+#include "index_clear.c"

@@ -105,6 +105,7 @@ class PrefixIndex:
         self._apply_payload = getattr(self._native, "apply_payload", None) if block_size is None or block_size > 0 \
             else None
         self._payload_size = block_size or 0
+        self._clear_worker = getattr(self._native, "clear_worker", None)  # _clear in C (an older build: Python's)
         self._guesses = Predictions(self._native)
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
         self._expiry_heap = self._guesses.heap
@@ -535,6 +536,18 @@ class PrefixIndex:
             worker.lower.pop(local, None)
 
     def _clear(self, worker: WorkerTable) -> None:
+        """Forget every block and prediction of the worker (AllBlocksCleared, or the worker leaving)."""
+        if self._clear_worker is not None and type(worker.predicted) is not dict:
+            # In C, O(the worker's blocks) without a Python step per block (csrc/index_clear.c): a real engine's
+            # reset of a 32k-token cache does not stall the loop; media, extra and lower are rare and cleared here.
+            touched = self._clear_worker(worker.blocks, self._holders, self._shared, self._watched, worker.predicted,
+                                         self._predicted, worker.bit)
+            if touched:
+                self._touch(touched)
+            worker.media.clear()
+            worker.extra.clear()
+            worker.lower.clear()
+            return
         holders, bit = self._holders, worker.bit
         keep = ~bit
         for local in worker.blocks.values():
