@@ -292,7 +292,7 @@ def run(w: workloads.Workload, names: list[str], args: argparse.Namespace, tok: 
                     proc = routers[name]
                     infera = routing_quality.ROUTERS[name][0] == "infera"
                     asyncio.run(warm_up(proc.url, routing_quality.MODEL))
-                    asyncio.run(routing_quality._reset(urls))
+                    asyncio.run(routing_quality._reset(urls, routing_quality._infera_urls(routers)))
                     i0 = proc.cpu()
                     time.sleep(args.idle)
                     idle_rate = (proc.cpu() - i0) / args.idle

@@ -78,6 +78,11 @@ def _start_routers(names: list[str], engines: list[Proc], tok: Path, log_dir: Pa
     return procs
 
 
+def _infera_urls(routers: dict[str, Proc]) -> list[str]:
+    """The infera frontends among ``routers``: each indexes every engine's KV events, whichever cell runs."""
+    return [p.url for name, p in routers.items() if ROUTERS[name][0] == "infera"]
+
+
 def _summarize_cell(cell: dict[str, Any], limit: float) -> dict[str, Any]:
     outs = cell["outcomes"]
     eng = cell["engines"]
@@ -130,7 +135,7 @@ def run_workload(w: workloads.Workload, names: list[str], order_shift: int, args
             failed = asyncio.run(warm_up(routers[name].url, MODEL))
             if failed:
                 print(f"  warning: {failed} warm-up requests through {name} failed", file=sys.stderr)
-            ok = asyncio.run(_reset([e.url for e in engines]))
+            ok = asyncio.run(_reset([e.url for e in engines], _infera_urls(routers)))
             if not all(ok):
                 print(f"  warning: prefix-cache reset refused on some engine ({ok})", file=sys.stderr)
             cpu0 = routers[name].cpu()
@@ -153,13 +158,47 @@ def run_workload(w: workloads.Workload, names: list[str], order_shift: int, args
             "hot_blocks": hot, "kv_blocks_per_engine": blocks, "cells": cells}
 
 
-async def _reset(engines: list[str]) -> list[bool]:
+async def _reset(engines: list[str], frontends: list[str], wait_s: float = 30.0) -> list[bool]:
+    """Reset the engines' prefix caches and flush the reset out of the next cell: a mock engine (like vLLM)
+    publishes AllBlocksCleared with its next step, so a prompt shorter than one block (no block stored) makes
+    each engine step, and this waits until every infera frontend in ``frontends`` (all subscribe to every
+    engine) indexes 0 blocks for each engine (its ``infera_kv_indexed_blocks`` gauges). Else each cell opened
+    with the frontends' clears of the index the previous cells filled, charged to its router's CPU column."""
     import aiohttp
 
     async with aiohttp.ClientSession() as session:
         ok = await reset_caches(session, engines)
-    await asyncio.sleep(0.5)  # let the AllBlocksCleared events reach the routers
+        await asyncio.gather(*(_step(session, e) for e in engines))
+        if all(ok):  # (an engine that refused keeps its blocks; the caller warns)
+            await _cleared(session, frontends, len(engines), wait_s)
     return ok
+
+
+async def _step(session: Any, engine: str) -> None:
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, "temperature": 0}
+    async with session.post(engine + "/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{engine}: the flush request failed: {resp.status} {(await resp.text())[:200]}")
+        await resp.read()
+
+
+async def _cleared(session: Any, frontends: list[str], n_engines: int, wait_s: float) -> None:
+    """Wait until each frontend's /metrics shows ``n_engines`` workers, every one with 0 indexed blocks."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + wait_s
+    for url in frontends:
+        while True:
+            async with session.get(url + "/metrics") as resp:
+                text = await resp.text()
+            blocks = {s.labels["worker"]: s.value for f in text_string_to_metric_families(text)
+                      if f.name == "infera_kv_indexed_blocks" for s in f.samples}
+            if len(blocks) >= n_engines and not any(blocks.values()):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} still indexes blocks {wait_s:g} s after the engines' prefix-cache reset "
+                                   f"(infera_kv_indexed_blocks: {blocks})")
+            await asyncio.sleep(0.02)  # a poll of the condition, bounded by the deadline
 
 
 # ---------------------------------------------------------------------------------------
