@@ -92,7 +92,7 @@ def _answers(index: PrefixIndex) -> Any:
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(op, max_size=30), st.sampled_from(PATHS))
 def test_an_index_after_clears_answers_as_one_built_from_the_surviving_events(ops: list[tuple[Any, ...]],
                                                                               native: bool) -> None:
