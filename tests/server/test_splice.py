@@ -113,10 +113,15 @@ def event(i: int, text: str) -> bytes:
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"cached_tokens":2}}\n\n'
 
 
-def scripts() -> st.SearchStrategy[tuple[list[bytes], str]]:
-    """An SSE body split at random points into the upstream's writes, and how the upstream ends it."""
+Script = tuple[list[bytes], list[bool], str]
+
+
+def scripts() -> st.SearchStrategy[Script]:
+    """An SSE body split at random points into the upstream's writes, whether each write waits a moment
+    after it (a socket read of its own) or goes with the next (several body pieces in one read), and how the
+    upstream ends the body."""
     @st.composite
-    def build(draw: st.DrawFn) -> tuple[list[bytes], str]:
+    def build(draw: st.DrawFn) -> Script:
         texts = draw(st.lists(st.text(min_size=0, max_size=12), min_size=0, max_size=12))
         body = b"".join(event(i, t) for i, t in enumerate(texts))
         if draw(st.booleans()):
@@ -126,21 +131,24 @@ def scripts() -> st.SearchStrategy[tuple[list[bytes], str]]:
             body += b"data: [DONE]\n\n"
         cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=8))))
         pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True) if body[a:b]]
-        return pieces or [b"data: x\n\n"], end
+        pieces = pieces or [b"data: x\n\n"]
+        pauses = draw(st.lists(st.booleans(), min_size=len(pieces), max_size=len(pieces)))
+        return pieces, pauses, end
     return build()
 
 
 Answer = tuple[int, dict[bytes, bytes], bytes, dict[str, float]]
 
 
-async def answer(pieces: list[bytes], end: str, spliced: bool) -> Answer:
+async def answer(pieces: list[bytes], pauses: list[bool], end: str, spliced: bool) -> Answer:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(HEAD)
-        for piece in pieces:
+        for piece, pause in zip(pieces, pauses, strict=True):
             writer.write(chunked(piece))
-            await writer.drain()
-            await asyncio.sleep(0.001)  # separate socket reads for most pieces
+            if pause:
+                await writer.drain()
+                await asyncio.sleep(0.001)  # a socket read of its own, most of the time
         if end == "cut":
             writer.transport.abort()
             return
@@ -164,12 +172,12 @@ async def answer(pieces: list[bytes], end: str, spliced: bool) -> Answer:
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scripts())
-def test_a_spliced_stream_answers_and_counts_as_the_coroutine_relay(script: tuple[list[bytes], str]) -> None:
-    pieces, end = script
+def test_a_spliced_stream_answers_and_counts_as_the_coroutine_relay(script: Script) -> None:
+    pieces, pauses, end = script
 
     async def both() -> None:
-        spliced = await answer(pieces, end, spliced=True)
-        reference = await answer(pieces, end, spliced=False)
+        spliced = await answer(pieces, pauses, end, spliced=True)
+        reference = await answer(pieces, pauses, end, spliced=False)
         assert spliced == reference
         status, _, body, counts = spliced
         assert status == 200 and counts["in_flight"] == 0
@@ -190,7 +198,8 @@ async def test_the_splice_is_taken_for_a_stream_through_the_lean_path(monkeypatc
         sunk.append(body)
         return write(self, body, more)
     monkeypatch.setattr(CycleWriter, "write", counted)
-    status, _, body, counts = await answer([event(0, "a"), event(1, "b"), b"data: [DONE]\n\n"], "done", True)
+    script = [event(0, "a"), event(1, "b"), b"data: [DONE]\n\n"]
+    status, _, body, counts = await answer(script, [True] * 3, "done", True)
     assert status == 200 and counts == {"200": 1.0, "in_flight": 0}
     assert sunk and b"".join(sunk) in body and body.endswith(b"data: [DONE]\n\n")
 
