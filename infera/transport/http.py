@@ -282,17 +282,8 @@ class _Body:
         ``sink`` returned False (the socket is not read until the next call). The idle timeout bounds each
         wait for the next chunk as for a read; failures are the iterator's."""
         assert not self._first, "pipe() takes over after the first chunk"
-        watch, loop = self._watch, self._loop
-        given = sink
-        if watch is not None:
-            def sink(data: bytes) -> bool:
-                keep = given(data)
-                watch.waiting_since = loop.time()  # the next chunk's wait starts now
-                return keep
-
-            watch.waiting_since = loop.time()
         try:
-            ended = await self._content.pipe(sink)
+            ended = await self._content.pipe(sink, self._watch)
         except IdleExpired as exc:
             self.close()
             raise UpstreamError(f"worker {self._worker_id} sent nothing for {self._idle:g}s mid-response "
@@ -300,9 +291,6 @@ class _Body:
         except WireError as exc:
             self.close()
             raise UpstreamError(f"worker {self._worker_id} broke the stream: {exc}", before_first_byte=False) from exc
-        finally:
-            if watch is not None:
-                watch.waiting_since = None
         if ended:
             self._stop_watch()
         return ended

@@ -19,7 +19,7 @@ import contextlib
 import socket
 import ssl
 from collections.abc import Callable, Mapping
-from typing import cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -41,6 +41,12 @@ class WireTimeout(WireError):
         self.head_seen = head_seen
 
 
+class Waiting(Protocol):
+    """What times a reader's waits (the idle timeout's watch)."""
+
+    waiting_since: float | None
+
+
 class BodyReader:
     """A response body as it arrives: :meth:`readany` returns everything buffered (waiting when
     there is nothing), b"" at the end; a failure is raised by the read after the bytes before it.
@@ -50,8 +56,8 @@ class BodyReader:
     Or :meth:`pipe`: each socket read's body bytes go to a sink in the connection's own callback (no
     future, no task step per chunk), the reading paused while the sink asks to (back-pressure)."""
 
-    __slots__ = ("_buf", "_conn", "_eof", "_exc", "_held", "_sink", "_sink_exc", "_size", "_waiter", "content_type",
-                 "status")
+    __slots__ = ("_buf", "_conn", "_eof", "_exc", "_held", "_sink", "_sink_exc", "_size", "_waiter", "_watch",
+                 "content_type", "status")
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -65,6 +71,7 @@ class BodyReader:
         self._sink: Callable[[bytes], bool] | None = None  # while a pipe() waits
         self._sink_exc: BaseException | None = None  # what the sink raised in the connection's callback
         self._held = False  # the sink asked to pause: the socket's reading is paused until the next pipe()
+        self._watch: Waiting | None = None  # while a pipe() waits: told when each wait for the next chunk starts
 
     def feed(self, data: bytes) -> None:
         self._buf.append(data)
@@ -82,6 +89,8 @@ class BodyReader:
             return
         try:
             if sink(self._take()):
+                if (watch := self._watch) is not None:
+                    watch.waiting_since = self._conn._loop.time()  # the wait for the next chunk starts now
                 return
         except Exception as exc:  # raised by the pipe, in the consumer's task, as a failing send would be
             self._sink_exc = exc
@@ -130,11 +139,12 @@ class BodyReader:
             finally:
                 self._waiter = None
 
-    async def pipe(self, sink: Callable[[bytes], bool]) -> bool:
+    async def pipe(self, sink: Callable[[bytes], bool], watch: Waiting | None = None) -> bool:
         """Hand the body to ``sink`` as it arrives, everything one socket read brought in one call, from the
         connection's callback while this waits; True at the body's end, False when ``sink`` returned False (the
         client cannot take more now: the socket is not read until the next :meth:`pipe`). A failure is raised
-        after the bytes before it, as by :meth:`readany`; so is an exception of ``sink``'s."""
+        after the bytes before it, as by :meth:`readany`; so is an exception of ``sink``'s. ``watch``'s
+        ``waiting_since`` is the loop time each wait for a chunk started (None while this is not waiting)."""
         if self._held:
             self._held = False
             self._conn.resume()
@@ -156,12 +166,18 @@ class BodyReader:
             if self._held:
                 return False
             self._sink = sink
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            self._watch = watch
+            waiter = self._waiter = self._conn._loop.create_future()
+            if watch is not None:
+                watch.waiting_since = self._conn._loop.time()
             try:
                 await waiter
             finally:
                 self._waiter = None
                 self._sink = None
+                self._watch = None
+                if watch is not None:
+                    watch.waiting_since = None
 
     def read_nowait(self) -> bytes:
         """What is buffered now (b"" when nothing)."""

@@ -292,3 +292,34 @@ async def test_a_client_that_leaves_mid_stream_closes_the_upstream_and_nothing_s
         counts = await outcomes(port)
         assert counts == {"499": 1.0, "in_flight": 0}
     assert SseRelay.direct is None  # the class default: only a served relay gets a writer
+
+
+# ---- the idle timeout bounds each wait of a spliced stream ----------------------------------------
+
+async def quiet_after_first(spliced: bool) -> tuple[bytes, dict[str, float]]:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(HEAD + chunked(event(0, "a")))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(chunked(event(1, "b")))  # spliced: arrives while the relay's pipe waits
+        await writer.drain()
+        await reader.read()  # then nothing, until the frontend gives up
+
+    original = lean.CycleWriter
+    lean.CycleWriter = CycleWriter if spliced else Unspliced  # type: ignore[misc]
+    try:
+        async with frontend(handle, idle_timeout=0.3) as (port, _):
+            [(status, _, body)] = await exchange(port, post("/v1/chat/completions", STREAM))
+            assert status == 200
+            return body, await outcomes(port)
+    finally:
+        lean.CycleWriter = original  # type: ignore[misc]
+
+
+async def test_a_spliced_stream_quiet_past_the_idle_timeout_ends_as_the_coroutine_relays_does() -> None:
+    spliced, reference = await quiet_after_first(True), await quiet_after_first(False)
+    assert spliced == reference
+    body, counts = spliced
+    assert body.startswith(event(0, "a") + event(1, "b")) and b"sent nothing for 0.3s mid-response" in body
+    assert counts == {"stream_error": 1.0, "in_flight": 0}
