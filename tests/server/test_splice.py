@@ -207,7 +207,7 @@ async def test_the_splice_is_taken_for_a_stream_through_the_lean_path(monkeypatc
 # ---- back-pressure: a client that reads slowly pauses the upstream -------------------------------
 
 async def test_a_slow_client_pauses_the_upstream_and_the_frontend_holds_a_bounded_amount() -> None:
-    total = 24 << 20  # far above every buffer on the way (the frontend's, the kernel's)
+    total = 48 << 20  # far above every buffer on the way (the frontend's, the kernel's: a few MiB each)
     piece = event(0, "x" * 16000)
     sent = 0
     done = asyncio.Event()
@@ -238,9 +238,16 @@ async def test_a_slow_client_pauses_the_upstream_and_the_frontend_holds_a_bounde
         def upstream_paused() -> bool:
             return any(not conn._transport.is_reading() for conn in pool._all if conn._transport is not None)
         await until(upstream_paused)
-        before = sent
-        await asyncio.sleep(0.2)  # the upstream stays paused: nothing more is taken from it
-        assert sent - before <= (8 << 20) and sent < total  # (kernel buffers on the upstream side drain once)
+
+        async def stalled() -> None:  # the kernel's buffers between the upstream and the frontend fill, then stop
+            deadline = time.monotonic() + 20
+            last = -1
+            while sent != last:
+                assert time.monotonic() < deadline, "the upstream was never stopped"
+                last = sent
+                await asyncio.sleep(0.25)
+        await stalled()
+        assert upstream_paused() and sent < total, (sent, total)
         held = sum(c.transport.get_write_buffer_size() for c in lean_cycles())
         assert held <= (1 << 20), held  # the frontend holds about the client's high-water mark, not the stream
         writer.transport.resume_reading()
