@@ -28,6 +28,7 @@ class RoutedResponse:
         self.rest: AsyncIterator[bytes] = upstream.body  # the chunks after the first
         self.drain = upstream.drain  # () -> bytes already received after the first, without waiting
         self.ended = upstream.ended  # () -> True when nothing is left to read (a whole answer in hand)
+        self.pipe = upstream.pipe  # instead of rest, where the transport can: see UpstreamResponse
         self._upstream = upstream
         self._finish: Callable[[], None] | None = finish
 

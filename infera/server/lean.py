@@ -51,8 +51,9 @@ from infera.server.drain import DrainState
 from infera.server.hot_routes import Endpoint, InferaApp
 from infera.server.intake import WHOLE_BODY
 from infera.server.observe import TRACED, Observation, Observe
-from infera.server.relay import DISCONNECTS, Disconnects
+from infera.server.relay import DISCONNECTS, Disconnects, SseRelay
 from infera.server.request_id import ANTHROPIC_PREFIX, HEADER, RequestIdMiddleware, error_with_id, id_sender, take_id
+from infera.server.splice import CycleWriter
 from infera.telemetry.tracing import Telemetry
 
 ErrorHandler = Callable[[Request, Exception], Response | Awaitable[Response]]
@@ -189,6 +190,8 @@ class LeanPath:
             send = id_sender(_closing(send) if closing else send, rid, path)
             if observation is not None:
                 send = _observed(send, observation)
+            if isinstance(response, SseRelay):  # its body past the sends above, which only touch the start
+                response.direct = CycleWriter(cycle, observation)
             await response(cast(Any, cycle.scope), cast(Receive, cycle.receive), send)
             return
         status = response.status_code

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from starlette.responses import Response
@@ -241,6 +241,24 @@ class Outcome:
     ttft: float | None = None
 
 
+class BodyWriter(Protocol):
+    """A response's body written straight to the client, past the ASGI ``send`` (the server's protocol sets
+    one on a :class:`SseRelay` it serves: :mod:`infera.server.splice`); what ``send`` does to a body message,
+    synchronously."""
+
+    def ready(self) -> bool:
+        """The response has started and its body can be written by :meth:`write` (else ``send`` it)."""
+        ...
+
+    def write(self, body: bytes, more: bool) -> bool:
+        """Write one body piece (``more`` False: the last); False when the client cannot take more now."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait until the client can take more (or has left)."""
+        ...
+
+
 class SseRelay(Response):
     """A worker's SSE stream relayed to the client as one coroutine, bytes untouched.
 
@@ -249,7 +267,14 @@ class SseRelay(Response):
     sample, one send. The chunk that holds ``data: [DONE]`` is sent as the body's end (no separate
     empty send). A failure mid-stream becomes ``error_event`` and a clean close. ``complete`` gets
     the :class:`Outcome` at the end.
+
+    Spliced, when the server set :attr:`direct` and the upstream can ``pipe``: after the first chunk, the
+    same per-chunk work runs in the upstream connection's callback as each socket read arrives, the body
+    written to the client's transport there (no future, no task step, no message per chunk); the coroutine
+    waits for the end, a failure or the client's back-pressure (the upstream is not read meanwhile).
     """
+
+    direct: BodyWriter | None = None
 
     media_type = "text/event-stream"
 
@@ -283,21 +308,39 @@ class SseRelay(Response):
                     self._finishing()
                 await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
             last = time.perf_counter()
-            drain = routed.drain
-            async for chunk in routed.rest:
-                if ended:
-                    continue  # nothing follows [DONE]; the body is only read to its end
-                now = time.perf_counter()
-                observe_gap(now - last)
-                last = now
-                more = drain()  # chunks that came meanwhile go out in the same send
-                if more:
-                    chunk += more
-                tally.feed(chunk)
-                ended = tally.done
-                if ended:
-                    self._finishing()
-                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            direct, pipe = self.direct, routed.pipe
+            if not ended and direct is not None and pipe is not None and direct.ready():
+                def sink(chunk: bytes) -> bool:
+                    nonlocal last, ended
+                    if ended:
+                        return True  # nothing follows [DONE]; the body is only read to its end
+                    now = time.perf_counter()
+                    observe_gap(now - last)
+                    last = now
+                    tally.feed(chunk)
+                    ended = tally.done
+                    if ended:
+                        self._finishing()
+                    return direct.write(chunk, not ended)
+
+                while not await pipe(sink):
+                    await direct.drain()
+            else:
+                drain = routed.drain
+                async for chunk in routed.rest:
+                    if ended:
+                        continue  # nothing follows [DONE]; the body is only read to its end
+                    now = time.perf_counter()
+                    observe_gap(now - last)
+                    last = now
+                    more = drain()  # chunks that came meanwhile go out in the same send
+                    if more:
+                        chunk += more
+                    tally.feed(chunk)
+                    ended = tally.done
+                    if ended:
+                        self._finishing()
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
         except UpstreamError as exc:
             if not watch.left and not ended:  # after [DONE] the client has its whole answer already
                 status = "stream_error"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 from infera.protocols.kv_events import EventBatch
@@ -42,7 +42,11 @@ class UpstreamResponse:
     (b"" when none, or when the transport cannot tell), so a relay can send them with the
     chunk in hand; call it only between reads of ``body``. ``ended()`` is True when every byte of the
     body has been yielded or drained already (the next read of ``body`` would end it): a whole answer
-    is then complete without another read (False when the transport cannot tell).
+    is then complete without another read (False when the transport cannot tell). ``pipe``, where the
+    transport has one (None elsewhere), replaces reading ``body`` after its first chunk: ``await
+    pipe(sink)`` hands each arriving piece to ``sink`` in the transport's own callback (no task step per
+    chunk) and returns True at the body's end, False when ``sink`` returned False (back-pressure: nothing is
+    read until the next call); failures are raised as by ``body``.
     """
 
     status: int
@@ -51,6 +55,7 @@ class UpstreamResponse:
     close: Callable[[], None]
     drain: Callable[[], bytes] = nothing_buffered
     ended: Callable[[], bool] = not_known_ended
+    pipe: Callable[[Callable[[bytes], bool]], Awaitable[bool]] | None = None
 
 
 class RequestTransport(Protocol):

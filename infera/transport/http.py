@@ -22,7 +22,7 @@ import asyncio
 import codecs
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -179,7 +179,7 @@ class HttpTransport:
         content = _Body(conn, reader, worker.instance_id, deadline, self._first_byte_timeout, self._idle_timeout, loop)
         ctype = reader.content_type.decode("latin-1") if reader.content_type else "application/json"
         return UpstreamResponse(status=status, content_type=ctype, body=content, close=content.close,
-                                drain=content.drain, ended=content.ended)
+                                drain=content.drain, ended=content.ended, pipe=content.pipe)
 
 
 def _charset(content_type: bytes) -> str:
@@ -275,6 +275,25 @@ class _Body:
             self._stop_watch()
             raise StopAsyncIteration
         return chunk
+
+    async def pipe(self, sink: Callable[[bytes], bool]) -> bool:
+        """The rest of the body handed to ``sink`` as it arrives, in the connection's callback
+        (:meth:`BodyReader.pipe`; call it after the first chunk is read): True at the end, False when
+        ``sink`` returned False (the socket is not read until the next call). The idle timeout bounds each
+        wait for the next chunk as for a read; failures are the iterator's."""
+        assert not self._first, "pipe() takes over after the first chunk"
+        try:
+            ended = await self._content.pipe(sink, self._watch)
+        except IdleExpired as exc:
+            self.close()
+            raise UpstreamError(f"worker {self._worker_id} sent nothing for {self._idle:g}s mid-response "
+                                "(--upstream-idle-timeout)", status=504, before_first_byte=False) from exc
+        except WireError as exc:
+            self.close()
+            raise UpstreamError(f"worker {self._worker_id} broke the stream: {exc}", before_first_byte=False) from exc
+        if ended:
+            self._stop_watch()
+        return ended
 
     def _stop_watch(self) -> None:
         if self._watch is not None:

@@ -18,8 +18,8 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import Mapping
-from typing import cast
+from collections.abc import Callable, Mapping
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -41,13 +41,23 @@ class WireTimeout(WireError):
         self.head_seen = head_seen
 
 
+class Waiting(Protocol):
+    """What times a reader's waits (the idle timeout's watch)."""
+
+    waiting_since: float | None
+
+
 class BodyReader:
     """A response body as it arrives: :meth:`readany` returns everything buffered (waiting when
     there is nothing), b"" at the end; a failure is raised by the read after the bytes before it.
     ``status`` and ``content_type`` are its answer's (set at the head: the connection may serve the
-    next request by the time its reader is read)."""
+    next request by the time its reader is read).
 
-    __slots__ = ("_buf", "_conn", "_eof", "_exc", "_size", "_waiter", "content_type", "status")
+    Or :meth:`pipe`: each socket read's body bytes go to a sink in the connection's own callback (no
+    future, no task step per chunk), the reading paused while the sink asks to (back-pressure)."""
+
+    __slots__ = ("_buf", "_conn", "_eof", "_exc", "_held", "_sink", "_sink_exc", "_size", "_waiter", "_watch",
+                 "content_type", "status")
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -58,11 +68,35 @@ class BodyReader:
         self._eof = False
         self._exc: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: Callable[[bytes], bool] | None = None  # while a pipe() waits
+        self._sink_exc: BaseException | None = None  # what the sink raised in the connection's callback
+        self._held = False  # the sink asked to pause: the socket's reading is paused until the next pipe()
+        self._watch: Waiting | None = None  # while a pipe() waits: told when each wait for the next chunk starts
 
     def feed(self, data: bytes) -> None:
         self._buf.append(data)
         self._size += len(data)
+        if self._sink is not None:
+            return  # handed to the sink once the socket read is parsed (flush): one write per read
         if self._size > PAUSE_BYTES:
+            self._conn.pause()
+        self._wake()
+
+    def flush(self) -> None:
+        """Hand what one socket read brought to the pipe's sink (the connection calls this after the parse)."""
+        sink = self._sink
+        if sink is None or not self._buf:
+            return
+        try:
+            if sink(self._take()):
+                if (watch := self._watch) is not None:
+                    watch.waiting_since = self._conn._loop.time()  # the wait for the next chunk starts now
+                return
+        except Exception as exc:  # raised by the pipe, in the consumer's task, as a failing send would be
+            self._sink_exc = exc
+        self._sink = None
+        if not self._eof:  # a complete answer's connection may be back in the pool: never pause that one
+            self._held = True
             self._conn.pause()
         self._wake()
 
@@ -104,6 +138,46 @@ class BodyReader:
                 await waiter
             finally:
                 self._waiter = None
+
+    async def pipe(self, sink: Callable[[bytes], bool], watch: Waiting | None = None) -> bool:
+        """Hand the body to ``sink`` as it arrives, everything one socket read brought in one call, from the
+        connection's callback while this waits; True at the body's end, False when ``sink`` returned False (the
+        client cannot take more now: the socket is not read until the next :meth:`pipe`). A failure is raised
+        after the bytes before it, as by :meth:`readany`; so is an exception of ``sink``'s. ``watch``'s
+        ``waiting_since`` is the loop time each wait for a chunk started (None while this is not waiting)."""
+        if self._held:
+            self._held = False
+            self._conn.resume()
+        while True:
+            if self._sink_exc is not None:
+                exc, self._sink_exc = self._sink_exc, None
+                raise exc
+            if self._buf:
+                if not sink(self._take()):
+                    if not self._eof:
+                        self._held = True
+                        self._conn.pause()
+                    return self._eof and not self._buf
+                continue
+            if self._exc is not None:
+                raise self._exc
+            if self._eof:
+                return True
+            if self._held:
+                return False
+            self._sink = sink
+            self._watch = watch
+            waiter = self._waiter = self._conn._loop.create_future()
+            if watch is not None:
+                watch.waiting_since = self._conn._loop.time()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                self._sink = None
+                self._watch = None
+                if watch is not None:
+                    watch.waiting_since = None
 
     def read_nowait(self) -> bytes:
         """What is buffered now (b"" when nothing)."""
@@ -151,11 +225,15 @@ class Connection(asyncio.Protocol):
         if self.body is None and self._headers is None:
             self.abort()  # nothing was asked on this connection: it cannot be trusted for the next request
             return
+        body = self.body  # before the parse: a complete answer's on_message_complete lets go of it
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(WireError(f"malformed response: {exc}"))
             self.abort()
+            return
+        if body is not None and body._sink is not None:
+            body.flush()  # a piped body: this read's bytes go on in this callback
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -1,0 +1,61 @@
+"""A stream's body written straight to the client's transport from the upstream's callback (the
+:class:`~infera.server.relay.BodyWriter` of a lean request, :mod:`infera.server.lean`).
+
+At real-time decode speed each output token is its own upstream read, and relayed through the ASGI
+``send`` it was a wake-up of the request's task, an awaited ``send`` per wrapper (``Observe``'s, the
+request id's, uvicorn's) and a message dict (bench/README.md, "Issue 15, twelfth round: routing_quality's
+CPU per request, diagnosed"). The writer does to a body piece what those sends did, in one synchronous
+call: ``Observe``'s look at the body, then uvicorn's chunked write and, at the end, its completion of the
+cycle (keep-alive, the next pipelined request). The response's start still goes through ``send``; the
+request id's and the drain's wrappers only touch the start.
+"""
+
+from __future__ import annotations
+
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from infera.server.observe import Observation
+
+
+class CycleWriter:
+    """:class:`~infera.server.relay.BodyWriter` over one uvicorn request cycle (chunked bodies only)."""
+
+    __slots__ = ("_cycle", "_observation")
+
+    def __init__(self, cycle: RequestResponseCycle, observation: Observation | None) -> None:
+        self._cycle = cycle
+        self._observation = observation
+
+    def ready(self) -> bool:
+        cycle = self._cycle
+        return (cycle.response_started and not cycle.response_complete and cycle.chunked_encoding is True
+                and cycle.scope["method"] != "HEAD")
+
+    def write(self, body: bytes, more: bool) -> bool:
+        """uvicorn's ``send`` of a body message after ``Observe``'s look at it, without the wait for a paused
+        transport before the write: the caller stops writing when this returns False and :meth:`drain`\\ s."""
+        if self._observation is not None:
+            self._observation.body(body)
+        cycle = self._cycle
+        if cycle.disconnected:
+            return True
+        if cycle.response_complete:
+            raise RuntimeError("Unexpected ASGI message 'http.response.body' sent, after response already completed.")
+        if body:
+            data = b"%x\r\n" % len(body) + body + (b"\r\n" if more else b"\r\n0\r\n\r\n")
+        else:
+            data = b"" if more else b"0\r\n\r\n"
+        if data:
+            cycle.transport.write(data)
+        if not more:
+            cycle.response_complete = True
+            cycle.message_event.set()
+            if not cycle.keep_alive:
+                cycle.transport.close()
+            cycle.on_response()
+        return not cycle.flow.write_paused
+
+    async def drain(self) -> None:
+        cycle = self._cycle
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
