@@ -436,9 +436,108 @@ static PyObject *Bpe_encode(Bpe *self, PyObject *text) {
     return PyObject_CallOneArg(self->fallback, text);
 }
 
+/* ---- a chat prompt's fresh text: split on its special tokens and encoded, as packed uint32 ids --------------
+ *
+ * What infera.kv.codecs.TiktokenCodec.encode_fresh returns, as the bytes of a uint32 array (the prompt cache's
+ * entries are array('I'): no list of ints made and read back, no int object touched per id). The text is split
+ * on the specials exactly as TiktokenCodec._split_delimited splits it (specials that all start with ``first`` and
+ * end with ``last``, found nowhere else in them: a special starting at i can only end at the first ``last`` after
+ * i), each special becomes its id and each non-empty piece between them what ``encode`` gives it (the C path,
+ * the fallback for what it cannot do). */
+
+/* text[a:z] onto b as Bpe_encode(text[a:z]) gives it: 0, or -3 with an exception set */
+static int encode_piece(Bpe *self, PyObject *text, Py_ssize_t a, Py_ssize_t z, Ids *b) {
+    if (z <= a) return 0;
+    Py_ssize_t n0 = b->n; /* a fallback takes the piece whole: what a stretch of it appended goes */
+    int rc;
+    if (PyUnicode_IS_ASCII(text)) {
+        rc = run_c(self, (const unsigned char *)PyUnicode_DATA(text) + a, z - a, b);
+    } else {
+        PyObject *sub = PyUnicode_Substring(text, a, z);
+        if (sub == NULL) return -3;
+        rc = PyUnicode_IS_ASCII(sub) ? run_c(self, (const unsigned char *)PyUnicode_DATA(sub), z - a, b)
+                                     : encode_mixed(self, sub, b);
+        Py_DECREF(sub);
+    }
+    if (rc == -2) {
+        PyErr_NoMemory();
+        return -3;
+    }
+    if (rc == -1) { /* as Bpe_encode: the piece whole by the fallback */
+        b->n = n0;
+        rc = run_fallback(self, text, a, z, b);
+    }
+    return rc;
+}
+
+static PyObject *Bpe_encode_chat(Bpe *self, PyObject *args) {
+    PyObject *text, *specials;
+    int first, last;
+    if (!PyArg_ParseTuple(args, "UCCO!:encode_chat", &text, &first, &last, &PyDict_Type, &specials)) return NULL;
+    if (self->slots == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Bpe not initialised");
+        return NULL;
+    }
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(text) < 0) return NULL;
+#endif
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    Ids b;
+    b.p = b.stack;
+    b.n = 0;
+    b.cap = 512;
+    int rc = 0;
+    Py_ssize_t pos = 0; /* where the current text piece starts */
+    Py_ssize_t i = PyUnicode_FindChar(text, first, 0, n, 1);
+    while (rc == 0 && i >= 0) {
+        Py_ssize_t j = PyUnicode_FindChar(text, last, i + 1, n, 1);
+        if (j < 0) {
+            if (j == -2) rc = -3;
+            break;
+        }
+        PyObject *token = PyUnicode_Substring(text, i, j + 1);
+        PyObject *id = token != NULL ? PyDict_GetItemWithError(specials, token) : NULL;
+        Py_XDECREF(token);
+        if (id == NULL) {
+            if (PyErr_Occurred()) {
+                rc = -3;
+                break;
+            }
+            i = PyUnicode_FindChar(text, first, i + 1, n, 1);
+            continue;
+        }
+        unsigned long v = PyLong_AsUnsignedLong(id);
+        if (v == (unsigned long)-1 && PyErr_Occurred()) {
+            rc = -3;
+            break;
+        }
+        if (v > UINT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "a special token's id is above 2**32 - 1");
+            rc = -3;
+            break;
+        }
+        rc = encode_piece(self, text, pos, i, &b);
+        if (rc == 0 && ids_reserve(&b, 1) < 0) {
+            PyErr_NoMemory();
+            rc = -3;
+        }
+        if (rc != 0) break;
+        b.p[b.n++] = (uint32_t)v;
+        pos = j + 1;
+        i = PyUnicode_FindChar(text, first, pos, n, 1);
+    }
+    if (rc == 0 && i == -2) rc = -3;
+    if (rc == 0) rc = encode_piece(self, text, pos, n, &b);
+    PyObject *out = rc == 0 ? PyBytes_FromStringAndSize((const char *)b.p, b.n * (Py_ssize_t)sizeof(uint32_t)) : NULL;
+    if (b.p != b.stack) PyMem_RawFree(b.p);
+    return out;
+}
+
 static PyMethodDef Bpe_methods[] = {
     {"encode", (PyCFunction)Bpe_encode, METH_O,
      "encode(text) -> list[int]: the ids of text; its ASCII stretches in C, the rest by the fallback"},
+    {"encode_chat", (PyCFunction)Bpe_encode_chat, METH_VARARGS,
+     "encode_chat(text, first, last, specials) -> bytes: the uint32 ids of text split on its specials (see above)"},
     {NULL, NULL, 0, NULL},
 };
 
