@@ -51,14 +51,17 @@ typedef struct {
     Py_ssize_t fallbacks;
 } Bpe;
 
-static inline uint32_t lookup(const Bpe *t, const unsigned char *p, size_t n) {
-    uint64_t h = XXH3_64bits(p, n);
+static inline uint32_t lookup_hashed(const Bpe *t, const unsigned char *p, size_t n, uint64_t h) {
     uint32_t tag = (uint32_t)(h >> 32);
     for (uint64_t i = h & t->mask;; i = (i + 1) & t->mask) {
         const Slot *s = &t->slots[i];
         if (s->len == 0) return NO_RANK;
         if (s->tag == tag && s->len == n && memcmp(t->blob + s->off, p, n) == 0) return s->rank;
     }
+}
+
+static inline uint32_t lookup(const Bpe *t, const unsigned char *p, size_t n) {
+    return lookup_hashed(t, p, n, XXH3_64bits(p, n));
 }
 
 /* ---- the pre-tokenizer: where the piece that starts at i ends ----------------------------------------- */
@@ -167,20 +170,41 @@ static Py_ssize_t merge(const Bpe *t, const unsigned char *p, size_t m, uint32_t
     return n_out;
 }
 
-/* The ids of s[0:n] into out (room for n); their number, -1 to fall back, -2 out of memory. */
+/* The ids of s[0:n] into out (room for n); their number, -1 to fall back, -2 out of memory.
+ *
+ * Pieces go in groups of PIPE: each one's slot is prefetched as it is cut, then each found slot's bytes in the
+ * blob, then they are looked up. A request's fresh turn meets a cold table (~5 MB of slots and bytes, other work
+ * between two requests): one after another, every piece waited for its slot's line and then its bytes' line; in
+ * groups the misses overlap (bench/README.md, "Issue 15, thirteenth round ... ctx15"). The same ids. */
+#define PIPE 16
 static Py_ssize_t encode_ascii(const Bpe *t, const unsigned char *s, Py_ssize_t n, uint32_t *out) {
     Py_ssize_t n_out = 0;
+    Py_ssize_t at[PIPE + 1];
+    uint64_t hs[PIPE];
     for (Py_ssize_t i = 0; i < n;) {
-        Py_ssize_t j = piece_end(s, i, n, t->digits);
-        uint32_t r = lookup(t, s + i, (size_t)(j - i));
-        if (r != NO_RANK) {
-            out[n_out++] = r;
-        } else {
-            Py_ssize_t got = merge(t, s + i, (size_t)(j - i), out + n_out);
-            if (got < 0) return got;
-            n_out += got;
+        int m = 0;
+        at[0] = i;
+        for (; m < PIPE && i < n; m++) {
+            Py_ssize_t j = piece_end(s, i, n, t->digits);
+            hs[m] = XXH3_64bits(s + i, (size_t)(j - i));
+            __builtin_prefetch(&t->slots[hs[m] & t->mask]);
+            at[m + 1] = i = j;
         }
-        i = j;
+        for (int q = 0; q < m; q++) {
+            const Slot *slot = &t->slots[hs[q] & t->mask];
+            if (slot->len != 0) __builtin_prefetch(t->blob + slot->off);
+        }
+        for (int q = 0; q < m; q++) {
+            size_t len = (size_t)(at[q + 1] - at[q]);
+            uint32_t r = lookup_hashed(t, s + at[q], len, hs[q]);
+            if (r != NO_RANK) {
+                out[n_out++] = r;
+            } else {
+                Py_ssize_t got = merge(t, s + at[q], len, out + n_out);
+                if (got < 0) return got;
+                n_out += got;
+            }
+        }
     }
     return n_out;
 }
