@@ -139,18 +139,17 @@ class TiktokenCodec:
         return self._segmented(text, None)
 
     @property
-    def packs_fresh(self) -> bool:
-        """True when :meth:`encode_fresh_packed` gives ids (never None)."""
-        return self._packed is not None
+    def fresh_packer(self) -> Callable[[str], bytes] | None:
+        """:meth:`encode_fresh` with its ids as the bytes of a uint32 array (native order), in one C call
+        (csrc/bpe.c's ``encode_chat``: the same split on the specials, the same ``ordinary`` per piece; a short
+        text too, which :meth:`encode_fresh` gives tiktoken whole, for the same ids: tiktoken splits on the
+        specials the same way); None when this codec cannot (no C table, or specials the split needs a regex
+        for)."""
+        return self._pack_fresh if self._packed is not None else None
 
-    def encode_fresh_packed(self, text: str) -> bytes | None:
-        """:meth:`encode_fresh`'s ids as the bytes of a uint32 array (native order), in one C call (csrc/bpe.c's
-        ``encode_chat``: the same split on the specials, the same ``ordinary`` per piece; a short text too, which
-        :meth:`encode_fresh` gives tiktoken whole, for the same ids: tiktoken splits on the specials the same
-        way), or None when this codec cannot (no C table, or specials the split needs a regex for)."""
+    def _pack_fresh(self, text: str) -> bytes:
         packed = self._packed
-        if packed is None:
-            return None
+        assert packed is not None
         if self._nfc and not text.isascii():
             text = unicodedata.normalize("NFC", text)
         first, last = self._delims

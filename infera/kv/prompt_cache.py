@@ -200,8 +200,8 @@ class PromptCache:
             tail = data[start:].decode("utf-8", "surrogatepass") if start < n else ""
             ids = base.ids[:offset]  # a memcpy
             packer = self._encode_packed
+            fresh = []  # packed: not read (the entry's cuts come from ``ids``)
             if packer is not None:  # the tail's ids as uint32s in one C call, appended as they are
-                fresh: list[int] = []  # not read on this path (the entry's cuts come from ``ids``)
                 ids.frombytes(packer(tail) if tail else b"")
             else:
                 fresh = self._encode_tail(tail) if tail else []

@@ -400,9 +400,9 @@ def test_a_block_size_first_asked_of_array_ids_is_kept_for_the_next_turn(qwen_to
 # routing_quality's shapes (bench/workloads.py): long system prompts shared by many requests (tenants: one unique
 # question each), and sessions whose next request appends the previous answer and a new question (multiturn);
 # their contents with unicode, combining marks (NFC), specials' text and near-specials
-WORKLOAD_WORDS = ["policy", "refund", " tenant", "Request", "Z\u00fcrich", "\U0001f600", "\u6bd5\u8001\u5e08", "e\u0301",
-                  "A\u030a", "\u0338", "<|im_end|>", "<|im_start|>", "<|im_end", "<<|im_end|>", "<think>", "\n", "\n\n",
-                  "1234", "don't", "  ", "\t", "?!", "https://x.example/a?b=1"]
+WORKLOAD_WORDS = ["policy", "refund", " tenant", "Request", "Z\u00fcrich", "\U0001f600", "\u6bd5\u8001\u5e08",
+                  "e\u0301", "A\u030a", "\u0338", "<|im_end|>", "<|im_start|>", "<|im_end", "<<|im_end|>", "<think>",
+                  "\n", "\n\n", "1234", "don't", "  ", "\t", "?!", "https://x.example/a?b=1"]
 PARAGRAPH = st.lists(st.one_of(st.sampled_from(WORKLOAD_WORDS), st.text(max_size=6)), min_size=1, max_size=50).map(
     " ".join)
 
