@@ -17,6 +17,9 @@ LRU with them, so its figures before then are not comparable). CPU time of this 
     .venv/bin/python bench/kv_stages.py --ref main       # and the same at git ref main, interleaved rounds
     .venv/bin/python bench/kv_stages.py --ref main --score-ab   # the kv-aware score alone, main's vs this tree's,
                                                                 # alternating decision by decision in one process
+    .venv/bin/python bench/kv_stages.py --ref main --workload tenants   # routing_quality's ~2.7k-token tenants
+                                                                # prompts (or multiturn), played as a frontend
+                                                                # started for them takes them
     .venv/bin/python bench/kv_stages.py --kv-blocks 1000 ...    # small caches: the workers fill and evict (their
                                                                 # LRU's BlockRemoved applied too), so kv-aware's
                                                                 # eviction term and its recency shadow's value run
@@ -41,12 +44,34 @@ STAGES = ("topology+pool", "context", "hashes", "pick", "legs", "first token", "
 GC = "gc"  # within the stages, not added to the total
 
 
-def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str, float]:
+def workload_bodies(workload: str) -> tuple[list[bytes], int]:
+    """The request bodies a run cycles through, and every how many requests the prompt cache starts cold again.
+
+    ``chats``: router_overhead.py's 4096 chats (the prompt cache never cleared). ``tenants`` / ``multiturn``:
+    routing_quality's ``--quick`` workload of that name (bench/workloads.py), in its nominal order, played as
+    quality_cpu_split.py plays it to a frontend started for it: once with a cold prompt cache (the first turns
+    and each tenant's system prompt encoded whole) and once more with every prompt seen (its ``whole`` variant),
+    then the cache cleared and again."""
+    from bench import workloads
+    from bench.common import chat_body
+
+    if workload == "chats":
+        return [chat_body(i, "m", False, 8) for i in range(4096)], 0
+    made = {w.name: w for w in (workloads.tenants(16, 240, 20.0, 32), workloads.multiturn(12, 24, 5, 32))}
+    if workload not in made:
+        raise SystemExit(f"unknown workload {workload!r} (chats, tenants, multiturn)")
+    w = made[workload]
+    bodies = [w.body(i, "m") for i in workloads.nominal_order(w)]
+    return bodies, 2 * len(bodies)
+
+
+def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000,
+               workload: str = "chats") -> dict[str, float]:
     from collections import OrderedDict
 
     import orjson
 
-    from bench.common import chat_body, default_tokenizer_dir
+    from bench.common import default_tokenizer_dir
     from infera.kv.tokenizer import PromptRenderer
     from infera.protocols.kv_events import BlockRemoved, BlockStored, EventBatch, encode_batch
     from infera.protocols.worker import Capacity
@@ -56,7 +81,7 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000) -> dic
     from tests.fakes import FakeFleet, FakeTransport, worker
 
     renderer = PromptRenderer.from_dir(default_tokenizer_dir())
-    bodies = [chat_body(i, "m", False, 8) for i in range(4096)]
+    bodies, cold_every = workload_bodies(workload)
     payloads = [orjson.loads(b) for b in bodies]
     fleet = FakeFleet(*[worker(f"w{k}", model="m", kv_block_size=16, capacity=Capacity(kv_blocks=kv_blocks))
                         for k in range(2)])
@@ -81,10 +106,13 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000) -> dic
     gc.callbacks.append(on_gc)
     mask = (1 << 48) - 1  # engine hashes: opaque ids, not the router's
     engines: dict[str, OrderedDict[int, None]] = {}  # per worker, its engine's LRU of stored blocks (--kv-blocks)
+    prompts = renderer.prompt_cache
     for i in range(warmup + n):
         collecting[2] = i >= warmup
-        req = RouteRequest(kind="chat", path="/v1/chat/completions", body=bodies[i % 4096],
-                           payload=payloads[i % 4096], model="m", max_tokens=8)
+        if cold_every and i % cold_every == 0 and prompts is not None:
+            prompts.clear()  # a frontend started for the workload (untimed)
+        req = RouteRequest(kind="chat", path="/v1/chat/completions", body=bodies[i % len(bodies)],
+                           payload=payloads[i % len(bodies)], model="m", max_tokens=8)
         t0 = clock()
         cands.topology("m", "chat")
         pool = cands.pool("m", "mixed", "chat")
@@ -227,11 +255,12 @@ def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str
             **{f"{k} µs": v for k, v in med.items()}, "ratio": med["this tree"] / med[ref]}
 
 
-def _child(root: str, policy: str, n: int, warmup: int, kv_blocks: int) -> dict[str, float]:
+def _child(root: str, policy: str, n: int, warmup: int, kv_blocks: int, workload: str) -> dict[str, float]:
     """run_stages in a fresh process with ``root``'s infera first on the path."""
     repo = str(Path(__file__).resolve().parent.parent)
     code = (f"import sys, json; sys.path.insert(0, {root!r}); sys.path.insert(1, {repo!r}); "
-            f"import bench.kv_stages as k; print(json.dumps(k.run_stages({policy!r}, {n}, {warmup}, {kv_blocks})))")
+            f"import bench.kv_stages as k; "
+            f"print(json.dumps(k.run_stages({policy!r}, {n}, {warmup}, {kv_blocks}, {workload!r})))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -244,9 +273,15 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--kv-blocks", type=int, default=100000,
                     help="each worker's KV capacity in blocks (small: the caches fill, the engines evict)")
+    ap.add_argument("--workload", default="chats",
+                    help="chats (router_overhead's), or routing_quality's tenants or multiturn: --n and --warmup "
+                         "are then rounded up to whole plays of it (cold prompt cache, then every prompt seen)")
     ap.add_argument("--score-ab", action="store_true",
                     help="instead: the kv-aware policy's score at --ref against this tree's, decision by decision")
     args = ap.parse_args()
+    _, cycle = workload_bodies(args.workload)
+    if cycle:
+        args.n, args.warmup = (-(-x // cycle) * cycle for x in (args.n, args.warmup))
     if args.score_ab:
         for r in range(args.rounds):
             found = score_ab(args.ref or "main", args.n, args.warmup, args.kv_blocks)
@@ -265,7 +300,8 @@ def main() -> None:
     try:
         for r in range(args.rounds):
             for name, policy in (cells if r % 2 == 0 else list(reversed(cells))):
-                runs[(name, policy)].append(_child(trees[name], policy, args.n, args.warmup, args.kv_blocks))
+                runs[(name, policy)].append(_child(trees[name], policy, args.n, args.warmup, args.kv_blocks,
+                                                            args.workload))
                 last = runs[(name, policy)][-1]
                 took = sum(last[s] for s in STAGES)
                 print(f"round {r} {name} {policy}: {took:.0f} µs/req, gc {last.get(GC, 0.0):.1f}", flush=True)

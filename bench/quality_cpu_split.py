@@ -135,6 +135,22 @@ TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, t
         from infera.transport import zmq_events as Z
         from infera.server import tally as T
         R.Router._build_context = _timed("context", R.Router._build_context)
+        from infera.kv import tokenizer as K, prompt_cache as PC, codecs as CO
+        K.PromptRenderer.render_chat = _timed("context: render", K.PromptRenderer.render_chat)
+        _ew = _timed("context: prompt cache", PC.PromptCache.encode_within)
+        def _within(self, *a, **k):
+            if not self.__dict__.get("_tw"):
+                self._encode_tail = _timed("context: - the tail's BPE", self._encode_tail)
+                self._encode = _timed("context: - a whole prompt's BPE", self._encode)
+                if getattr(self, "_encode_packed", None) is not None:
+                    self._encode_packed = _timed("context: - the tail's BPE (packed)", self._encode_packed)
+                self._tw = True
+            return _ew(self, *a, **k)
+        PC.PromptCache.encode_within = _within
+        PC.PromptCache._find = _timed("context: - lookup", PC.PromptCache._find)
+        PC.extend_hashes = _timed("context: - block hashes", PC.extend_hashes)
+        PC.PromptCache._entry_native = _timed("context: - the entry's cuts", PC.PromptCache._entry_native)
+        PC.PromptCache._store = _timed("context: - store", PC.PromptCache._store)
         R.Router._pick = _timed("pick", R.Router._pick)
         L.Legs.place = _timed("legs.place", L.Legs.place)
         T.StreamTally.feed = _timed("tally.feed", T.StreamTally.feed)

@@ -51,14 +51,17 @@ typedef struct {
     Py_ssize_t fallbacks;
 } Bpe;
 
-static inline uint32_t lookup(const Bpe *t, const unsigned char *p, size_t n) {
-    uint64_t h = XXH3_64bits(p, n);
+static inline uint32_t lookup_hashed(const Bpe *t, const unsigned char *p, size_t n, uint64_t h) {
     uint32_t tag = (uint32_t)(h >> 32);
     for (uint64_t i = h & t->mask;; i = (i + 1) & t->mask) {
         const Slot *s = &t->slots[i];
         if (s->len == 0) return NO_RANK;
         if (s->tag == tag && s->len == n && memcmp(t->blob + s->off, p, n) == 0) return s->rank;
     }
+}
+
+static inline uint32_t lookup(const Bpe *t, const unsigned char *p, size_t n) {
+    return lookup_hashed(t, p, n, XXH3_64bits(p, n));
 }
 
 /* ---- the pre-tokenizer: where the piece that starts at i ends ----------------------------------------- */
@@ -167,20 +170,41 @@ static Py_ssize_t merge(const Bpe *t, const unsigned char *p, size_t m, uint32_t
     return n_out;
 }
 
-/* The ids of s[0:n] into out (room for n); their number, -1 to fall back, -2 out of memory. */
+/* The ids of s[0:n] into out (room for n); their number, -1 to fall back, -2 out of memory.
+ *
+ * Pieces go in groups of PIPE: each one's slot is prefetched as it is cut, then each found slot's bytes in the
+ * blob, then they are looked up. A request's fresh turn meets a cold table (~5 MB of slots and bytes, other work
+ * between two requests): one after another, every piece waited for its slot's line and then its bytes' line; in
+ * groups the misses overlap (bench/README.md, "Issue 15, thirteenth round ... ctx15"). The same ids. */
+#define PIPE 16
 static Py_ssize_t encode_ascii(const Bpe *t, const unsigned char *s, Py_ssize_t n, uint32_t *out) {
     Py_ssize_t n_out = 0;
+    Py_ssize_t at[PIPE + 1];
+    uint64_t hs[PIPE];
     for (Py_ssize_t i = 0; i < n;) {
-        Py_ssize_t j = piece_end(s, i, n, t->digits);
-        uint32_t r = lookup(t, s + i, (size_t)(j - i));
-        if (r != NO_RANK) {
-            out[n_out++] = r;
-        } else {
-            Py_ssize_t got = merge(t, s + i, (size_t)(j - i), out + n_out);
-            if (got < 0) return got;
-            n_out += got;
+        int m = 0;
+        at[0] = i;
+        for (; m < PIPE && i < n; m++) {
+            Py_ssize_t j = piece_end(s, i, n, t->digits);
+            hs[m] = XXH3_64bits(s + i, (size_t)(j - i));
+            __builtin_prefetch(&t->slots[hs[m] & t->mask]);
+            at[m + 1] = i = j;
         }
-        i = j;
+        for (int q = 0; q < m; q++) {
+            const Slot *slot = &t->slots[hs[q] & t->mask];
+            if (slot->len != 0) __builtin_prefetch(t->blob + slot->off);
+        }
+        for (int q = 0; q < m; q++) {
+            size_t len = (size_t)(at[q + 1] - at[q]);
+            uint32_t r = lookup_hashed(t, s + at[q], len, hs[q]);
+            if (r != NO_RANK) {
+                out[n_out++] = r;
+            } else {
+                Py_ssize_t got = merge(t, s + at[q], len, out + n_out);
+                if (got < 0) return got;
+                n_out += got;
+            }
+        }
     }
     return n_out;
 }
@@ -436,9 +460,108 @@ static PyObject *Bpe_encode(Bpe *self, PyObject *text) {
     return PyObject_CallOneArg(self->fallback, text);
 }
 
+/* ---- a chat prompt's fresh text: split on its special tokens and encoded, as packed uint32 ids --------------
+ *
+ * What infera.kv.codecs.TiktokenCodec.encode_fresh returns, as the bytes of a uint32 array (the prompt cache's
+ * entries are array('I'): no list of ints made and read back, no int object touched per id). The text is split
+ * on the specials exactly as TiktokenCodec._split_delimited splits it (specials that all start with ``first`` and
+ * end with ``last``, found nowhere else in them: a special starting at i can only end at the first ``last`` after
+ * i), each special becomes its id and each non-empty piece between them what ``encode`` gives it (the C path,
+ * the fallback for what it cannot do). */
+
+/* text[a:z] onto b as Bpe_encode(text[a:z]) gives it: 0, or -3 with an exception set */
+static int encode_piece(Bpe *self, PyObject *text, Py_ssize_t a, Py_ssize_t z, Ids *b) {
+    if (z <= a) return 0;
+    Py_ssize_t n0 = b->n; /* a fallback takes the piece whole: what a stretch of it appended goes */
+    int rc;
+    if (PyUnicode_IS_ASCII(text)) {
+        rc = run_c(self, (const unsigned char *)PyUnicode_DATA(text) + a, z - a, b);
+    } else {
+        PyObject *sub = PyUnicode_Substring(text, a, z);
+        if (sub == NULL) return -3;
+        rc = PyUnicode_IS_ASCII(sub) ? run_c(self, (const unsigned char *)PyUnicode_DATA(sub), z - a, b)
+                                     : encode_mixed(self, sub, b);
+        Py_DECREF(sub);
+    }
+    if (rc == -2) {
+        PyErr_NoMemory();
+        return -3;
+    }
+    if (rc == -1) { /* as Bpe_encode: the piece whole by the fallback */
+        b->n = n0;
+        rc = run_fallback(self, text, a, z, b);
+    }
+    return rc;
+}
+
+static PyObject *Bpe_encode_chat(Bpe *self, PyObject *args) {
+    PyObject *text, *specials;
+    int first, last;
+    if (!PyArg_ParseTuple(args, "UCCO!:encode_chat", &text, &first, &last, &PyDict_Type, &specials)) return NULL;
+    if (self->slots == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Bpe not initialised");
+        return NULL;
+    }
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(text) < 0) return NULL;
+#endif
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    Ids b;
+    b.p = b.stack;
+    b.n = 0;
+    b.cap = 512;
+    int rc = 0;
+    Py_ssize_t pos = 0; /* where the current text piece starts */
+    Py_ssize_t i = PyUnicode_FindChar(text, first, 0, n, 1);
+    while (rc == 0 && i >= 0) {
+        Py_ssize_t j = PyUnicode_FindChar(text, last, i + 1, n, 1);
+        if (j < 0) {
+            if (j == -2) rc = -3;
+            break;
+        }
+        PyObject *token = PyUnicode_Substring(text, i, j + 1);
+        PyObject *id = token != NULL ? PyDict_GetItemWithError(specials, token) : NULL;
+        Py_XDECREF(token);
+        if (id == NULL) {
+            if (PyErr_Occurred()) {
+                rc = -3;
+                break;
+            }
+            i = PyUnicode_FindChar(text, first, i + 1, n, 1);
+            continue;
+        }
+        unsigned long v = PyLong_AsUnsignedLong(id);
+        if (v == (unsigned long)-1 && PyErr_Occurred()) {
+            rc = -3;
+            break;
+        }
+        if (v > UINT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "a special token's id is above 2**32 - 1");
+            rc = -3;
+            break;
+        }
+        rc = encode_piece(self, text, pos, i, &b);
+        if (rc == 0 && ids_reserve(&b, 1) < 0) {
+            PyErr_NoMemory();
+            rc = -3;
+        }
+        if (rc != 0) break;
+        b.p[b.n++] = (uint32_t)v;
+        pos = j + 1;
+        i = PyUnicode_FindChar(text, first, pos, n, 1);
+    }
+    if (rc == 0 && i == -2) rc = -3;
+    if (rc == 0) rc = encode_piece(self, text, pos, n, &b);
+    PyObject *out = rc == 0 ? PyBytes_FromStringAndSize((const char *)b.p, b.n * (Py_ssize_t)sizeof(uint32_t)) : NULL;
+    if (b.p != b.stack) PyMem_RawFree(b.p);
+    return out;
+}
+
 static PyMethodDef Bpe_methods[] = {
     {"encode", (PyCFunction)Bpe_encode, METH_O,
      "encode(text) -> list[int]: the ids of text; its ASCII stretches in C, the rest by the fallback"},
+    {"encode_chat", (PyCFunction)Bpe_encode_chat, METH_VARARGS,
+     "encode_chat(text, first, last, specials) -> bytes: the uint32 ids of text split on its specials (see above)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from tokenizers import Tokenizer
 
-from infera.kv.bpe import ordinary
+from infera.kv.bpe import table
 
 BYTE_LEVEL_SPECIALS = {"<|im_start|>": 256, "<|im_end|>": 257, "<|endoftext|>": 258}
 
@@ -101,7 +101,8 @@ class TiktokenCodec:
         )
         self._encode = self._enc.encode
         # the same ids, in C for ASCII text when the pattern is one csrc/bpe.c knows (~6x faster on a chat turn)
-        self._ordinary = ordinary(spec.pattern, spec.ranks, self._enc.encode_ordinary) or self._enc.encode_ordinary
+        self._table = table(spec.pattern, spec.ranks, self._enc.encode_ordinary)
+        self._ordinary = self._table.encode if self._table is not None else self._enc.encode_ordinary
         self._special_ids = dict(spec.specials)
         # what ``allowed_special="all"`` stands for, taken once: with it and nothing disallowed, tiktoken skips
         # building ``all - allowed`` (an empty set) on every short encode
@@ -117,6 +118,8 @@ class TiktokenCodec:
                          for n in names):
             self._split = self._split_delimited
             self._delims = (names[0][0], names[0][-1])
+        # encode_fresh_packed: the split and the pieces in one C call (ChatML-like specials and the C table only)
+        self._packed = self._table.encode_chat if self._table is not None and self._delims[0] else None
         # oldest first out: an OrderedDict pops its first item in O(1); a dict's ``next(iter(d))`` walks over the
         # slots its earlier deletions left (~2 µs a unique turn at 4096 entries)
         self._segments: OrderedDict[str, list[int]] = OrderedDict()
@@ -134,6 +137,23 @@ class TiktokenCodec:
         keeping it evicts a segment that could hit and holds its list of ints (~2 µs a request, bench/README.md
         "Issue 15, tenth round ... ctx12"). The same ids: the cache only ever holds ``self._ordinary(piece)``."""
         return self._segmented(text, None)
+
+    @property
+    def fresh_packer(self) -> Callable[[str], bytes] | None:
+        """:meth:`encode_fresh` with its ids as the bytes of a uint32 array (native order), in one C call
+        (csrc/bpe.c's ``encode_chat``: the same split on the specials, the same ``ordinary`` per piece; a short
+        text too, which :meth:`encode_fresh` gives tiktoken whole, for the same ids: tiktoken splits on the
+        specials the same way); None when this codec cannot (no C table, or specials the split needs a regex
+        for)."""
+        return self._pack_fresh if self._packed is not None else None
+
+    def _pack_fresh(self, text: str) -> bytes:
+        packed = self._packed
+        assert packed is not None
+        if self._nfc and not text.isascii():
+            text = unicodedata.normalize("NFC", text)
+        first, last = self._delims
+        return packed(text, first, last, self._special_ids)
 
     def _segmented(self, text: str, cache: OrderedDict[str, list[int]] | None) -> list[int]:
         """The ids of ``text`` without added special tokens, section by section between special tokens; a long

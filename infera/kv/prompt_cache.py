@@ -105,12 +105,15 @@ class PromptCache:
     it reach callers as shared int objects (a tuple of them, ~36 bytes an id, made here).
     ``native``: the per-request bookkeeping in C (``infera.kv._native``: True, ImportError if it is not built),
     in Python (False), or C when built unless ``INFERA_PURE_PYTHON`` (None); the same ids, keys and eviction
-    order either way (tests/kv/test_prompt_cache.py). Thread-safe.
+    order either way (tests/kv/test_prompt_cache.py). ``encode_tail_packed``, if given: ``encode_tail``'s ids
+    as the bytes of a uint32 array (native order), which the C path appends to the entry's array as they are
+    (no list of ints built and packed again; bench/README.md "Issue 15, thirteenth round ... ctx15"). Thread-safe.
     """
 
     def __init__(self, encode: Callable[[str], list[int]], boundaries: Mapping[str, int],
                  max_bytes: int = DEFAULT_MAX_BYTES, vocab_size: int = 0, native: bool | None = None,
-                 encode_tail: Callable[[str], list[int]] | None = None) -> None:
+                 encode_tail: Callable[[str], list[int]] | None = None,
+                 encode_tail_packed: Callable[[str], bytes] | None = None) -> None:
         if not boundaries:
             raise ValueError("a prompt cache needs the codec's boundary tokens")
         self._encode = encode
@@ -130,6 +133,8 @@ class PromptCache:
         self._names_t = tuple(names)
         self._tokens = tuple(self._id_of[t] for t in names)
         self._bounds = (first[0], last[0]) if delimited and self._native is not None else None
+        # only where the entry's cuts are found in C from its array (the Python path reads the tail's ids as a list)
+        self._encode_packed = encode_tail_packed if self._bounds is not None else None
         self.max_bytes = max_bytes
         self.min_chars = MIN_CHARS  # shorter prompts are encoded directly
         self._keys: dict[int, tuple[list[_Entry], int]] = {}  # cut key -> (entry holder, index into its cuts)
@@ -192,16 +197,22 @@ class PromptCache:
             base, k = found
             start, _, offset, _ = base.cuts[k]
             before = base.cuts[: k + 1]
-            fresh = self._encode_tail(data[start:].decode("utf-8", "surrogatepass")) if start < n else []
+            tail = data[start:].decode("utf-8", "surrogatepass") if start < n else ""
             ids = base.ids[:offset]  # a memcpy
-            packed = native.u32_pack(fresh) if native is not None else None  # C: no int read one by one
-            if packed is not None:
-                ids.frombytes(packed)
+            packer = self._encode_packed
+            fresh = []  # packed: not read (the entry's cuts come from ``ids``)
+            if packer is not None:  # the tail's ids as uint32s in one C call, appended as they are
+                ids.frombytes(packer(tail) if tail else b"")
             else:
-                try:
-                    ids.extend(fresh)
-                except (OverflowError, TypeError):
-                    return self._encode(text)
+                fresh = self._encode_tail(tail) if tail else []
+                packed = native.u32_pack(fresh) if native is not None else None  # C: no int read one by one
+                if packed is not None:
+                    ids.frombytes(packed)
+                else:
+                    try:
+                        ids.extend(fresh)
+                    except (OverflowError, TypeError):
+                        return self._encode(text)
             if listed:
                 out = PromptIds()
                 if native is not None:

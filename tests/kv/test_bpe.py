@@ -159,3 +159,55 @@ def test_the_codec_encodes_in_c_where_a_compiler_and_headers_are(qwen_tokenizer_
     assert _bpe is not None, "gcc and Python.h are here but infera.kv._bpe is not built: run ./scripts/setup"
     codec: Any = PromptRenderer.from_dir(qwen_tokenizer_dir)._codec
     assert isinstance(codec._ordinary.__self__, _bpe.Bpe)
+
+
+SPECIAL_ISH = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_end", "<|im_end|", "<<|im_end|>", "<|nope|>",
+               "<|im_start|><|im_end|>", "<", ">", "<|", "|>", "<>", "\u0338", "\u00e9", "\U0001f642", "\u6570\u636e"]
+_chat_pair: dict[str, Any] = {}
+
+
+def chat_pair(spec: TiktokenSpec) -> tuple[Any, Any]:
+    """(tiktoken with Qwen's specials, the C table) for Qwen's pattern."""
+    if not _chat_pair:
+        ref = tiktoken.Encoding("refs", pat_str=QWEN, mergeable_ranks=spec.ranks, special_tokens=spec.specials)
+        _chat_pair["ref"] = ref
+        _chat_pair["fast"] = _bpe.Bpe(spec.ranks, 1, ref.encode_ordinary)
+    return _chat_pair["ref"], _chat_pair["fast"]
+
+
+@needs_c
+@settings(max_examples=1500, deadline=None)
+@given(text=st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.sampled_from(SPECIAL_ISH), st.sampled_from(MIXED)),
+                     max_size=60).map("".join))
+def test_a_chat_text_split_on_its_specials_and_packed_in_one_call_gives_tiktokens_ids(spec: TiktokenSpec,
+                                                                                       text: str) -> None:
+    from array import array
+
+    ref, fast = chat_pair(spec)
+    assert len({n[0] for n in spec.specials} | {n[-1] for n in spec.specials}) == 2  # ChatML-like: "<", ">"
+    got = array("I", fast.encode_chat(text, "<", ">", spec.specials)).tolist()
+    assert got == ref.encode(text, allowed_special="all", disallowed_special=())
+
+
+def test_the_codecs_packed_fresh_text_equals_its_fresh_text(qwen_tokenizer_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the prompt cache appends for a request's fresh text (one C call) equals encode_fresh's ids, short texts
+    (which encode_fresh gives tiktoken whole) and long ones (split in Python, each piece in C) alike."""
+    from array import array
+
+    from infera.kv.tokenizer import PromptRenderer
+
+    monkeypatch.delenv(ENV, raising=False)
+    codec: Any = PromptRenderer.from_dir(qwen_tokenizer_dir)._codec
+    packer = codec.fresh_packer
+    if _bpe is None:
+        assert packer is None
+        return
+    assert packer is not None
+    words = [*FRAGMENTS, *SPECIAL_ISH, "assistant\n", "user\n", " Request", " tenant", "\u00c5ngstr\u00f6m", "A\u030a"]
+    rng = __import__("random").Random(5)
+    texts = ["", "assistant\n", "<|im_end|>\n<|im_start|>assistant\n", "\n"]
+    texts += ["".join(rng.choice(words) for _ in range(rng.randrange(1, 400))) for _ in range(300)]
+    for text in texts:
+        assert array("I", packer(text)).tolist() == codec.encode_fresh(text) == codec.encode(
+            text, False)

@@ -395,3 +395,67 @@ def test_a_block_size_first_asked_of_array_ids_is_kept_for_the_next_turn(qwen_to
     second = renderer.encode_chat_ids(renderer.render_chat(conversation))
     assert type(second) is ArrayIds and second.complete is not None
     assert second.complete[8] == pure_block_hashes(renderer.encode(renderer.render_chat(conversation)), 8)
+
+
+# routing_quality's shapes (bench/workloads.py): long system prompts shared by many requests (tenants: one unique
+# question each), and sessions whose next request appends the previous answer and a new question (multiturn);
+# their contents with unicode, combining marks (NFC), specials' text and near-specials
+WORKLOAD_WORDS = ["policy", "refund", " tenant", "Request", "Z\u00fcrich", "\U0001f600", "\u6bd5\u8001\u5e08",
+                  "e\u0301", "A\u030a", "\u0338", "<|im_end|>", "<|im_start|>", "<|im_end", "<<|im_end|>", "<think>",
+                  "\n", "\n\n", "1234", "don't", "  ", "\t", "?!", "https://x.example/a?b=1"]
+PARAGRAPH = st.lists(st.one_of(st.sampled_from(WORKLOAD_WORDS), st.text(max_size=6)), min_size=1, max_size=50).map(
+    " ".join)
+
+
+@pytest.fixture(scope="module")
+def workload_renderers(index_path: str, qwen_tokenizer_dir: Path) -> tuple[PromptRenderer, PromptRenderer]:
+    """(the router's renderer: recipes, prompt cache (its tail packed in C where built), a tight memory bound;
+    a reference that renders every prompt whole with jinja and encodes it with ``tokenizers``, nothing cached)."""
+    cached = PromptRenderer.from_dir(qwen_tokenizer_dir)
+    assert cached.prompt_cache is not None and cached.uses_tiktoken
+    cached.prompt_cache.min_chars = 0
+    cached.prompt_cache.max_bytes = 120_000
+    scratch = PromptRenderer.from_dir(qwen_tokenizer_dir, fast=False)
+    scratch._plain = dict.fromkeys(scratch._plain)  # type: ignore[assignment]  # no recipe, no render cache:
+    scratch._renders = dict.fromkeys(scratch._renders)  # type: ignore[assignment]  # jinja renders it whole
+    return cached, scratch
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    systems=st.lists(PARAGRAPH, min_size=1, max_size=3),
+    sessions=st.lists(st.tuples(st.integers(0, 2), st.lists(st.tuples(PARAGRAPH, PARAGRAPH), min_size=1, max_size=4)),
+                      min_size=1, max_size=5),
+    seed=st.integers(0, 2**16),
+)
+def test_workload_shaped_requests_take_the_ids_of_a_render_and_encode_from_scratch(
+    workload_renderers: tuple[PromptRenderer, PromptRenderer],
+    systems: list[str],
+    sessions: list[tuple[int, list[tuple[str, str]]]],
+    seed: int,
+) -> None:
+    cached, scratch = workload_renderers
+    queues = []
+    for which, turns in sessions:  # each session's requests in order: [system, q1], [system, q1, a1, q2], ...
+        history = [{"role": "system", "content": systems[which % len(systems)]}]
+        requests = []
+        for question, answer in turns:
+            history = [*history, {"role": "user", "content": question}]
+            requests.append(history)
+            history = [*history, {"role": "assistant", "content": answer}]
+        queues.append(requests)
+    rng = random.Random(seed)
+    played: list[list[dict[str, str]]] = []
+    while any(queues):  # the sessions interleaved, as concurrent sessions arrive
+        q = rng.choice([q for q in queues if q])
+        played.append(q.pop(0))
+    played += rng.sample(played, min(3, len(played)))  # some sent again (routing_quality's second variant)
+    for messages in played:
+        text = cached.render_chat(messages)
+        want = scratch.encode(scratch.render_chat(messages))
+        assert text == scratch.render_chat(messages)
+        got = cached.encode_chat_ids(text)
+        assert list(got) == want
+        for size, made in (got.complete or {}).items() if type(got) in (PromptIds, ArrayIds) else ():
+            assert made == block_hashes(want, size)
+        assert block_hashes(got, 16) == block_hashes(want, 16)
