@@ -17,6 +17,7 @@ LRU with them, so its figures before then are not comparable). CPU time of this 
     .venv/bin/python bench/kv_stages.py --ref main       # and the same at git ref main, interleaved rounds
     .venv/bin/python bench/kv_stages.py --ref main --score-ab   # the kv-aware score alone, main's vs this tree's,
                                                                 # alternating decision by decision in one process
+    .venv/bin/python bench/kv_stages.py --workload tenants ...  # routing_quality's 2-3k-token prompts, 4 workers
     .venv/bin/python bench/kv_stages.py --kv-blocks 1000 ...    # small caches: the workers fill and evict (their
                                                                 # LRU's BlockRemoved applied too), so kv-aware's
                                                                 # eviction term and its recency shadow's value run
@@ -41,12 +42,31 @@ STAGES = ("topology+pool", "context", "hashes", "pick", "legs", "first token", "
 GC = "gc"  # within the stages, not added to the total
 
 
-def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str, float]:
+def _requests(workload: str) -> tuple[list[bytes], int, int]:
+    """(bodies, workers, max_tokens): router_overhead's ~1k-token chats over 2 workers (``chat``), or
+    routing_quality's ``--quick`` workload of that name (``tenants``: 16 tenants' ~1.9k-token system prompts and a
+    unique question, ~2.3k tokens; ``multiturn``: conversations growing to ~2.7k tokens) over its 4 workers, in the
+    order routing_quality sends them (the session order, one request at a time)."""
+    import orjson
+
+    from bench.common import chat_body
+
+    if workload == "chat":
+        return [chat_body(i, "m", False, 8) for i in range(4096)], 2, 8
+    from bench import workloads
+
+    w = {x.name: x for x in workloads.build(True, 32, 20.0)}[workload]
+    order = workloads.nominal_order(w)
+    return [orjson.dumps({"model": "m", "messages": w.messages[i], "max_tokens": w.max_tokens, "temperature": 0.0,
+                          "stream": False}) for i in order], 4, w.max_tokens
+
+
+def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000, workload: str = "chat") -> dict[str, float]:
     from collections import OrderedDict
 
     import orjson
 
-    from bench.common import chat_body, default_tokenizer_dir
+    from bench.common import default_tokenizer_dir
     from infera.kv.tokenizer import PromptRenderer
     from infera.protocols.kv_events import BlockRemoved, BlockStored, EventBatch, encode_batch
     from infera.protocols.worker import Capacity
@@ -56,10 +76,10 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000) -> dic
     from tests.fakes import FakeFleet, FakeTransport, worker
 
     renderer = PromptRenderer.from_dir(default_tokenizer_dir())
-    bodies = [chat_body(i, "m", False, 8) for i in range(4096)]
+    bodies, n_workers, max_tokens = _requests(workload)
     payloads = [orjson.loads(b) for b in bodies]
     fleet = FakeFleet(*[worker(f"w{k}", model="m", kv_block_size=16, capacity=Capacity(kv_blocks=kv_blocks))
-                        for k in range(2)])
+                        for k in range(n_workers)])
     router = Router(fleet, FakeTransport(), None, renderer, RouterOptions(policy=policy), rng=random.Random(1))
     cands, ctxs, picker, legs, load, index = (router._candidates, router._context, router._picker, router._legs,
                                               router._load, router._feed.index)
@@ -83,8 +103,8 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000) -> dic
     engines: dict[str, OrderedDict[int, None]] = {}  # per worker, its engine's LRU of stored blocks (--kv-blocks)
     for i in range(warmup + n):
         collecting[2] = i >= warmup
-        req = RouteRequest(kind="chat", path="/v1/chat/completions", body=bodies[i % 4096],
-                           payload=payloads[i % 4096], model="m", max_tokens=8)
+        req = RouteRequest(kind="chat", path="/v1/chat/completions", body=bodies[i % len(bodies)],
+                           payload=payloads[i % len(bodies)], model="m", max_tokens=max_tokens)
         t0 = clock()
         cands.topology("m", "chat")
         pool = cands.pool("m", "mixed", "chat")
@@ -132,7 +152,7 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000) -> dic
     return {**{stage: v / n / 1e3 for stage, v in total.items()}, GC: collecting[1] / n / 1e3}
 
 
-def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str, Any]:
+def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000, workload: str = "chat") -> dict[str, Any]:
     """kv-aware's whole score (``KvEvictPolicy.score``: the recency shadow's touch, the terms, the speed scale) of
     git ``ref``'s kv_evict.py and kv_ttft.py against this tree's, decision by decision on run_stages' router (the
     same index, load and candidates; the order alternating; both policies see the same clock reading per decision,
@@ -217,7 +237,7 @@ def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str
     if fast is not None:
         kv_evict.KvEvictPolicy.score_workers = both_workers  # type: ignore[method-assign]
     try:
-        run_stages("kv-aware", n, warmup, kv_blocks)
+        run_stages("kv-aware", n, warmup, kv_blocks, workload)
     finally:
         kv_evict.KvEvictPolicy.score = ours  # type: ignore[method-assign]
         if fast is not None:
@@ -227,11 +247,14 @@ def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str
             **{f"{k} µs": v for k, v in med.items()}, "ratio": med["this tree"] / med[ref]}
 
 
-def _child(root: str, policy: str, n: int, warmup: int, kv_blocks: int) -> dict[str, float]:
-    """run_stages in a fresh process with ``root``'s infera first on the path."""
+def _child(root: str, policy: str, n: int, warmup: int, kv_blocks: int, workload: str) -> dict[str, float]:
+    """This file's run_stages in a fresh process with ``root``'s infera (and bench helpers) first on the path."""
     repo = str(Path(__file__).resolve().parent.parent)
-    code = (f"import sys, json; sys.path.insert(0, {root!r}); sys.path.insert(1, {repo!r}); "
-            f"import bench.kv_stages as k; print(json.dumps(k.run_stages({policy!r}, {n}, {warmup}, {kv_blocks})))")
+    here = str(Path(__file__).resolve())
+    code = (f"import sys, json, importlib.util as u; sys.path.insert(0, {root!r}); sys.path.insert(1, {repo!r}); "
+            f"s = u.spec_from_file_location('kv_stages_here', {here!r}); k = u.module_from_spec(s); "
+            f"s.loader.exec_module(k); "
+            f"print(json.dumps(k.run_stages({policy!r}, {n}, {warmup}, {kv_blocks}, {workload!r})))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -244,12 +267,15 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--kv-blocks", type=int, default=100000,
                     help="each worker's KV capacity in blocks (small: the caches fill, the engines evict)")
+    ap.add_argument("--workload", default="chat", choices=("chat", "tenants", "multiturn"),
+                    help="chat: router_overhead's ~1k-token chats, 2 workers; tenants, multiturn: routing_quality's "
+                         "--quick workloads (2-3k-token prompts, 4 workers, 16-token blocks), in its order")
     ap.add_argument("--score-ab", action="store_true",
                     help="instead: the kv-aware policy's score at --ref against this tree's, decision by decision")
     args = ap.parse_args()
     if args.score_ab:
         for r in range(args.rounds):
-            found = score_ab(args.ref or "main", args.n, args.warmup, args.kv_blocks)
+            found = score_ab(args.ref or "main", args.n, args.warmup, args.kv_blocks, args.workload)
             print(f"round {r}: {json.dumps(found, ensure_ascii=False)}", flush=True)
         return
     repo = Path(__file__).resolve().parent.parent
@@ -265,7 +291,8 @@ def main() -> None:
     try:
         for r in range(args.rounds):
             for name, policy in (cells if r % 2 == 0 else list(reversed(cells))):
-                runs[(name, policy)].append(_child(trees[name], policy, args.n, args.warmup, args.kv_blocks))
+                runs[(name, policy)].append(_child(trees[name], policy, args.n, args.warmup, args.kv_blocks,
+                                                     args.workload))
                 last = runs[(name, policy)][-1]
                 took = sum(last[s] for s in STAGES)
                 print(f"round {r} {name} {policy}: {took:.0f} µs/req, gc {last.get(GC, 0.0):.1f}", flush=True)
