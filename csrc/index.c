@@ -2213,6 +2213,14 @@ static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nar
     for (i = 0; hmap != NULL && i < n && i < WALK_AHEAD; i++) map_prefetch_obj(hmap, hs[i]);
     for (i = 0; i < n; i++) {
         if (hmap != NULL && i + WALK_AHEAD < n) map_prefetch_obj(hmap, hs[i + WALK_AHEAD]);
+        if (hmap != NULL && i + WALK_AHEAD / 2 < n) {  /* halfway: the slot is in, its mask object asked for */
+            uint64_t key;
+            PyObject *k = hs[i + WALK_AHEAD / 2];
+            Py_ssize_t at = PyLong_CheckExact(k) && map_key(k, &key) == 1 ? map_find(hmap, key) : -1;
+#if defined(__GNUC__) || defined(__clang__)
+            if (at >= 0) __builtin_prefetch((const void *)(uintptr_t)hmap->slots[at].val);
+#endif
+        }
         /* the confirmed mask, then the same with the allowed guesses ORed in. From ``holders`` alone: the index keeps
          * every mask there, ``shared``'s too (the same int), and on the C path holders is a U64Map, whose probe is
          * a slot while a dict's of an int key is its hash, its entry and the key object (~3 µs a prompt of the
