@@ -44,25 +44,27 @@ STAGES = ("topology+pool", "context", "hashes", "pick", "legs", "first token", "
 GC = "gc"  # within the stages, not added to the total
 
 
-def workload_bodies(workload: str) -> tuple[list[bytes], int]:
-    """The request bodies a run cycles through, and every how many requests the prompt cache starts cold again.
+def workload_bodies(workload: str) -> tuple[list[bytes], int, int, int]:
+    """The request bodies a run cycles through, every how many requests the prompt cache starts cold again, the
+    workers and the answers' max_tokens.
 
-    ``chats``: router_overhead.py's 4096 chats (the prompt cache never cleared). ``tenants`` / ``multiturn``:
-    routing_quality's ``--quick`` workload of that name (bench/workloads.py), in its nominal order, played as
-    quality_cpu_split.py plays it to a frontend started for it: once with a cold prompt cache (the first turns
-    and each tenant's system prompt encoded whole) and once more with every prompt seen (its ``whole`` variant),
-    then the cache cleared and again."""
+    ``chats``: router_overhead.py's 4096 chats over 2 workers (the prompt cache never cleared). ``tenants`` /
+    ``multiturn``: routing_quality's ``--quick`` workload of that name (bench/workloads.py; ``tenants``: 16
+    tenants' ~1.9k-token system prompts and a unique question; ``multiturn``: conversations growing to ~2.7k
+    tokens) over its 4 workers, in its nominal order, played as quality_cpu_split.py plays it to a frontend
+    started for it: once with a cold prompt cache (the first turns and each tenant's system prompt encoded whole)
+    and once more with every prompt seen (its ``whole`` variant), then the cache cleared and again."""
     from bench import workloads
     from bench.common import chat_body
 
-    if workload == "chats":
-        return [chat_body(i, "m", False, 8) for i in range(4096)], 0
+    if workload in ("chats", "chat"):
+        return [chat_body(i, "m", False, 8) for i in range(4096)], 0, 2, 8
     made = {w.name: w for w in (workloads.tenants(16, 240, 20.0, 32), workloads.multiturn(12, 24, 5, 32))}
     if workload not in made:
         raise SystemExit(f"unknown workload {workload!r} (chats, tenants, multiturn)")
     w = made[workload]
     bodies = [w.body(i, "m") for i in workloads.nominal_order(w)]
-    return bodies, 2 * len(bodies)
+    return bodies, 2 * len(bodies), 4, w.max_tokens
 
 
 def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000,
@@ -81,10 +83,10 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000,
     from tests.fakes import FakeFleet, FakeTransport, worker
 
     renderer = PromptRenderer.from_dir(default_tokenizer_dir())
-    bodies, cold_every = workload_bodies(workload)
+    bodies, cold_every, n_workers, max_tokens = workload_bodies(workload)
     payloads = [orjson.loads(b) for b in bodies]
     fleet = FakeFleet(*[worker(f"w{k}", model="m", kv_block_size=16, capacity=Capacity(kv_blocks=kv_blocks))
-                        for k in range(2)])
+                        for k in range(n_workers)])
     router = Router(fleet, FakeTransport(), None, renderer, RouterOptions(policy=policy), rng=random.Random(1))
     cands, ctxs, picker, legs, load, index = (router._candidates, router._context, router._picker, router._legs,
                                               router._load, router._feed.index)
@@ -112,7 +114,7 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000,
         if cold_every and i % cold_every == 0 and prompts is not None:
             prompts.clear()  # a frontend started for the workload (untimed)
         req = RouteRequest(kind="chat", path="/v1/chat/completions", body=bodies[i % len(bodies)],
-                           payload=payloads[i % len(bodies)], model="m", max_tokens=8)
+                           payload=payloads[i % len(bodies)], model="m", max_tokens=max_tokens)
         t0 = clock()
         cands.topology("m", "chat")
         pool = cands.pool("m", "mixed", "chat")
@@ -160,7 +162,7 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000,
     return {**{stage: v / n / 1e3 for stage, v in total.items()}, GC: collecting[1] / n / 1e3}
 
 
-def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str, Any]:
+def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000, workload: str = "chats") -> dict[str, Any]:
     """kv-aware's whole score (``KvEvictPolicy.score``: the recency shadow's touch, the terms, the speed scale) of
     git ``ref``'s kv_evict.py and kv_ttft.py against this tree's, decision by decision on run_stages' router (the
     same index, load and candidates; the order alternating; both policies see the same clock reading per decision,
@@ -245,7 +247,7 @@ def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str
     if fast is not None:
         kv_evict.KvEvictPolicy.score_workers = both_workers  # type: ignore[method-assign]
     try:
-        run_stages("kv-aware", n, warmup, kv_blocks)
+        run_stages("kv-aware", n, warmup, kv_blocks, workload)
     finally:
         kv_evict.KvEvictPolicy.score = ours  # type: ignore[method-assign]
         if fast is not None:
@@ -256,10 +258,12 @@ def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000) -> dict[str
 
 
 def _child(root: str, policy: str, n: int, warmup: int, kv_blocks: int, workload: str) -> dict[str, float]:
-    """run_stages in a fresh process with ``root``'s infera first on the path."""
+    """This file's run_stages in a fresh process with ``root``'s infera (and bench helpers) first on the path."""
     repo = str(Path(__file__).resolve().parent.parent)
-    code = (f"import sys, json; sys.path.insert(0, {root!r}); sys.path.insert(1, {repo!r}); "
-            f"import bench.kv_stages as k; "
+    here = str(Path(__file__).resolve())
+    code = (f"import sys, json, importlib.util as u; sys.path.insert(0, {root!r}); sys.path.insert(1, {repo!r}); "
+            f"s = u.spec_from_file_location('kv_stages_here', {here!r}); k = u.module_from_spec(s); "
+            f"s.loader.exec_module(k); "
             f"print(json.dumps(k.run_stages({policy!r}, {n}, {warmup}, {kv_blocks}, {workload!r})))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
@@ -273,18 +277,19 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--kv-blocks", type=int, default=100000,
                     help="each worker's KV capacity in blocks (small: the caches fill, the engines evict)")
-    ap.add_argument("--workload", default="chats",
-                    help="chats (router_overhead's), or routing_quality's tenants or multiturn: --n and --warmup "
-                         "are then rounded up to whole plays of it (cold prompt cache, then every prompt seen)")
+    ap.add_argument("--workload", default="chats", choices=("chats", "chat", "tenants", "multiturn"),
+                    help="chats (router_overhead's ~1k-token chats, 2 workers), or routing_quality's tenants or "
+                         "multiturn (2-3k-token prompts, 4 workers, 16-token blocks): --n and --warmup are then "
+                         "rounded up to whole plays of it (cold prompt cache, then every prompt seen)")
     ap.add_argument("--score-ab", action="store_true",
                     help="instead: the kv-aware policy's score at --ref against this tree's, decision by decision")
     args = ap.parse_args()
-    _, cycle = workload_bodies(args.workload)
+    _, cycle, _, _ = workload_bodies(args.workload)
     if cycle:
         args.n, args.warmup = (-(-x // cycle) * cycle for x in (args.n, args.warmup))
     if args.score_ab:
         for r in range(args.rounds):
-            found = score_ab(args.ref or "main", args.n, args.warmup, args.kv_blocks)
+            found = score_ab(args.ref or "main", args.n, args.warmup, args.kv_blocks, args.workload)
             print(f"round {r}: {json.dumps(found, ensure_ascii=False)}", flush=True)
         return
     repo = Path(__file__).resolve().parent.parent
@@ -301,7 +306,7 @@ def main() -> None:
         for r in range(args.rounds):
             for name, policy in (cells if r % 2 == 0 else list(reversed(cells))):
                 runs[(name, policy)].append(_child(trees[name], policy, args.n, args.warmup, args.kv_blocks,
-                                                            args.workload))
+                                                     args.workload))
                 last = runs[(name, policy)][-1]
                 took = sum(last[s] for s in STAGES)
                 print(f"round {r} {name} {policy}: {took:.0f} µs/req, gc {last.get(GC, 0.0):.1f}", flush=True)

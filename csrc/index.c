@@ -65,6 +65,11 @@ typedef struct {
     int shift;        /* 64 - log2(cap) */
     int objvals;
     uint64_t version; /* bumped on every insertion or removal (iterators check it) */
+    /* recency_tail's cursor (helper pick15): slot cur_slot is cur_rank steps from the head while version is
+     * cur_version (every change of the order or of the slots' places bumps it; SLOT_NONE: none) */
+    uint64_t cur_version;
+    Py_ssize_t cur_rank;
+    int32_t cur_slot;
 } U64Map;
 
 static PyTypeObject U64MapType;
@@ -111,6 +116,22 @@ static int map_key_strict(PyObject *k, uint64_t *out) {
 
 static inline Py_ssize_t map_home(const U64Map *m, uint64_t key) {
     return (Py_ssize_t)((key * 0x9E3779B97F4A7C15ull) >> m->shift);
+}
+
+/* the cache line of ``key``'s home slot, on its way (a hint: the walks know their keys blocks ahead; helper pick15) */
+static inline void map_prefetch(const U64Map *m, uint64_t key) {
+#if defined(__GNUC__) || defined(__clang__)
+    if (m->cap) __builtin_prefetch(&m->slots[map_home(m, key)]);
+#else
+    (void)m;
+    (void)key;
+#endif
+}
+
+/* map_prefetch of ``k`` when it is an exact int in [0, 2**64) (no error set either way) */
+static inline void map_prefetch_obj(const U64Map *m, PyObject *k) {
+    uint64_t key;
+    if (PyLong_CheckExact(k) && map_key(k, &key) == 1) map_prefetch(m, key);
 }
 
 static inline Py_ssize_t map_find(const U64Map *m, uint64_t key) {
@@ -172,6 +193,7 @@ static int map_resize(U64Map *m, Py_ssize_t want) {
     }
     PyMem_Free(m->slots);
     m->slots = slots;
+    m->version++;  /* every entry moved: recency_tail's cursor is stale */
     m->cap = cap;
     m->shift = shift;
     m->head = head;
@@ -382,6 +404,7 @@ static PyObject *map_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     m->head = m->tail = SLOT_NONE;
     m->objvals = objvals;
     m->version = 0;
+    m->cur_slot = SLOT_NONE;
     return (PyObject *)m;
 }
 
@@ -2185,7 +2208,21 @@ static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nar
     const digit *md;
     if (result == NULL) goto done;
     if (walk_allow(&w, args[5]) < 0) goto done;
+    /* the holders' slots WALK_AHEAD blocks ahead asked for: each probe is a cache miss live (the table holds every
+     * block of the fleet), and one after another they were most of this walk at 2-3k-token prompts (helper pick15) */
+    enum { WALK_AHEAD = 8 };
+    const U64Map *hmap = IS_MAP(holders) ? (const U64Map *)holders : NULL;
+    for (i = 0; hmap != NULL && i < n && i < WALK_AHEAD; i++) map_prefetch_obj(hmap, hs[i]);
     for (i = 0; i < n; i++) {
+        if (hmap != NULL && i + WALK_AHEAD < n) map_prefetch_obj(hmap, hs[i + WALK_AHEAD]);
+        if (hmap != NULL && i + WALK_AHEAD / 2 < n) {  /* halfway: the slot is in, its mask object asked for */
+            uint64_t key;
+            PyObject *k = hs[i + WALK_AHEAD / 2];
+            Py_ssize_t at = PyLong_CheckExact(k) && map_key(k, &key) == 1 ? map_find(hmap, key) : -1;
+#if defined(__GNUC__) || defined(__clang__)
+            if (at >= 0) __builtin_prefetch((const void *)(uintptr_t)hmap->slots[at].val);
+#endif
+        }
         /* the confirmed mask, then the same with the allowed guesses ORed in. From ``holders`` alone: the index keeps
          * every mask there, ``shared``'s too (the same int), and on the C path holders is a U64Map, whose probe is
          * a slot while a dict's of an int key is its hash, its entry and the key object (~3 µs a prompt of the
@@ -2462,11 +2499,23 @@ static PyObject *recency_touch(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_DECREF(seq);
         return NULL;
     }
+    m->version++;  /* the order changes below, on every path */
+    /* each hash's slot from the pops, for the update (helper pick15: one conversion and one probe a hash, not two;
+     * no slot moves in between: nothing is removed, and room was made), and the probes' cache lines asked for
+     * TOUCH_AHEAD hashes ahead (the shadow's table is mostly cold live) */
+    enum { TOUCH_STACK = 256, TOUCH_AHEAD = 8 };
+    Py_ssize_t stack_slots[TOUCH_STACK], *where = n <= TOUCH_STACK ? stack_slots : PyMem_Malloc((size_t)n * sizeof *where);
+    if (where == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < n && k < TOUCH_AHEAD; k++) map_prefetch_obj(m, items[k]);
     double oldest = Py_HUGE_VAL;
     for (Py_ssize_t k = 0; k < n; k++) {  /* the pops: take each out of the order, note its last use */
         uint64_t key;
+        if (k + TOUCH_AHEAD < n) map_prefetch_obj(m, items[k + TOUCH_AHEAD]);
         if (map_key_strict(items[k], &key) < 0) goto fail;
-        Py_ssize_t i = map_find(m, key);
+        Py_ssize_t i = where[k] = map_find(m, key);
         if (i < 0 || m->slots[i].prev == SLOT_DETACHED) continue;  /* absent, or popped already (pop gives inf) */
         double last = bits_double(m->slots[i].val);
         if (last < oldest) oldest = last;
@@ -2474,24 +2523,25 @@ static PyObject *recency_touch(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     uint64_t stamp = double_bits(when);
     for (Py_ssize_t k = 0; k < n; k++) {  /* the update: back in at the young end, in the prompt's order */
-        uint64_t key;
-        if (map_key_strict(items[k], &key) < 0) goto fail;
-        int added;
-        Py_ssize_t i = map_find(m, key);
+        Py_ssize_t i = where[k];
         if (i >= 0) {
-            added = 0;
             if (m->slots[i].prev == SLOT_DETACHED) order_append(m, i);
-        } else {
+        } else {  /* absent at the pops (or added since by an earlier copy of the same hash: map_slot finds it) */
+            uint64_t key;
+            int added;
+            if (map_key_strict(items[k], &key) < 0) goto fail;
             i = map_slot(m, key, &added);  /* no resize: room was made above */
             if (i < 0) goto fail;
         }
         m->slots[i].val = stamp;
     }
+    if (where != stack_slots) PyMem_Free(where);
     m->version++;
     Py_DECREF(seq);
     while (m->used > limit && m->head != SLOT_NONE) map_unlink(m, m->head);  /* the LRU's oldest go */
     return PyFloat_FromDouble(oldest);
 fail:
+    if (where != stack_slots) PyMem_Free(where);
     /* put back anything still detached (at the young end), so the table stays consistent */
     for (Py_ssize_t k = 0; k < n; k++) {
         uint64_t key;
@@ -2508,8 +2558,23 @@ fail:
 static NO_FMA double recency_tail(U64Map *m, long long blocks, double tau, double now) {
     if (blocks <= 0 || m->used == 0) return 1.0;
     long long known = blocks < (long long)m->used ? blocks : (long long)m->used;
+    /* the (known / 2)-th slot from the head: each step a dependent load, most of them cache misses live (~60 ns:
+     * the order list runs over the whole table). The last answer's place, kept while the order is unchanged
+     * (three of four workers' shadows between two decisions), starts the walk when nearer (helper pick15) */
+    Py_ssize_t want = (Py_ssize_t)(known / 2), at = 0;
     int32_t j = m->head;
-    for (long long k = known / 2; k > 0; k--) j = m->slots[j].next;
+    if (m->cur_slot >= 0 && m->cur_version == m->version) {
+        Py_ssize_t d = want - m->cur_rank;
+        if ((d < 0 ? -d : d) < want) {
+            j = m->cur_slot;
+            at = m->cur_rank;
+        }
+    }
+    for (; at < want; at++) j = m->slots[j].next;
+    for (; at > want; at--) j = m->slots[j].prev;
+    m->cur_slot = j;
+    m->cur_rank = want;
+    m->cur_version = m->version;
     double age = now - bits_double(m->slots[j].val);
     if (!(age > 0.0)) age = 0.0;  /* max(0.0, age) */
     return ((double)known * tau / (tau + age) + (double)(blocks - known)) / (double)blocks;

@@ -56,6 +56,64 @@ def test_the_value_is_the_same_double(touches: list[tuple[list[int], float, int]
     assert native.recency_value(c, blocks, tau, now) == py.value(blocks, tau, now)
 
 
+# a bigger pool and longer touches: values that walk tens of steps into the order, asked again and again between changes
+wide_pool = st.integers(0, 180).map(lambda k: k * 104_729 + (2**63 if k % 5 == 0 else 0))
+op = st.one_of(
+    st.tuples(st.just("touch"), st.lists(wide_pool, max_size=60), st.integers(0, 200)),
+    st.tuples(st.just("value"), st.integers(-2, 260), st.floats(1e-3, 1e2), st.floats(0.0, 80.0)),
+    st.tuples(st.just("again"), st.lists(st.integers(0, 10**6), max_size=40), st.integers(0, 200)),  # known blocks
+    st.tuples(st.just("del"), wide_pool),
+    st.tuples(st.just("clear")),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(op, max_size=60))
+def test_the_value_asked_between_changes_is_the_same_double(ops: list[tuple[Any, ...]]) -> None:
+    """recency_value keeps where its last answer was in the order and starts the next walk there while the shadow is
+    unchanged (issue 15's thirteenth round): any touch, delete or clear in between, and values asked nearer the head,
+    the tail or the same place, answer what the pure path answers."""
+    assert native is not None
+    c, py = native.U64Map(False), PyShadow()
+    for step, (kind, *rest) in enumerate(ops):
+        if kind == "touch":  # at the time of its step, as the policy's clock moves: the blocks' last uses differ
+            hashes, limit = rest
+            got, want = native.recency_touch(c, hashes, float(step), limit), py.touch(hashes, float(step), limit)
+            assert got == want or (math.isinf(got) and math.isinf(want))
+        elif kind == "again":  # blocks it holds already (a prompt's cached prefix: the order changes, nothing added)
+            picks, limit = rest
+            known = list(py.lru)
+            hashes = [known[k % len(known)] for k in picks] if known else []
+            got, want = native.recency_touch(c, hashes, float(step), limit), py.touch(hashes, float(step), limit)
+            assert got == want or (math.isinf(got) and math.isinf(want))
+        elif kind == "value":
+            blocks, tau, now = rest
+            assert native.recency_value(c, blocks, tau, now) == py.value(blocks, tau, now)
+        elif kind == "del":
+            assert (c.pop(rest[0], None) is None) == (py.lru.pop(rest[0], None) is None)
+        else:
+            c.clear()
+            py.lru.clear()
+    assert native.recency_items(c) == py.items()
+
+
+def test_the_value_after_a_touch_of_held_blocks_walks_the_new_order() -> None:
+    """A cached prefix touched again adds nothing (no insertion, no eviction) but moves blocks out of the old end: the
+    place of the last value's answer is stale, and the next value walks the new order."""
+    assert native is not None
+    c, py = native.U64Map(False), PyShadow()
+    for k in range(10):  # ten prompts of ten blocks, one a second
+        hashes = list(range(k * 10, k * 10 + 10))
+        assert native.recency_touch(c, hashes, float(k), 1000) == py.touch(hashes, float(k), 1000)
+    for blocks in (60, 60, 58, 64, 100, 4):
+        assert native.recency_value(c, blocks, 1.0, 20.0) == py.value(blocks, 1.0, 20.0)
+    again = list(range(0, 25))  # the oldest 25, touched again
+    assert native.recency_touch(c, again, 11.0, 1000) == py.touch(again, 11.0, 1000)
+    for blocks in (60, 62, 30, 100):
+        assert native.recency_value(c, blocks, 1.0, 20.0) == py.value(blocks, 1.0, 20.0)
+    assert native.recency_items(c) == py.items()
+
+
 def test_a_shadow_is_a_plain_u64map_and_nothing_else() -> None:
     assert native is not None
     with pytest.raises(TypeError):
