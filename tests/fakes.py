@@ -208,6 +208,9 @@ class FakeEvents:
     def unwatch(self, worker_id: str) -> None:
         self.watched.discard(worker_id)
 
+    def catch_up(self) -> None:
+        pass
+
 
 class _Drain(socketserver.StreamRequestHandler):
     def handle(self) -> None:

@@ -14,7 +14,10 @@ arrive before the first token does.
 worker went blind, or that its events flow again, is written by :meth:`IndexFeed.tick`,
 which runs on every decision and, while the feed is started, on a timer set for the moment
 the first owed batch is ``stale_seconds`` late (none is set while no batch is owed: an idle
-frontend's loop is not woken for it), and by the batch that ends the blindness.
+frontend's loop is not woken for it), and by the batch that ends the blindness. A tick first has
+the event source apply what reached it and waits (the ZMQ source leaves batches queued on its
+sockets while decisions come, :meth:`KvEventSource.catch_up`), so a silence is never logged for a
+batch that is there.
 """
 
 from __future__ import annotations
@@ -164,7 +167,11 @@ class IndexFeed:
                 or worker_id in self.gaps or worker_id in self._last_batch)
 
     def tick(self) -> None:
-        """Log the workers whose events went silent since the last tick (once per silence)."""
+        """Apply the batches waiting at the event source (a decision sees every batch that reached it before the
+        decision started), then log the workers whose events went silent since the last tick (once per
+        silence)."""
+        if self._events is not None:
+            self._events.catch_up()
         if not self._expect_since:
             return
         now = self._clock()

@@ -68,6 +68,9 @@ class _Events:
     def unwatch(self, worker_id: str) -> None:
         pass
 
+    def catch_up(self) -> None:
+        pass  # batches are handed over as the simulated engines publish them
+
 
 class _VirtualIndex(PrefixIndex):
     """The router's index, with predictions expiring on the simulator's clock.

@@ -70,6 +70,9 @@ class NatsEventSource:
                 await self._nc.close()
             self._nc = None
 
+    def catch_up(self) -> None:
+        pass  # the NATS client's reader hands over every batch as it arrives
+
     async def _on_error(self, exc: Exception) -> None:
         log.debug("NATS (KV events): %s", exc)
 

@@ -5,12 +5,23 @@ seq 0 (so a router that starts late still learns the current cache), then follow
 live stream. A jump in sequence numbers is repaired from the replay socket; when that
 is impossible the gap sink is told, and the router drops that worker's view rather
 than trust a view that may miss removals.
+
+When a batch is applied: the sockets' descriptors sit in a private epoll, not in the event loop's
+selector, and every routing decision first applies what is queued (:meth:`ZmqEventSource.catch_up`,
+one ``epoll_wait(0)``): a decision sees every batch that reached its socket before it started, and a
+batch costs no loop wake-up of its own while decisions come (an engine publishes 1-3 batches a
+request, each a wake-up of a process that then runs cold). When no decision has caught up for
+``backstop`` seconds the private epoll's descriptor is put in the loop's selector, so an idle frontend
+still applies every batch as it arrives (the sockets' queues are unbounded), until the next decision.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import select
+import time
+from collections.abc import Callable
 from typing import cast
 
 import zmq
@@ -24,16 +35,30 @@ from infera.transport.delivery import deliver
 log = logging.getLogger(__name__)
 
 
+BACKSTOP = 0.5
+"""Seconds after the last :meth:`ZmqEventSource.catch_up` until batches are applied again as they arrive."""
+
+
 class ZmqEventSource:
-    def __init__(self, replay_timeout: float = 1.0) -> None:
+    def __init__(self, replay_timeout: float = 1.0, backstop: float = BACKSTOP,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._sink: EventSink = lambda worker_id, batch: None
         self._on_gap: GapSink = lambda worker_id, lost: None
         self._raw: RawSink | None = None
         self._replay_timeout = replay_timeout
+        self._backstop = backstop
+        self._clock = clock
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._endpoints: dict[str, str] = {}
         self._subs: set[zmq.Socket[bytes]] = set()  # the live SUB sockets (plain ones: see _follow)
+        # the SUB sockets' descriptors -> their readers; the epoll is in the loop's selector while ``_armed``
+        self._poller: select.epoll | None = None
+        self._readers: dict[int, Callable[[], None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._armed = False
+        self._caught_up = 0.0  # the clock's time of the last catch_up
+        self._timer: asyncio.TimerHandle | None = None  # the backstop, set while not armed
 
     def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None) -> None:
         self._sink = sink
@@ -42,6 +67,9 @@ class ZmqEventSource:
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
+        self._loop = asyncio.get_running_loop()
+        self._poller = select.epoll()
+        self._arm()
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())
@@ -52,9 +80,59 @@ class ZmqEventSource:
         for sock in list(self._subs):  # the context's end waits for every socket it made, these too
             sock.close(linger=0)
         self._subs.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._poller is not None:
+            if self._armed and self._loop is not None:
+                self._loop.remove_reader(self._poller.fileno())
+            self._armed = False
+            self._poller.close()
+            self._poller = None
+            self._readers.clear()
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
+
+    def catch_up(self) -> None:
+        """Apply every batch queued on the sockets now (a decision starts); batches wait on their sockets until
+        the next decision, or for ``backstop`` seconds after this one at most."""
+        if self._poller is None:
+            return
+        self._ready()
+        self._caught_up = self._clock()
+        if self._armed:
+            assert self._loop is not None
+            self._loop.remove_reader(self._poller.fileno())
+            self._armed = False
+        if self._timer is None and self._loop is not None:
+            self._timer = self._loop.call_later(self._backstop, self._due)
+
+    def _ready(self) -> None:
+        """Run the reader of every socket whose descriptor signals (O(signalling sockets), one syscall)."""
+        assert self._poller is not None
+        readers = self._readers
+        for fd, _ in self._poller.poll(0):
+            reader = readers.get(fd)
+            if reader is not None:
+                reader()
+
+    def _due(self) -> None:
+        """The backstop: no decision caught up for ``backstop`` seconds, so batches are applied as they arrive."""
+        self._timer = None
+        if self._poller is None or self._loop is None:
+            return
+        left = self._caught_up + self._backstop - self._clock()
+        if left > 0:
+            self._timer = self._loop.call_later(left, self._due)
+            return
+        self._ready()
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._poller is not None and self._loop is not None and not self._armed:
+            self._loop.add_reader(self._poller.fileno(), self._ready)
+            self._armed = True
 
     def watch(self, worker: WorkerRecord) -> None:
         ev = worker.kv_events
@@ -77,11 +155,11 @@ class ZmqEventSource:
 
     async def _follow(self, worker_id: str, endpoint: str, replay: str | None, topic: str) -> None:
         assert self._ctx is not None
-        # A plain socket read in the loop's reader callback: the callback itself takes every batch queued at
-        # each wake-up and applies the ones in sequence, with no task step, future or coroutine per batch
-        # (zmq.asyncio's awaited receive cost ~35 µs of CPU per message against ~12, bench/README.md "Issue 15,
-        # fifth round"; the task hop and a coroutine per batch ~1.5 more,
-        # "eighth round: the KV-event intake"). The engines publish
+        # A plain socket read in a reader callback (run by a decision's catch_up, or by the loop while armed):
+        # the callback itself takes every batch queued at each call and applies the ones in sequence, with no
+        # task step, future or coroutine per batch (zmq.asyncio's awaited receive cost ~35 µs of CPU per
+        # message against ~12, bench/README.md "Issue 15, fifth round"; the task hop and a coroutine per batch
+        # ~1.5 more, "eighth round: the KV-event intake"). The engines publish
         # about one batch per request. This task runs only what must wait: the start-up replay and the
         # repair of a gap, during which the callback leaves the socket's queue alone.
         sub: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(zmq.SUB)
@@ -143,7 +221,10 @@ class ZmqEventSource:
                 if not wake.done():
                     wake.set_exception(exc)
 
-        loop.add_reader(fd, readable)
+        poller = self._poller
+        assert poller is not None
+        self._readers[fd] = readable
+        poller.register(fd, select.EPOLLIN)
         try:
             if replay:
                 expected = await self._replay(worker_id, replay, 0, None)
@@ -162,7 +243,9 @@ class ZmqEventSource:
             log.exception("worker %s: KV-event stream from %s failed", worker_id, endpoint)
         finally:
             busy = True
-            loop.remove_reader(fd)
+            if self._poller is poller:  # still open (stop closes it after the tasks end)
+                poller.unregister(fd)
+                self._readers.pop(fd, None)
             sub.close(linger=0)
             self._subs.discard(sub)
 
