@@ -228,6 +228,7 @@ class Router:
         """The worker that would compute this prompt now (mixed or prefill), recording nothing."""
         if not (pool := self._candidates.warmable(model)):
             return None
+        self._feed.tick()  # the KV batches waiting on their sockets, as a decision sees them
         ctx = RoutingContext(model=model, token_ids=tokens, prompt_tokens=len(tokens), max_tokens=1)
         return self._picker.preview(ctx, pool, self._policy)
 
