@@ -264,13 +264,8 @@ class _Body:
                 watch.waiting_since = None
             else:
                 chunk = await self._content.readany()
-        except IdleExpired as exc:
-            self.close()
-            raise UpstreamError(f"worker {self._worker_id} sent nothing for {self._idle:g}s mid-response "
-                                "(--upstream-idle-timeout)", status=504, before_first_byte=False) from exc
-        except WireError as exc:
-            self.close()
-            raise UpstreamError(f"worker {self._worker_id} broke the stream: {exc}", before_first_byte=False) from exc
+        except (IdleExpired, WireError) as exc:
+            raise self._broken(exc) from exc
         if not chunk:
             self._stop_watch()
             raise StopAsyncIteration
@@ -284,16 +279,19 @@ class _Body:
         assert not self._first, "pipe() takes over after the first chunk"
         try:
             ended = await self._content.pipe(sink, self._watch)
-        except IdleExpired as exc:
-            self.close()
-            raise UpstreamError(f"worker {self._worker_id} sent nothing for {self._idle:g}s mid-response "
-                                "(--upstream-idle-timeout)", status=504, before_first_byte=False) from exc
-        except WireError as exc:
-            self.close()
-            raise UpstreamError(f"worker {self._worker_id} broke the stream: {exc}", before_first_byte=False) from exc
+        except (IdleExpired, WireError) as exc:
+            raise self._broken(exc) from exc
         if ended:
             self._stop_watch()
         return ended
+
+    def _broken(self, exc: IdleExpired | WireError) -> UpstreamError:
+        """Close the body after a failure mid-response; the error that says so."""
+        self.close()
+        if isinstance(exc, IdleExpired):
+            return UpstreamError(f"worker {self._worker_id} sent nothing for {self._idle:g}s mid-response "
+                                 "(--upstream-idle-timeout)", status=504, before_first_byte=False)
+        return UpstreamError(f"worker {self._worker_id} broke the stream: {exc}", before_first_byte=False)
 
     def _stop_watch(self) -> None:
         if self._watch is not None:
