@@ -82,8 +82,7 @@ def start_picker(tmp: Path, workers_file: Path, *, tokenizer: str | Path, args: 
     def ready() -> bool:
         return metric(scrape(proc.url), "infera_picker_workers") == want
 
-    proc.wait_until(ready, timeout=180, what="serving its fleet")
-    return proc
+    return proc.ready_or_stopped(ready, timeout=180, what="serving its fleet")
 
 
 def envoy_config(listen: tuple[str, int], picker: tuple[str, int], admin_port: int, fallback: str = "", *,
@@ -114,5 +113,4 @@ def start_envoy(tmp: Path, picker_port: int, fallback: str = "", *, fail_open: b
     argv = [binary, "-c", str(path), "--base-id", str(port), "--concurrency", "1", "-l", "warning"]
     proc = spawn(argv, f"http://127.0.0.1:{port}", tmp / f"envoy-{port}.log")
     proc.admin = f"http://127.0.0.1:{admin}"  # type: ignore[attr-defined]
-    proc.wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), timeout=120, what="ready")
-    return proc
+    return proc.ready_or_stopped(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), timeout=120, what="ready")

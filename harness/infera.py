@@ -40,8 +40,7 @@ def start_mock(tmp: Path, *, model_path: str | Path = "", model: str = "mock-mod
     port = port or free_port()
     proc = spawn(mock_argv(port, model_path=model_path, model=model, args=args), f"http://127.0.0.1:{port}",
                  tmp / f"mock-{port}.log")
-    proc.wait_until(lambda: http_ok(proc.url + "/health"), what="healthy")
-    return proc
+    return proc.ready_or_stopped(lambda: http_ok(proc.url + "/health"), what="healthy")
 
 
 def start_frontend(tmp: Path, workers: Sequence[Process | str], *, tokenizer: str | Path = "",
@@ -61,8 +60,7 @@ def start_frontend(tmp: Path, workers: Sequence[Process | str], *, tokenizer: st
         except urllib.error.HTTPError as exc:  # 503 while it has no workers
             return bool(want == 0 and exc.code == 503)
 
-    proc.wait_until(serving, what="serving its fleet")
-    return proc
+    return proc.ready_or_stopped(serving, what="serving its fleet")
 
 
 def in_flight(frontend_url: str) -> float:

@@ -79,6 +79,16 @@ class Process:
 
         return wait_until(ready_or_exit, timeout, f"{self.name} {self.url} {what}".strip(), detail=self.output)
 
+    def ready_or_stopped(self, ready: Callable[[], object], timeout: float = 60.0, what: str = "ready") -> Self:
+        """:meth:`wait_until` for a process just started: if the wait fails or is interrupted (a test's
+        pytest-timeout, Ctrl-C), the process is stopped first, since its caller never got a handle to stop it."""
+        try:
+            self.wait_until(ready, timeout, what)
+        except BaseException:
+            self.stop(grace=5.0)
+            raise
+        return self
+
     def cpu(self) -> float:
         """utime + stime of the process (all its threads, live and exited), from /proc/<pid>/stat."""
         raw = Path(f"/proc/{self.pid}/stat").read_text()

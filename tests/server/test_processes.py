@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from harness import start_frontend, start_mock, wait_until
+from harness import spawn, start_frontend, start_mock, wait_until
 from tests.server.conftest import MOCK_ARGS, MODEL
 
 pytestmark = pytest.mark.e2e
@@ -52,3 +53,19 @@ def test_two_processes_serve_one_port_and_stop_together(tmp_path: Path, qwen_tok
             frontend.stop()
         for w in workers:
             w.stop()
+
+
+@pytest.mark.parametrize("failure", ["timeout", "interrupt"])
+def test_a_process_whose_start_fails_or_is_interrupted_is_stopped(tmp_path: Path, failure: str) -> None:
+    """A starter's readiness wait that fails (or a pytest-timeout interrupting it) must not leave the process
+    running: its caller never got the handle to stop it (a timed-out --workers test once left three frontends)."""
+    proc = spawn([sys.executable, "-c", "import time; time.sleep(120)"], "", tmp_path / "sleeper.log")
+
+    def never() -> bool:
+        if failure == "interrupt":
+            raise KeyboardInterrupt
+        return False
+
+    with pytest.raises(KeyboardInterrupt if failure == "interrupt" else Exception):
+        proc.ready_or_stopped(never, timeout=0.3, what="never ready")
+    assert not proc.alive()
