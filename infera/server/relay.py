@@ -309,19 +309,24 @@ class SseRelay(Response):
                 await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
             last = time.perf_counter()
             direct, pipe = self.direct, routed.pipe
+
+            def take(chunk: bytes) -> bool:
+                """One chunk's bookkeeping (the inter-chunk gap, the tally); True when it ends the response."""
+                nonlocal last, ended
+                now = time.perf_counter()
+                observe_gap(now - last)
+                last = now
+                tally.feed(chunk)
+                ended = tally.done
+                if ended:
+                    self._finishing()
+                return ended
+
             if not ended and direct is not None and pipe is not None and direct.ready():
                 def sink(chunk: bytes) -> bool:
-                    nonlocal last, ended
                     if ended:
                         return True  # nothing follows [DONE]; the body is only read to its end
-                    now = time.perf_counter()
-                    observe_gap(now - last)
-                    last = now
-                    tally.feed(chunk)
-                    ended = tally.done
-                    if ended:
-                        self._finishing()
-                    return direct.write(chunk, not ended)
+                    return direct.write(chunk, not take(chunk))
 
                 while not await pipe(sink):
                     await direct.drain()
@@ -330,17 +335,10 @@ class SseRelay(Response):
                 async for chunk in routed.rest:
                     if ended:
                         continue  # nothing follows [DONE]; the body is only read to its end
-                    now = time.perf_counter()
-                    observe_gap(now - last)
-                    last = now
                     more = drain()  # chunks that came meanwhile go out in the same send
                     if more:
                         chunk += more
-                    tally.feed(chunk)
-                    ended = tally.done
-                    if ended:
-                        self._finishing()
-                    await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not take(chunk)})
         except UpstreamError as exc:
             if not watch.left and not ended:  # after [DONE] the client has its whole answer already
                 status = "stream_error"
