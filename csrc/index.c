@@ -3263,7 +3263,9 @@ static int add_pick11(PyObject *mod) {
  * ``cfg`` (built once by the policy, see KvEvictPolicy._decide_cfg): (clock, held, holding, block_count,
  * overlaps_and_confirmed, ttft_samples, prefill_tokens, active_blocks, decoding, refresh, recency, new_shadow, scales,
  * confirmed_best, prune, weight, horizon, eviction, occupancy, margin, floor_mode, min_samples, dead_band,
- * max_relative, reuse_ema, prune_every). The policy's attributes _now, _decisions, _pending, _log_tau,
+ * max_relative, reuse_ema, prune_every, cells, tables, sums_fallback): the last three None, or the tracker's cells,
+ * the index's worker tables and KvTtftPolicy._sum_window, read in C (csrc/decide16.c) instead of calling the
+ * tracker's and the index's methods and _refresh for a worker with kept sums (helper pick16). The policy's attributes _now, _decisions, _pending, _log_tau,
  * _recency_args and stay_added are read and set as the Python sets them. None, before anything else is read or
  * changed, when there is no worker or a worker holds blocks below the device (cached_credit's fractional credit):
  * the caller takes the candidates' path. */
@@ -3271,7 +3273,16 @@ static int add_pick11(PyObject *mod) {
 enum { DC_CLOCK, DC_HELD, DC_HOLDING, DC_BLOCK_COUNT, DC_OVERLAPS, DC_TTFT_SAMPLES, DC_PREFILL, DC_ACTIVE, DC_DECODING,
        DC_REFRESH, DC_RECENCY, DC_NEW_SHADOW, DC_SCALES, DC_BEST, DC_PRUNE, DC_WEIGHT, DC_HORIZON, DC_EVICTION,
        DC_OCCUPANCY, DC_MARGIN, DC_FLOOR_MODE, DC_MIN_SAMPLES, DC_DEAD_BAND, DC_MAX_RELATIVE, DC_REUSE_EMA,
-       DC_PRUNE_EVERY, DC_N };
+       DC_PRUNE_EVERY, DC_CELLS, DC_TABLES, DC_SUMS_FALLBACK, DC_N };
+
+/* the tracker's and the index's reads from their cells and tables (csrc/decide16.c, helper pick16) */
+static int d16_load(PyObject *cells, PyObject *wid, long long *queued, long long *active);
+static int d16_decoding(PyObject *cells, PyObject *wid, long long *out);
+static PyObject *d16_samples(PyObject *cells, PyObject *wid);
+static int d16_held(PyObject *tables, PyObject *wid, long long *cached, int *lower);
+static int d16_refresh(PyObject *cells, PyObject *fallback, PyObject *sums, PyObject *wid, PyObject *samples,
+                       PyObject *count, long long capacity);
+static int add_decide16(void);
 
 static PyObject *STR_D_NOW, *STR_D_DECISIONS, *STR_D_PENDING, *STR_D_LOG_TAU, *STR_D_RECENCY_ARGS, *STR_D_STAY_ADDED,
     *STR_D_HASHES, *STR_D_COUNT, *STR_D_NO_HIT, *STR_D_CACHE_HIT, *STR_D_LOAD, *STR_D_PROMPT_TOKENS, *STR_D_MAX_TOKENS;
@@ -3329,7 +3340,9 @@ static NO_FMA int decide_touch(PyObject *policy, PyObject **cfg, PyObject *hashe
             if (r < 0) goto done;
         }
         long long count;
-        if (ll_of(call1(cfg[DC_BLOCK_COUNT], wid), &count) < 0) goto done;
+        if (cfg[DC_TABLES] != Py_None ? d16_held(cfg[DC_TABLES], wid, &count, NULL) < 0
+                                      : ll_of(call1(cfg[DC_BLOCK_COUNT], wid), &count) < 0)
+            goto done;
         PyObject *limit = PyLong_FromLongLong(count > (long long)n ? count : (long long)n);
         if (limit == NULL) goto done;
         PyObject *targs[4] = {shadow, hashes, when_obj, limit};
@@ -3417,9 +3430,22 @@ static NO_FMA PyObject *kv_decide(PyObject *self, PyObject *const *args, Py_ssiz
             PyErr_SetString(PyExc_ValueError, "kv_decide: the block size must be positive");
             goto done;
         }
-        if (ll_of(call1(cfg[DC_PREFILL], c->wid), &c->queued) < 0 ||
-            ll_of(call1(cfg[DC_ACTIVE], c->wid), &c->active) < 0)
+        if (cfg[DC_CELLS] != Py_None) {
+            if (d16_load(cfg[DC_CELLS], c->wid, &c->queued, &c->active) < 0) goto done;
+        } else if (ll_of(call1(cfg[DC_PREFILL], c->wid), &c->queued) < 0 ||
+                   ll_of(call1(cfg[DC_ACTIVE], c->wid), &c->active) < 0) {
             goto done;
+        }
+        if (cfg[DC_TABLES] != Py_None) {
+            int lower;
+            if (d16_held(cfg[DC_TABLES], c->wid, &c->cached, &lower) < 0) goto done;
+            if (lower) {  /* a credit may be fractional: the candidates' path, nothing done yet */
+                out = Py_None;
+                Py_INCREF(out);
+                goto done;
+            }
+            continue;
+        }
         PyObject *h = call1(cfg[DC_HELD], c->wid);  /* (cached blocks, any held only below the device) */
         if (h == NULL) goto done;
         if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2) {
@@ -3557,7 +3583,8 @@ static NO_FMA PyObject *kv_decide(PyObject *self, PyObject *const *args, Py_ssiz
     sums = PyList_New(n);
     if (sums == NULL) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *got = call1(cfg[DC_TTFT_SAMPLES], cs[i].wid);
+        PyObject *got = cfg[DC_CELLS] != Py_None ? d16_samples(cfg[DC_CELLS], cs[i].wid)
+                                                 : call1(cfg[DC_TTFT_SAMPLES], cs[i].wid);
         if (got == NULL) goto done;
         if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2) {
             Py_DECREF(got);
@@ -3581,6 +3608,11 @@ static NO_FMA PyObject *kv_decide(PyObject *self, PyObject *const *args, Py_ssiz
         }
         if (same) {
             Py_INCREF(x);
+        } else if (x != NULL && cfg[DC_CELLS] != Py_None && cfg[DC_SUMS_FALLBACK] != Py_None) {  /* _refresh of kept sums, its C branch */
+            Py_INCREF(x);
+            if (d16_refresh(cfg[DC_CELLS], cfg[DC_SUMS_FALLBACK], x, cs[i].wid, PyTuple_GET_ITEM(got, 1), count,
+                            cs[i].capacity) < 0)
+                Py_CLEAR(x);
         } else {
             PyObject *rargs[4] = {PyList_GET_ITEM(workers, i), cs[i].wid, count, PyTuple_GET_ITEM(got, 1)};
             x = PyObject_Vectorcall(cfg[DC_REFRESH], rargs, 4, NULL);
@@ -3600,7 +3632,9 @@ static NO_FMA PyObject *kv_decide(PyObject *self, PyObject *const *args, Py_ssiz
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         DecideCand *c = &cs[i];
-        if (ll_of(call1(cfg[DC_DECODING], c->wid), &c->decoding) < 0) goto done;
+        if (cfg[DC_CELLS] != Py_None ? d16_decoding(cfg[DC_CELLS], c->wid, &c->decoding) < 0
+                                     : ll_of(call1(cfg[DC_DECODING], c->wid), &c->decoding) < 0)
+            goto done;
         U64Map *shadow = NULL;
         if (shadows != NULL) {
             PyObject *sh = PyDict_GetItemWithError(shadows, c->wid);
@@ -3720,6 +3754,7 @@ static int add_pick14(PyObject *mod) {
         *names[k] = PyUnicode_InternFromString(text[k]);
         if (*names[k] == NULL) return -1;
     }
+    if (add_decide16() < 0) return -1;
     return PyModule_AddFunctions(mod, pick14_methods);
 }
 
@@ -3727,3 +3762,4 @@ static int add_pick14(PyObject *mod) {
 #include "index_payload.c"
 #include "load.c"
 #include "index_clear.c"
+#include "decide16.c"

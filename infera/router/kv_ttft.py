@@ -553,10 +553,9 @@ class KvTtftPolicy:
             capacity = worker.capacity.kv_blocks
             if self._c_refresh is not None:
                 load = self._load
-                if self._c_refresh(sums, samples, count, capacity, load.ttft_seconds(wid), load.ttft_fastest(wid)) \
-                        is None:  # an item not a float: sum() adds them, as below
-                    sums.observed = sum(load.ttft_seconds(wid)) * 1000.0
-                    sums.modelled = sum(sums.parts)
+                seconds = load.ttft_seconds(wid)
+                if self._c_refresh(sums, samples, count, capacity, seconds, load.ttft_fastest(wid)) is None:
+                    self._sum_window(sums, seconds)  # an item not a float: sum() adds them, as below
                 return sums
             # a sample's modelled time never changes: model only the samples taken since the last refresh (the
             # samples are the worker's last TTFT_SAMPLES, newest last); the sum runs over the same values in the
@@ -591,6 +590,13 @@ class KvTtftPolicy:
             sums.n = n
             sums.floor = self._load.ttft_fastest(wid) * 1000.0  # min(seconds, default=0.0), kept by the tracker
         return sums
+
+
+    @staticmethod
+    def _sum_window(sums: _Scale, seconds: Sequence[float]) -> None:
+        """The two sums by sum(), when kv_refresh answered None (an item of the window not a float)."""
+        sums.observed = sum(seconds) * 1000.0
+        sums.modelled = sum(sums.parts)
 
 
 class KvTtftBusyPolicy(KvTtftPolicy):
