@@ -20,6 +20,8 @@ LRU with them, so its figures before then are not comparable). CPU time of this 
     .venv/bin/python bench/kv_stages.py --ref main --workload tenants   # routing_quality's ~2.7k-token tenants
                                                                 # prompts (or multiturn), played as a frontend
                                                                 # started for them takes them
+    .venv/bin/python bench/kv_stages.py --ref main --virtual-clock ...  # the router's clock virtual: both trees make
+                                                                # the same decisions (an A/B of a change keeping them)
     .venv/bin/python bench/kv_stages.py --kv-blocks 1000 ...    # small caches: the workers fill and evict (their
                                                                 # LRU's BlockRemoved applied too), so kv-aware's
                                                                 # eviction term and its recency shadow's value run
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import random
 import shutil
@@ -68,7 +71,7 @@ def workload_bodies(workload: str) -> tuple[list[bytes], int, int, int]:
 
 
 def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000,
-               workload: str = "chats") -> dict[str, float]:
+               workload: str = "chats", virtual_clock: bool = False) -> dict[str, float]:
     from collections import OrderedDict
 
     import orjson
@@ -87,7 +90,12 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000,
     payloads = [orjson.loads(b) for b in bodies]
     fleet = FakeFleet(*[worker(f"w{k}", model="m", kv_block_size=16, capacity=Capacity(kv_blocks=kv_blocks))
                         for k in range(n_workers)])
-    router = Router(fleet, FakeTransport(), None, renderer, RouterOptions(policy=policy), rng=random.Random(1))
+    # --virtual-clock: the router's clock moves 100 µs a reading, not with the run's own pace, so two trees that decide
+    # alike make the same decisions (the predictions' expiry, and with it the index's remembered runs, otherwise follow
+    # each run's speed: a slower run expires more); the stages are still timed on the process's CPU clock
+    ticks = itertools.count(1)
+    router = Router(fleet, FakeTransport(), None, renderer, RouterOptions(policy=policy), rng=random.Random(1),
+                    **({"clock": lambda: 1000.0 + next(ticks) * 1e-4} if virtual_clock else {}))
     cands, ctxs, picker, legs, load, index = (router._candidates, router._context, router._picker, router._legs,
                                               router._load, router._feed.index)
     feed = router._feed
@@ -257,14 +265,15 @@ def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000, workload: s
             **{f"{k} µs": v for k, v in med.items()}, "ratio": med["this tree"] / med[ref]}
 
 
-def _child(root: str, policy: str, n: int, warmup: int, kv_blocks: int, workload: str) -> dict[str, float]:
+def _child(root: str, policy: str, n: int, warmup: int, kv_blocks: int, workload: str,
+           virtual_clock: bool = False) -> dict[str, float]:
     """This file's run_stages in a fresh process with ``root``'s infera (and bench helpers) first on the path."""
     repo = str(Path(__file__).resolve().parent.parent)
     here = str(Path(__file__).resolve())
     code = (f"import sys, json, importlib.util as u; sys.path.insert(0, {root!r}); sys.path.insert(1, {repo!r}); "
             f"s = u.spec_from_file_location('kv_stages_here', {here!r}); k = u.module_from_spec(s); "
             f"s.loader.exec_module(k); "
-            f"print(json.dumps(k.run_stages({policy!r}, {n}, {warmup}, {kv_blocks}, {workload!r})))")
+            f"print(json.dumps(k.run_stages({policy!r}, {n}, {warmup}, {kv_blocks}, {workload!r}, {virtual_clock!r})))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -281,6 +290,8 @@ def main() -> None:
                     help="chats (router_overhead's ~1k-token chats, 2 workers), or routing_quality's tenants or "
                          "multiturn (2-3k-token prompts, 4 workers, 16-token blocks): --n and --warmup are then "
                          "rounded up to whole plays of it (cold prompt cache, then every prompt seen)")
+    ap.add_argument("--virtual-clock", action="store_true",
+                    help="the router's clock moves 100 µs a reading: two trees that decide alike decide the same")
     ap.add_argument("--score-ab", action="store_true",
                     help="instead: the kv-aware policy's score at --ref against this tree's, decision by decision")
     args = ap.parse_args()
@@ -306,7 +317,7 @@ def main() -> None:
         for r in range(args.rounds):
             for name, policy in (cells if r % 2 == 0 else list(reversed(cells))):
                 runs[(name, policy)].append(_child(trees[name], policy, args.n, args.warmup, args.kv_blocks,
-                                                     args.workload))
+                                                     args.workload, args.virtual_clock))
                 last = runs[(name, policy)][-1]
                 took = sum(last[s] for s in STAGES)
                 print(f"round {r} {name} {policy}: {took:.0f} µs/req, gc {last.get(GC, 0.0):.1f}", flush=True)
