@@ -248,3 +248,49 @@ async def test_batches_in_sequence_are_applied_by_the_c_drain(zctx: zmq.Context[
             await s.stop()
         for e in engines:
             e.pub.close(0)
+
+
+async def test_one_decision_applies_every_batch_queued_on_the_socket_in_c() -> None:
+    """Over inproc (a sent message is in the subscriber's pipe when ``send`` returns) a decision's catch-up takes
+    every queued batch in one go, in C, in order."""
+    source = ZmqEventSource(backstop=60.0)
+    await source.start()
+    assert source._ctx is not None
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(source._ctx.underlying)
+    pub = ctx.socket(zmq.XPUB)
+    pub.bind("inproc://drain-w1")
+    engine = Engine.__new__(Engine)
+    engine.wid, engine.pub, engine.seq, engine.stored, engine.next_hash, engine.last = "w1", pub, 0, [], 1, None
+    record = WorkerRecord(instance_id="w1", model=MODEL, http_url="http://w1.invalid",
+                          kv_events=KvEventEndpoint(endpoint="inproc://drain-w1", topic="kv-events"))
+    index = PrefixIndex(block_size=BLOCK)
+    feed = IndexFeed(FakeFleet(record), source, index)
+    drained: list[int] = []
+
+    def counted(wid: str, handle: int, expected: int | None) -> Any:
+        before = feed.batches[wid]
+        got = feed.on_socket(wid, handle, expected)
+        drained.append(feed.batches[wid] - before)
+        return got
+
+    source.bind(feed.on_batch, feed.on_gap, feed.on_payload, counted)
+    await feed.start()
+    try:
+        await engine.subscribed(1)
+        engine.publish("store", 2)
+        await await_until(lambda: feed.batches["w1"] == 1, 5, "the first batch (the loop's reader)")
+        source.catch_up()  # a decision: batches now wait for the next one
+        for op in ["store", "remove", "store", "store", "remove"]:
+            engine.publish(op, 2)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert feed.batches["w1"] == 1
+        drained.clear()
+        feed.tick()
+        assert feed.batches["w1"] == 6 and drained == [5]
+        assert index._workers["w1"].last_event_ts == 5.0
+        assert index.block_count("w1") == len(engine.stored)
+    finally:
+        await feed.stop()
+        pub.close(0)
+        await source.stop()
