@@ -218,29 +218,34 @@ class ZmqEventSource:
             """Apply every queued batch in sequence; stop at a gap and hand it to the task."""
             nonlocal expected
             # The index's C reads the socket through libzmq and applies each payload where it lies, one call for
-            # them all (csrc/zmq_drain.c); what it leaves (a gap, a payload it does not take, ...) comes back here
-            while on_socket is not None:
-                got = on_socket(worker_id, handle, expected)
-                if got is None:
-                    break
-                status, expected, extra = got
-                if status == DRAIN_EMPTY:
+            # them all (csrc/zmq_drain.c); what it leaves (a gap, a payload it does not take, ...) comes back here.
+            # It reads nothing for a worker the index does not know yet (None): one message is read here, then
+            # it is asked again (that message may have made the worker known)
+            c = on_socket
+            while True:
+                if c is not None:
+                    got = c(worker_id, handle, expected)
+                    if got is not None:
+                        status, expected, extra = got
+                        if status == DRAIN_EMPTY:
+                            return
+                        if status == DRAIN_MESSAGE:
+                            if not take(extra):
+                                return
+                        elif status == DRAIN_FAILED:
+                            failed(worker_id, extra[1], self._on_gap)
+                        elif status == DRAIN_FRAMES:
+                            log.warning("worker %s: KV-event message with %d frames ignored", worker_id, extra)
+                        elif status == DRAIN_BROKEN:
+                            raise extra
+                        else:  # declined (the worker's blocks in other tiers): read here, all of them
+                            c = None
+                        continue
+                # the descriptor signals a change of state, not a level: read until the socket itself says
+                # nothing is queued (a receive may have taken the signal of a later batch). Asked before each
+                # receive, not after a failed one: pyzmq's zmq.Again cost an exception per wake-up
+                if not cast(int, option(events_opt)) & pollin:
                     return
-                if status == DRAIN_MESSAGE:
-                    if not take(extra):
-                        return
-                elif status == DRAIN_FAILED:
-                    failed(worker_id, extra[1], self._on_gap)
-                elif status == DRAIN_FRAMES:
-                    log.warning("worker %s: KV-event message with %d frames ignored", worker_id, extra)
-                elif status == DRAIN_BROKEN:
-                    raise extra
-                else:  # declined: read here
-                    break
-            # the descriptor signals a change of state, not a level: read until the socket itself says nothing
-            # is queued (a receive may have taken the signal of a later batch). Asked before each receive, not
-            # after a failed one: pyzmq's zmq.Again cost an exception per wake-up
-            while cast(int, option(events_opt)) & pollin:
                 try:  # recv_multipart's loop without its wrapper (~0.4 µs a message)
                     frames = [recv(noblock)]
                     while option(more):

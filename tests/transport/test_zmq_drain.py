@@ -185,8 +185,10 @@ async def test_the_c_drain_leaves_what_the_python_loop_leaves(
             await s.start()
         for e in engines:
             await e.subscribed(2)
+        for e in engines:  # each worker known to both indexes (the C drain reads for known workers only)
+            e.publish("store", 1)
+        await await_until(lambda: all(s.feed.batches[e.wid] == 1 for s in stacks for e in engines), 5, "known")
         for s in stacks:
-            await await_until(lambda s=s: len(s.source._readers) == 3, 5, "the sockets")  # type: ignore[misc]
             s.source.catch_up()  # a decision: from now on batches wait for the next (or for a drain below)
         for op, i, k in ops:
             if op == "decide":
