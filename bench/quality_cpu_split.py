@@ -14,9 +14,10 @@ engines, KV capacity and routers as routing_quality) and splits that column:
 - per thread (``/proc/<pid>/task``): the event loop's thread and the rest (libzmq's I/O thread,
   tokenizer threads);
 - ``--timers``: each infera frontend times its stages (context, pick, ``Legs.place``, the KV events'
-  ``deliver``, the index's clear, ``StreamTally.feed``) in thread CPU between two signals (SIGUSR1 at a
-  cell's start installs the wrappers, SIGUSR2 at its end dumps them: only the cell counts), times every GC
-  collection and counts the KV events' stored and removed blocks; a timer costs ~2 µs (two
+  ``deliver``, the whole intake (``ZmqEventSource._ready``), the index's clear, ``StreamTally.feed``) in
+  thread CPU between two signals (SIGUSR1 at a cell's start installs the wrappers, SIGUSR2 at its end dumps
+  them: only the cell counts), times every GC collection and counts the KV events' stored and removed
+  blocks; a timer costs ~2 µs (two
   ``clock_gettime`` syscalls);
 - ``--profile``: the same window profiled with cProfile on ``time.thread_time``; prints cumulative
   profiled µs per request per area (cProfile inflates small calls ~3x: read shares).
@@ -163,6 +164,9 @@ TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, t
                 _count(payload)
             return r
         Z.deliver = deliver
+        # the whole intake on the loop thread: the epoll, each socket's reads and applies (a decision's catch-up
+        # and the backstop's): a C drain (drain16) applies batches without ``deliver``
+        Z.ZmqEventSource._ready = _timed("kv intake (epoll, reads, apply)", Z.ZmqEventSource._ready)
     def _on(sig, frame):
         _install()
         _st["t"] = {}

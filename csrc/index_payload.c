@@ -429,28 +429,22 @@ static int apply_removed(Tables *t, const PEvent *ev, size_t nev, const uint64_t
  * block_stored (events), block_removed (events), orphan_blocks (also the worker's), unknown_removed and
  * block_size_mismatch (blocks), and the router hashes to pass to _touch (the concatenation of every event's that
  * changed a remembered walk's mask; empty when none). None: declined, no table changed. */
-static PyObject *apply_payload(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Tables t;
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "apply_payload takes 12 arguments");
-        return NULL;
-    }
-    if (tables(args, &t) < 0) return NULL;
-    Py_ssize_t size = PyLong_AsSsize_t(args[11]);
-    if (size == -1 && PyErr_Occurred()) return NULL;
-    if (PyDict_GET_SIZE(t.media)) Py_RETURN_NONE;  /* blocks in other tiers: Python's tier logic */
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[10], &view, PyBUF_SIMPLE) < 0) return NULL;
+/* One payload into ``t``'s tables (the worker has no block in other tiers): 1 applied, its ts in *ts, its counts
+ * added to ``counts`` (stored, removed, orphans, unknown, mismatched) and its touched router hashes appended to
+ * ``touched``; 0 declined, nothing changed; -1 an error set (the tables may be changed; counts and touched too). */
+static int payload_apply(Tables *tp, const unsigned char *buf, Py_ssize_t len, Py_ssize_t size,
+                         Py_ssize_t counts[5], PyObject *touched, double *ts_out) {
+    Tables t = *tp;
     PEvent ev_stack[16];
     uint64_t hs_stack[256];
     uint32_t tok_stack[2048];
     Grow evs = {ev_stack, 0, 16, sizeof(PEvent), ev_stack};
     Grow hs = {hs_stack, 0, 256, sizeof(uint64_t), hs_stack};
     Grow toks = {tok_stack, 0, 2048, sizeof(uint32_t), tok_stack};
-    PyObject *out = NULL, *touched = NULL;
-    Rd r = {view.buf, (const unsigned char *)view.buf + view.len};
+    int rc = -1;
+    Rd r = {buf, buf + len};
     size_t nb, ne;
-    double ts;
+    double ts = 0.0;
     int ok = rd_array(&r, &nb) && (nb == 2 || nb == 3);
     if (ok) {  /* ts: a float, or an int the decoder widens to one */
         uint64_t u;
@@ -488,14 +482,10 @@ static PyObject *apply_payload(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     ok = ok && (nb == 2 || rd_any(&r, 16)) && r.p == r.end;  /* the dp rank (any), then nothing */
     if (!ok) {
-        out = Py_None;
-        Py_INCREF(out);
+        rc = 0;
         goto done;
     }
     /* phase 2: apply, as PrefixIndex.apply does, event by event (a run of removals as one) */
-    touched = PyList_New(0);
-    if (touched == NULL) goto done;
-    Py_ssize_t counts[5] = {0, 0, 0, 0, 0};  /* stored, removed, orphans, unknown, mismatched */
     PEvent *e = evs.items;
     for (size_t i = 0; i < evs.len;) {
         if (e[i].stored) {
@@ -509,12 +499,38 @@ static PyObject *apply_payload(PyObject *self, PyObject *const *args, Py_ssize_t
         if (apply_removed(&t, &e[i], j - i, hs.items, counts, touched) < 0) goto done;
         i = j;
     }
-    out = Py_BuildValue("(dnnnnnO)", ts, counts[0], counts[1], counts[2], counts[3], counts[4], touched);
+    *ts_out = ts;
+    rc = 1;
 done:
-    Py_XDECREF(touched);
     grow_free(&evs);
     grow_free(&hs);
     grow_free(&toks);
+    return rc;
+}
+
+static PyObject *apply_payload(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Tables t;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "apply_payload takes 12 arguments");
+        return NULL;
+    }
+    if (tables(args, &t) < 0) return NULL;
+    Py_ssize_t size = PyLong_AsSsize_t(args[11]);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    if (PyDict_GET_SIZE(t.media)) Py_RETURN_NONE;  /* blocks in other tiers: Python's tier logic */
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[10], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *out = NULL, *touched = PyList_New(0);
+    Py_ssize_t counts[5] = {0, 0, 0, 0, 0};  /* stored, removed, orphans, unknown, mismatched */
+    double ts;
+    int got = touched == NULL ? -1 : payload_apply(&t, view.buf, view.len, size, counts, touched, &ts);
+    if (got > 0) {
+        out = Py_BuildValue("(dnnnnnO)", ts, counts[0], counts[1], counts[2], counts[3], counts[4], touched);
+    } else if (got == 0) {
+        out = Py_None;
+        Py_INCREF(out);
+    }
+    Py_XDECREF(touched);
     PyBuffer_Release(&view);
     return out;
 }

@@ -27,6 +27,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from infera.discovery.base import FleetChange, FleetView
 from infera.kv.index import PrefixIndex
@@ -53,7 +54,8 @@ class IndexFeed:
         self._timer: asyncio.TimerHandle | None = None
         fleet.subscribe(self._on_change)
         if events is not None:  # the index takes vLLM's common batches straight from their bytes, if it can
-            events.bind(self.on_batch, self.on_gap, self.on_payload if index.takes_payloads else None)
+            events.bind(self.on_batch, self.on_gap, self.on_payload if index.takes_payloads else None,
+                        self.on_socket if index.takes_sockets else None)
 
     @property
     def follows_events(self) -> bool:
@@ -118,9 +120,20 @@ class IndexFeed:
         self._arrived(worker_id)
         return True
 
-    def _arrived(self, worker_id: str) -> None:
-        """A batch of ``worker_id``'s was applied: its events flow."""
-        self.batches[worker_id] += 1
+    def on_socket(self, worker_id: str, handle: int, expected: int | None) -> tuple[int, int | None, Any] | None:
+        """Feed every batch queued on a ZMQ socket into the index (:data:`infera.transport.base.SocketSink`); the
+        same effects as :meth:`on_payload` batch by batch."""
+        got = self.index.drain_socket(worker_id, handle, expected)
+        if got is None:
+            return None
+        status, expected, n, extra = got
+        if n:
+            self._arrived(worker_id, n)
+        return status, expected, extra
+
+    def _arrived(self, worker_id: str, n: int = 1) -> None:
+        """``n`` batches of ``worker_id``'s were applied: its events flow."""
+        self.batches[worker_id] += n
         self._last_batch[worker_id] = self._clock()
         self._expect_since.pop(worker_id, None)
         if worker_id in self._blind_logged:

@@ -105,6 +105,8 @@ class PrefixIndex:
         self._apply_payload = getattr(self._native, "apply_payload", None) if block_size is None or block_size > 0 \
             else None
         self._payload_size = block_size or 0
+        # A ZMQ socket's queued payloads straight into the tables (drain_socket): with apply_payload only
+        self._drain = getattr(self._native, "drain_socket", None) if self._apply_payload is not None else None
         self._clear_worker = getattr(self._native, "clear_worker", None)  # _clear in C (an older build: Python's)
         self._guesses = Predictions(self._native)
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
@@ -120,6 +122,11 @@ class PrefixIndex:
     def takes_payloads(self) -> bool:
         """Whether :meth:`apply_payload` can take batches (the C path, built with it)."""
         return self._apply_payload is not None
+
+    @property
+    def takes_sockets(self) -> bool:
+        """Whether :meth:`drain_socket` can read sockets (the C path, built with it, and pyzmq's libzmq loaded)."""
+        return self._drain is not None and self._native.zmq_ready() is not None
 
     def _worker(self, worker_id: str) -> WorkerTable:
         worker = self._workers.get(worker_id)
@@ -210,6 +217,37 @@ class PrefixIndex:
             for _ in run:
                 self.counters.all_blocks_cleared += 1
                 self._clear(worker)
+
+    def drain_socket(self, worker_id: str, handle: int, expected: int | None,
+                     now: float | None = None) -> tuple[int, int | None, int, Any] | None:
+        """:meth:`apply_payload` of every ``[topic, seq, payload]`` batch queued on a libzmq SUB socket (its address
+        ``handle``), in sequence from seq ``expected`` (None: any), in one C call (csrc/zmq_drain.c says exactly what
+        it leaves to the caller). Returns (a ``DRAIN_*`` code of infera.transport.base, the next expected seq, the
+        batches applied, what goes with the code), the tables, counters and times left as :meth:`apply_payload`
+        would leave them batch by batch; None: nothing read (a worker the index does not know, or no C path).
+        """
+        worker = self._workers.get(worker_id)
+        if worker is None or self._drain is None:
+            return None
+        status, expected, n, ts, stored, removed, orphans, unknown, mismatched, touched, extra = self._drain(
+            handle, expected, *worker.tables, self._payload_size)
+        if n:
+            counters = self.counters
+            if stored:
+                counters.block_stored += stored
+            if removed:
+                counters.block_removed += removed
+            if orphans:
+                self._orphans(worker, orphans)
+            if unknown:
+                counters.unknown_removed += unknown
+            if mismatched:
+                counters.block_size_mismatch += mismatched
+            if touched:
+                self._touch(touched)
+            worker.last_event_ts = ts
+            worker.last_applied_at = time.time() if now is None else now
+        return status, expected, n, extra
 
     def _tables(self, worker: WorkerTable) -> tuple[Any, ...]:
         """What the C loops take: the worker's tables, the index's, and the worker's bit (kept in

@@ -53,7 +53,7 @@ class _Events:
     def __init__(self) -> None:
         self.sink: Callable[[str, EventBatch], None] | None = None
 
-    def bind(self, sink: Callable[[str, EventBatch], None], on_gap: Any, raw: Any = None) -> None:
+    def bind(self, sink: Callable[[str, EventBatch], None], on_gap: Any, raw: Any = None, socket: Any = None) -> None:
         self.sink = sink  # the simulator hands over decoded batches: no payloads for ``raw``
 
     async def start(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from infera.protocols.kv_events import EventBatch
 from infera.protocols.worker import WorkerRecord
@@ -89,10 +89,33 @@ RawSink = Callable[[str, bytes], bool]
 changed nothing and the batch goes on to be decoded for the :data:`EventSink`."""
 
 
+SocketSink = Callable[[str, int, int | None], tuple[int, int | None, Any] | None]
+"""Tried first by a ZMQ source each time a socket signals, with (worker id, the libzmq SUB socket's address
+(``zmq.Socket.underlying``), the next expected seq, None: any): takes every queued ``[topic, seq, payload]`` batch in
+sequence off the socket and applies it, as the source's own loop would through the :data:`RawSink`, until the socket
+says nothing is queued or a message it leaves to the source. Returns (one of the ``DRAIN_*`` codes, the next expected
+seq, what goes with the code), or None: it read nothing (the source reads the socket itself)."""
+
+DRAIN_EMPTY = 0
+"""Nothing more is queued; with None."""
+DRAIN_MESSAGE = 1
+"""With a message's three frames (taken off the socket, nothing done with them): the source takes it as its own."""
+DRAIN_FAILED = 2
+"""With (seq, exception): a batch in sequence whose apply failed (a lost batch, as for a raising RawSink)."""
+DRAIN_FRAMES = 3
+"""With the frame count of a message that did not have 3 (taken off the socket, to be ignored)."""
+DRAIN_DECLINED = 4
+"""Nothing read: the source reads the socket itself."""
+DRAIN_BROKEN = 5
+"""With the socket's error (an exception to raise)."""
+
+
 class KvEventSource(Protocol):
-    def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None) -> None:
+    def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None,
+             socket: SocketSink | None = None) -> None:
         """Set where batches and unrepairable gaps go; called once, before ``start``. ``raw``, if given, is
-        offered each batch's payload before it is decoded (:func:`infera.transport.delivery.deliver`)."""
+        offered each batch's payload before it is decoded (:func:`infera.transport.delivery.deliver`); ``socket``,
+        if given, a ZMQ socket's queued batches (a source of another kind ignores it)."""
         ...
 
     async def start(self) -> None: ...

@@ -29,8 +29,18 @@ import zmq.asyncio
 
 from infera.protocols.kv_events import replay_step, seq_from_bytes, seq_to_bytes
 from infera.protocols.worker import WorkerRecord
-from infera.transport.base import EventSink, GapSink, RawSink
-from infera.transport.delivery import deliver
+from infera.transport.base import (
+    DRAIN_BROKEN,
+    DRAIN_EMPTY,
+    DRAIN_FAILED,
+    DRAIN_FRAMES,
+    DRAIN_MESSAGE,
+    EventSink,
+    GapSink,
+    RawSink,
+    SocketSink,
+)
+from infera.transport.delivery import deliver, failed
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +55,7 @@ class ZmqEventSource:
         self._sink: EventSink = lambda worker_id, batch: None
         self._on_gap: GapSink = lambda worker_id, lost: None
         self._raw: RawSink | None = None
+        self._socket: SocketSink | None = None
         self._replay_timeout = replay_timeout
         self._backstop = backstop
         self._clock = clock
@@ -60,10 +71,12 @@ class ZmqEventSource:
         self._caught_up = 0.0  # the clock's time of the last catch_up
         self._timer: asyncio.TimerHandle | None = None  # the backstop, set while not armed
 
-    def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None) -> None:
+    def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None,
+             socket: SocketSink | None = None) -> None:
         self._sink = sink
         self._on_gap = on_gap
         self._raw = raw
+        self._socket = socket
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
@@ -174,6 +187,7 @@ class ZmqEventSource:
         # (~0.6 µs per test, two or more tests a batch)
         events_opt, pollin, noblock, again, more = zmq.EVENTS, int(zmq.POLLIN), zmq.NOBLOCK, zmq.Again, zmq.RCVMORE
         recv, option = sub.recv, sub.getsockopt
+        on_socket, handle = self._socket, sub.underlying
         # the callback's state: the next expected seq, the message past a gap (the task repairs it), whether
         # the task owns the socket (busy), and the future the task waits on
         expected: int | None = None
@@ -181,33 +195,65 @@ class ZmqEventSource:
         busy = True
         wake: asyncio.Future[None] = loop.create_future()
 
+        def take(frames: list[bytes]) -> bool:
+            """One message off the socket: apply it in sequence (True), or hand a gap to the task (False)."""
+            nonlocal expected, pending, busy
+            if len(frames) != 3:
+                log.warning("worker %s: KV-event message with %d frames ignored", worker_id, len(frames))
+                return True
+            seq = seq_from_bytes(frames[1])
+            if expected is not None:
+                if seq < expected:
+                    return True  # already applied from a replay
+                if seq > expected:
+                    pending, busy = frames, True
+                    if not wake.done():
+                        wake.set_result(None)
+                    return False
+            deliver(worker_id, frames[2], self._sink, self._on_gap, self._raw)
+            expected = seq + 1
+            return True
+
         def drain() -> None:
             """Apply every queued batch in sequence; stop at a gap and hand it to the task."""
-            nonlocal expected, pending, busy
-            # the descriptor signals a change of state, not a level: read until the socket itself says nothing
-            # is queued (a receive may have taken the signal of a later batch). Asked before each receive, not
-            # after a failed one: pyzmq's zmq.Again cost an exception per wake-up
-            while cast(int, option(events_opt)) & pollin:
+            nonlocal expected
+            # The index's C reads the socket through libzmq and applies each payload where it lies, one call for
+            # them all (csrc/zmq_drain.c); what it leaves (a gap, a payload it does not take, ...) comes back here.
+            # It reads nothing for a worker the index does not know yet (None): one message is read here, then
+            # it is asked again (that message may have made the worker known)
+            c = on_socket
+            while True:
+                if c is not None:
+                    got = c(worker_id, handle, expected)
+                    if got is not None:
+                        status, expected, extra = got
+                        if status == DRAIN_EMPTY:
+                            return
+                        if status == DRAIN_MESSAGE:
+                            if not take(extra):
+                                return
+                        elif status == DRAIN_FAILED:
+                            failed(worker_id, extra[1], self._on_gap)
+                        elif status == DRAIN_FRAMES:
+                            log.warning("worker %s: KV-event message with %d frames ignored", worker_id, extra)
+                        elif status == DRAIN_BROKEN:
+                            raise extra
+                        else:  # declined (the worker's blocks in other tiers): read here, all of them
+                            c = None
+                        continue
+                # the descriptor signals a change of state, not a level: read until the socket itself says
+                # nothing is queued (a receive may have taken the signal of a later batch). Asked before each
+                # receive, not after a failed one: pyzmq's zmq.Again cost an exception per wake-up
+                if not cast(int, option(events_opt)) & pollin:
+                    return
                 try:  # recv_multipart's loop without its wrapper (~0.4 µs a message)
                     frames = [recv(noblock)]
                     while option(more):
                         frames.append(recv(noblock))
                 except again:
                     continue
-                if len(frames) != 3:
-                    log.warning("worker %s: KV-event message with %d frames ignored", worker_id, len(frames))
-                    continue
-                seq = seq_from_bytes(frames[1])
-                if expected is not None:
-                    if seq < expected:
-                        continue  # already applied from a replay
-                    if seq > expected:
-                        pending, busy = frames, True
-                        if not wake.done():
-                            wake.set_result(None)
-                        return
-                deliver(worker_id, frames[2], self._sink, self._on_gap, self._raw)
-                expected = seq + 1
+                if not take(frames):
+                    return
 
         def readable() -> None:
             nonlocal busy

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness import await_until
+from infera.discovery.base import FleetChange
 from infera.kv.feed import IndexFeed
 from infera.kv.index import PrefixIndex
 from infera.kv.tokenizer import PromptRenderer
@@ -129,30 +130,54 @@ async def test_a_decision_sees_the_batch_that_reached_the_socket_before_it(
 
 
 class Fed:
-    """A started source over ``n`` engines, recording what it delivers (worker, seq of the engine's batch)."""
+    """A started source over ``n`` engines, recording what it delivers (worker, seq of the engine's batch).
 
-    def __init__(self, zctx: zmq.Context[zmq.Socket[bytes]], n: int, backstop: float) -> None:
+    ``native``: the source feeds an index whose C drains each socket (``PrefixIndex.drain_socket``, after a
+    worker's first batch), and what it delivered is read from the feed's batch count and the index's last ts."""
+
+    def __init__(self, zctx: zmq.Context[zmq.Socket[bytes]], n: int, backstop: float, native: bool = False) -> None:
         self.engines = [Engine(zctx, f"w{i}") for i in range(n)]
         self.source = ZmqEventSource(backstop=backstop)
         self.got: list[tuple[str, float]] = []
-        self.source.bind(lambda w, b: self.got.append((w, b.ts)), lambda w, n: None)
+        self.feed: IndexFeed | None = None
+        if native:
+            index = PrefixIndex()
+            assert index.takes_sockets
+            self.feed = IndexFeed(FakeFleet(*(e.record() for e in self.engines)), self.source, index)
+        else:
+            self.source.bind(lambda w, b: self.got.append((w, b.ts)), lambda w, n: None)
         self.fds: dict[str, int] = {}
 
     async def start(self) -> None:
         await self.source.start()
         for e in self.engines:
             known = set(self.source._readers)
-            self.source.watch(e.record())
+            if self.feed is None:
+                self.source.watch(e.record())
+            else:
+                self.feed._on_change(FleetChange("add", e.record()))
             await await_until(lambda n=len(known): len(self.source._readers) > n, 5, "the socket")  # type: ignore[misc]
             self.fds[e.wid] = sub_fd(self.source, known)
             await e.subscribed()
 
     def publish(self, i: int) -> None:
         e = self.engines[i]
-        e.publish(EventBatch(ts=float(e.seq), events=[]))
+        if self.feed is None:
+            e.publish(EventBatch(ts=float(e.seq), events=[]))
+        else:  # a block the C applies (an empty batch too, but this one shows in the index)
+            block = 10**6 * (i + 1) + e.seq
+            e.publish(EventBatch(ts=float(e.seq), events=[BlockStored(
+                block_hashes=[block], parent_block_hash=None, token_ids=list(range(block % 1000, block % 1000 + 16)),
+                block_size=16)]))
 
     def delivered(self, wid: str) -> list[float]:
-        return [ts for w, ts in self.got if w == wid]
+        if self.feed is None:
+            return [ts for w, ts in self.got if w == wid]
+        n = self.feed.batches[wid]
+        if n:  # in order: the last applied is the n-th published
+            assert self.feed.index._workers[wid].last_event_ts == float(n - 1)
+            assert self.feed.index.block_count(wid) == n
+        return [float(s) for s in range(n)]
 
     async def stop(self) -> None:
         await self.source.stop()
@@ -160,39 +185,46 @@ class Fed:
             e.pub.close(0)
 
 
-async def test_while_decisions_come_a_batch_waits_for_the_next_one(zctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+@pytest.mark.parametrize("native", [False, True], ids=["python", "c-drain"])
+async def test_while_decisions_come_a_batch_waits_for_the_next_one(zctx: zmq.Context[zmq.Socket[bytes]],
+                                                                    native: bool) -> None:
     """After a decision the loop is not woken by a batch (it stays queued however many turns the loop runs);
-    the next decision applies it."""
-    fed = Fed(zctx, 1, backstop=60.0)
+    the next decision applies it (a second batch: the C drain's, once the index knows the worker)."""
+    fed = Fed(zctx, 1, backstop=60.0, native=native)
     await fed.start()
     try:
         fed.publish(0)
-        await await_until(lambda: len(fed.got) == 1, 5, "the first batch (armed at the start)")
-        fed.source.catch_up()
-        fed.publish(0)
-        wait_readable(fed.fds["w0"])
-        for _ in range(20):
-            await asyncio.sleep(0)
-        assert fed.got == [("w0", 0.0)]
-        fed.source.catch_up()
-        assert fed.got == [("w0", 0.0), ("w0", 1.0)]
+        await await_until(lambda: len(fed.delivered("w0")) == 1, 5, "the first batch (armed at the start)")
+        for n in (2, 3):
+            fed.source.catch_up()
+            fed.publish(0)
+            wait_readable(fed.fds["w0"])
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert fed.delivered("w0") == [float(s) for s in range(n - 1)]
+            fed.source.catch_up()
+            assert fed.delivered("w0") == [float(s) for s in range(n)]
     finally:
         await fed.stop()
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["python", "c-drain"])
 async def test_with_no_decision_for_the_backstop_an_idle_frontend_applies_batches_as_they_arrive(
-        zctx: zmq.Context[zmq.Socket[bytes]]) -> None:
-    fed = Fed(zctx, 2, backstop=0.05)
+        zctx: zmq.Context[zmq.Socket[bytes]], native: bool) -> None:
+    fed = Fed(zctx, 2, backstop=0.05, native=native)
     await fed.start()
     try:
+        def count() -> int:
+            return sum(len(fed.delivered(e.wid)) for e in fed.engines)
+
         fed.source.catch_up()  # a decision, then none
         fed.publish(0)
         fed.publish(1)
-        await await_until(lambda: len(fed.got) == 2, 5, "both batches, applied by the backstop")
+        await await_until(lambda: count() == 2, 5, "both batches, applied by the backstop")
         await await_until(lambda: fed.source._armed, 5, "the loop's reader armed again")
         fed.publish(1)  # and from now on as each arrives
-        await await_until(lambda: len(fed.got) == 3, 5, "the batch after the backstop")
-        assert sorted(fed.got) == [("w0", 0.0), ("w1", 0.0), ("w1", 1.0)]
+        await await_until(lambda: count() == 3, 5, "the batch after the backstop")
+        assert fed.delivered("w0") == [0.0] and fed.delivered("w1") == [0.0, 1.0]
     finally:
         await fed.stop()
 
@@ -201,14 +233,15 @@ OPS = st.lists(st.one_of(st.tuples(st.just("publish"), st.integers(0, 2)), st.ju
                          st.just(("turn", 0))), max_size=30)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=OPS, backstop=st.sampled_from([0.0, 0.02, 60.0]))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, backstop=st.sampled_from([0.0, 0.02, 60.0]), native=st.booleans())
 async def test_any_interleaving_delivers_every_batch_once_in_order_and_a_decision_misses_none(
-        zctx: zmq.Context[zmq.Socket[bytes]], ops: list[tuple[str, int]], backstop: float) -> None:
+        zctx: zmq.Context[zmq.Socket[bytes]], ops: list[tuple[str, int]], backstop: float, native: bool) -> None:
     """Batches published, decisions and loop turns in any order: each worker's batches are delivered exactly
     once, in order, as a loop reader per socket delivered them; and a decision misses no batch that reached
-    its socket before it (checked where that is observable: one batch in flight, its socket signalling)."""
-    fed = Fed(zctx, 3, backstop)
+    its socket before it (checked where that is observable: one batch in flight, its socket signalling); through
+    the pyzmq loop or the index's C drain."""
+    fed = Fed(zctx, 3, backstop, native=native)
     await fed.start()
     try:
         for op, i in ops:
