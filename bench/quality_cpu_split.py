@@ -12,7 +12,8 @@ engines, KV capacity and routers as routing_quality) and splits that column:
 - infera only, from its /metrics before and after the cell: relayed chunks per request (the
   inter-token histogram counts one sample per chunk after the first), KV-event batches per request;
 - per thread (``/proc/<pid>/task``): the event loop's thread and the rest (libzmq's I/O thread,
-  tokenizer threads);
+  tokenizer threads); ``wakes``: voluntary context switches of all threads per request (about the event loop's
+  wake-ups: how many chunks one wake-up serves is the workload's density, not the relay's code);
 - ``--timers``: each infera frontend times its stages (context, pick, ``Legs.place``, the KV events'
   ``deliver``, the whole intake (``ZmqEventSource._ready``), the index's clear, ``StreamTally.feed``) in
   thread CPU between two signals (SIGUSR1 at a cell's start installs the wrappers, SIGUSR2 at its end dumps
@@ -222,6 +223,19 @@ def threads_cpu(pid: int) -> dict[int, float]:
     return out
 
 
+def wakes(pid: int) -> int:
+    """Voluntary context switches of all of ``pid``'s threads: each is a thread going to sleep (an event loop's
+    wait for its sockets), so their count over a cell is about the loop's wake-ups."""
+    total = 0
+    for tdir in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (tdir / "status").read_text()
+        except OSError:
+            continue
+        total += int(status.split("\nvoluntary_ctxt_switches:", 1)[1].split(None, 1)[0])
+    return total
+
+
 def infera_counters(url: str) -> dict[str, float]:
     """Relayed chunk gaps, KV-event batches, requests, from an infera frontend's /metrics."""
     _status, body = http_get(url + "/metrics", timeout=5)
@@ -318,6 +332,7 @@ def run(w: workloads.Workload, names: list[str], args: argparse.Namespace, tok: 
                     idle_rate = (proc.cpu() - i0) / args.idle
                     c0 = infera_counters(proc.url) if infera else {}
                     th0 = threads_cpu(proc.pid)
+                    wakes0 = wakes(proc.pid)
                     cpu0 = proc.cpu()
                     seen0 = dict(_SEEN)
                     if prof_dir is not None and infera:
@@ -330,6 +345,7 @@ def run(w: workloads.Workload, names: list[str], args: argparse.Namespace, tok: 
                         proc.popen.send_signal(12)  # SIGUSR2: dump
                     cpu = proc.cpu() - cpu0
                     th1 = threads_cpu(proc.pid)
+                    wakes1 = wakes(proc.pid)
                     c1 = infera_counters(proc.url) if infera else {}
                     n = max(len(cell["outcomes"]), 1)
                     main_tid = proc.pid
@@ -339,6 +355,7 @@ def run(w: workloads.Workload, names: list[str], args: argparse.Namespace, tok: 
                            "loop_us": (th1.get(main_tid, 0) - th0.get(main_tid, 0)) / n * 1e6,
                            "other_threads_us": sum(v - th0.get(t, 0) for t, v in th1.items() if t != main_tid)
                            / n * 1e6,
+                           "wakes_per_req": (wakes1 - wakes0) / n,
                            "events_per_req": (_SEEN["events"] - seen0["events"]) / n,
                            "reads_per_req": (_SEEN["reads"] - seen0["reads"]) / n,
                            "completion_tokens": sum(o.completion_tokens for o in cell["outcomes"]) / n,
@@ -437,13 +454,15 @@ def main() -> None:
     print(f"\n{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}  load {os.getloadavg()[0]:.1f}  "
           f"speedup {args.speedup:g}  max_tokens {args.max_tokens}")
     head = (f"{'workload':<10}{'router':<20}{'variant':<8}{'ok':>5}{'CPU µs/req':>11}{'idle':>7}{'loop thr':>9}"
-            f"{'other thr':>10}{'chunks':>7}{'SSE ev':>7}{'reads':>6}{'kv batches':>11}{'prompt':>7}{'cached':>7}")
+            f"{'other thr':>10}{'chunks':>7}{'SSE ev':>7}{'reads':>6}{'wakes':>6}{'kv batches':>11}{'prompt':>7}"
+            f"{'cached':>7}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['workload']:<10}{r['router']:<20}{r['variant']:<8}{r['ok']:>5}{r['cpu_us']:>11.0f}"
               f"{r['idle_us']:>7.0f}{r['loop_us']:>9.0f}{r['other_threads_us']:>10.0f}"
               f"{r.get('chunks_per_req', float('nan')):>7.1f}{r['events_per_req']:>7.1f}{r['reads_per_req']:>6.1f}"
+              f"{r['wakes_per_req']:>6.1f}"
               f"{r.get('kv_batches_per_req', float('nan')):>11.2f}{r['prompt_tokens']:>7.0f}{r['cached_tokens']:>7.0f}")
     if prof_dir is not None:
         (report_timers if args.timers else report_profiles)(prof_dir, rows)

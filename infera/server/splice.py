@@ -12,19 +12,23 @@ request id's and the drain's wrappers only touch the start.
 
 from __future__ import annotations
 
+from typing import Any
+
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from infera.server.coalesce import HeadHold
 from infera.server.observe import Observation
 
 
 class CycleWriter:
     """:class:`~infera.server.relay.BodyWriter` over one uvicorn request cycle (chunked bodies only)."""
 
-    __slots__ = ("_cycle", "_observation")
+    __slots__ = ("_cycle", "_observation", "_out")
 
     def __init__(self, cycle: RequestResponseCycle, observation: Observation | None) -> None:
         self._cycle = cycle
         self._observation = observation
+        self._out: Any = None  # the transport a chunk is written to, once known (see _transport)
 
     def ready(self) -> bool:
         cycle = self._cycle
@@ -41,19 +45,32 @@ class CycleWriter:
             return True
         if cycle.response_complete:
             raise RuntimeError("Unexpected ASGI message 'http.response.body' sent, after response already completed.")
+        if more:
+            if body:
+                (self._out or self._transport()).write(b"%x\r\n%b\r\n" % (len(body), body))
+            return not cycle.flow.write_paused
         if body:
-            data = b"%x\r\n" % len(body) + body + (b"\r\n" if more else b"\r\n0\r\n\r\n")
+            cycle.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body))
         else:
-            data = b"" if more else b"0\r\n\r\n"
-        if data:
-            cycle.transport.write(data)
-        if not more:
-            cycle.response_complete = True
-            cycle.message_event.set()
-            if not cycle.keep_alive:
-                cycle.transport.close()
-            cycle.on_response()
+            cycle.transport.write(b"0\r\n\r\n")
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            cycle.transport.close()
+        cycle.on_response()
         return not cycle.flow.write_paused
+
+    def _transport(self) -> Any:
+        """The cycle's transport, or its :class:`HeadHold`'s inner one once the hold holds nothing (a
+        stream's first chunk took the head with it; nothing is held after that): a chunk's write skips the
+        hold's Python frame. Kept from then on (the cycle's transport is only changed back after the response)."""
+        transport: Any = self._cycle.transport
+        if isinstance(transport, HeadHold):
+            if not transport.idle():
+                return transport  # the head waits for this chunk: through the hold, and asked again next time
+            transport = transport.inner()
+        self._out = transport
+        return transport
 
     async def drain(self) -> None:
         cycle = self._cycle

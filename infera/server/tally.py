@@ -2,7 +2,7 @@
 ``data: [DONE]``, and what did the last ``usage`` object say.
 
 Each chunk is scanned with ``bytes.find`` (C speed, no per-event parse); a marker split across two
-chunks is caught by also scanning the seam (the previous chunk's last bytes + this chunk's first).
+chunks is caught by scanning the seam with it (the previous chunk's last bytes + this chunk).
 Only the one event that carries a non-null usage is kept, and its token counts are read at the end.
 
 Why the markers cannot be faked by generated text: inside a JSON string a quote is escaped and a
@@ -80,17 +80,17 @@ class StreamTally:
         if self._open:
             self._usage += chunk[:_KEEP - len(self._usage)]
             self._open = b"\n\n" not in self._usage and len(self._usage) < _KEEP
-        seam = self._seam + chunk[:_SEAM]
-        if not self.done and (DONE in chunk or DONE in seam):
+        # One search a marker over the seam and the chunk together (not one in each, and no seam of the chunk's
+        # first bytes to build): a DONE cannot lie within the seam (it is longer), a USAGE key that does was
+        # seen with the chunk before (the last key is taken: rfind finds it in the chunk, else across the seam).
+        seam = self._seam
+        data = seam + chunk
+        if not self.done and DONE in data:
             self.done = True
-        at = chunk.rfind(USAGE)
-        if at >= 0:
-            self._keep(chunk, at)
-        else:
-            at = seam.rfind(USAGE)
-            if at >= 0 and at + len(USAGE) > len(self._seam):  # the key crosses the seam
-                self._keep(seam + chunk[_SEAM:], at)
-        self._seam = chunk[-_SEAM:] if len(chunk) >= _SEAM else (self._seam + chunk)[-_SEAM:]
+        at = data.rfind(USAGE)
+        if at >= 0 and at + len(USAGE) > len(seam):  # in the chunk or across the seam
+            self._keep(data, at)
+        self._seam = data[-_SEAM:]
 
     def _keep(self, data: bytes, at: int) -> None:
         if data[at + len(USAGE):at + len(USAGE) + 5].lstrip().startswith(b"n"):

@@ -105,3 +105,54 @@ _PIECES = st.sampled_from([b'"usage":', b'"usage": ', b'"usage":null', b'"usage"
 def test_usage_of_reads_what_a_tally_of_the_whole_body_reads(pieces: list[bytes]) -> None:
     body = b"".join(pieces)
     assert usage_of(body) == StreamTally.of(body).usage()
+
+
+class _Reference:
+    """The tally's scan as it was before issue 15's fourteenth round (a seam of the chunk's first bytes, each
+    marker searched in it and in the chunk): the one-search scan must keep what this keeps, chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self._seam = b"\n"
+        self._usage = b""
+        self._open = False
+
+    def feed(self, chunk: bytes) -> None:
+        done, usage, seam_n, keep = b"\ndata: [DONE]", b'"usage":', 12, 4096
+        if self._open:
+            self._usage += chunk[:keep - len(self._usage)]
+            self._open = b"\n\n" not in self._usage and len(self._usage) < keep
+        seam = self._seam + chunk[:seam_n]
+        if not self.done and (done in chunk or done in seam):
+            self.done = True
+        at = chunk.rfind(usage)
+        if at >= 0:
+            self._keep(chunk, at)
+        else:
+            at = seam.rfind(usage)
+            if at >= 0 and at + len(usage) > len(self._seam):
+                self._keep(seam + chunk[seam_n:], at)
+        self._seam = chunk[-seam_n:] if len(chunk) >= seam_n else (self._seam + chunk)[-seam_n:]
+
+    def _keep(self, data: bytes, at: int) -> None:
+        if data[at + 8:at + 13].lstrip().startswith(b"n"):
+            return
+        self._usage = data[at:at + 4096]
+        self._open = b"\n\n" not in self._usage and len(self._usage) < 4096
+
+
+_STREAM_PIECES = st.one_of(_PIECES, st.sampled_from([b"data: [DONE]", b"\ndata: [DONE]\n\n", b"[DONE]", b"data:",
+                                                      b"\nd", b"ata: [DO", b"NE]", b'"us', b'age":', b'"u']))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_STREAM_PIECES, max_size=40), st.lists(st.integers(0, 6000), max_size=12))
+def test_the_one_search_scan_keeps_what_the_two_search_scan_kept(pieces: list[bytes], cuts: list[int]) -> None:
+    body = b"".join(pieces)
+    tally, reference = StreamTally(), _Reference()
+    edges = [0, *sorted(c for c in cuts if c < len(body)), len(body)]
+    for a, b in itertools.pairwise(edges):
+        tally.feed(body[a:b])
+        reference.feed(body[a:b])
+        assert (tally.done, tally._usage, tally._open, tally._seam) == (
+            reference.done, reference._usage, reference._open, reference._seam)
