@@ -53,6 +53,7 @@ from infera.server.intake import WHOLE_BODY
 from infera.server.observe import TRACED, Observation, Observe
 from infera.server.relay import DISCONNECTS, Disconnects, SseRelay
 from infera.server.request_id import ANTHROPIC_PREFIX, HEADER, RequestIdMiddleware, error_with_id, id_sender, take_id
+from infera.server.responses import AfterWrite
 from infera.server.splice import CycleWriter
 from infera.telemetry.tracing import Telemetry
 
@@ -75,6 +76,8 @@ class LeanPath:
         self.on_error = on_error
         self.telemetry = telemetry
         self.default_worker = (b"x-worker-instance-id", default_worker.encode()) if default_worker else None
+        self._defaults: list[tuple[bytes, bytes]] | None = None  # the server's default headers last written,
+        self._default_lines = b""  # and their lines
 
     @classmethod
     def of(cls, app: object, drain: DrainState) -> LeanPath | None:
@@ -205,16 +208,26 @@ class LeanPath:
             if with_id is not None:
                 body = with_id
                 headers = [(k, str(len(body)).encode() if k == b"content-length" else v) for k, v in headers]
-        await self.write(cycle, status, headers, body, closing)
-        if response.background is not None:
-            await response.background()
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        self.write_now(cycle, status, headers, body, closing)
+        background = response.background
+        if background is not None:
+            if isinstance(background, AfterWrite):
+                background.run()  # no coroutine of its own
+            else:
+                await background()
 
-    @staticmethod
-    async def write(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
+    async def write(self, cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
                     closing: bool) -> None:
         """A whole response as uvicorn's ``send`` would write it (its two messages), in one write."""
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
+        self.write_now(cycle, status, headers, body, closing)
+
+    def write_now(self, cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
+                  closing: bool) -> None:
+        """:meth:`write` once the client can take it (the drain waited for); nothing when the client is gone."""
         if cycle.disconnected:
             return
         if cycle.response_started:
@@ -222,12 +235,15 @@ class LeanPath:
         if cycle.access_log:
             cycle.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(cycle.scope), cycle.scope["method"],
                                      get_path_with_query_string(cycle.scope), cycle.scope["http_version"], status)
-        content = [STATUS_LINE[status]]
-        for name, value in cycle.default_headers:
-            content += (name, b": ", value, b"\r\n")
+        defaults = cycle.default_headers
+        if defaults is not self._defaults:  # the server's default headers are a new list when they change (the Date)
+            self._default_lines = b"".join([b"%s: %s\r\n" % header for header in defaults])
+            self._defaults = defaults
+        content = [STATUS_LINE[status], self._default_lines]
         keep_alive = cycle.keep_alive and not closing
+        search = HEADER_VALUE_RE.search
         for name, value in headers:
-            if HEADER_VALUE_RE.search(value):
+            if search(value):
                 raise RuntimeError("Invalid HTTP header value.")
             if name == b"connection":
                 if closing:

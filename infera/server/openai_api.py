@@ -10,7 +10,6 @@ from typing import Any, Literal
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from starlette.background import BackgroundTask
 
 from infera.protocols.openai import (
     ChatCompletionRequest,
@@ -38,7 +37,7 @@ from infera.server.relay import (
     worker_headers,
     worker_raw_headers,
 )
-from infera.server.responses import JsonResponse, WholeResponse
+from infera.server.responses import AfterWrite, JsonResponse, WholeResponse
 from infera.server.tally import usage_of
 from infera.transport.base import UpstreamError
 
@@ -143,7 +142,7 @@ class OpenAIHandlers:
         return strip_system_nonces(payload, self.patterns)
 
 
-class Accounting(BackgroundTask):
+class Accounting(AfterWrite):
     """A whole response's accounting, run as its ``background``: after the body has been sent, so
     that the client's answer does not wait for the metrics (at one request in flight, the
     added latency is the frontend's time between the request's arrival and the answer's write)."""
@@ -160,7 +159,7 @@ class Accounting(BackgroundTask):
         self._started = started
         self._ttft = ttft
 
-    async def __call__(self) -> None:
+    def run(self) -> None:
         status = self._status
         usage = usage_of(bytes(self._body)) if status == 200 else None
         self._accounts.record(str(status), self._started, self._ttft, usage)  # what complete() records of it
