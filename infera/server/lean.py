@@ -76,8 +76,6 @@ class LeanPath:
         self.on_error = on_error
         self.telemetry = telemetry
         self.default_worker = (b"x-worker-instance-id", default_worker.encode()) if default_worker else None
-        self._defaults: list[tuple[bytes, bytes]] | None = None  # the server's default headers last written,
-        self._default_lines = b""  # and their lines
 
     @classmethod
     def of(cls, app: object, drain: DrainState) -> LeanPath | None:
@@ -235,15 +233,12 @@ class LeanPath:
         if cycle.access_log:
             cycle.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(cycle.scope), cycle.scope["method"],
                                      get_path_with_query_string(cycle.scope), cycle.scope["http_version"], status)
-        defaults = cycle.default_headers
-        if defaults is not self._defaults:  # the server's default headers are a new list when they change (the Date)
-            self._default_lines = b"".join([b"%s: %s\r\n" % header for header in defaults])
-            self._defaults = defaults
-        content = [STATUS_LINE[status], self._default_lines]
+        content = [STATUS_LINE[status]]
+        for name, value in cycle.default_headers:
+            content += (name, b": ", value, b"\r\n")
         keep_alive = cycle.keep_alive and not closing
-        search = HEADER_VALUE_RE.search
         for name, value in headers:
-            if search(value):
+            if HEADER_VALUE_RE.search(value):
                 raise RuntimeError("Invalid HTTP header value.")
             if name == b"connection":
                 if closing:

@@ -1,5 +1,5 @@
-"""A lean whole answer's write (``LeanPath.write_now``, its default header lines joined once per list) gives the
-client the bytes the write before it gave (kept here as the reference), and a client that left gets none."""
+"""A lean whole answer's write (``LeanPath.write_now``, called without a coroutine of its own) gives the client the
+bytes the write before it gave (kept here as the reference), and a client that left gets none."""
 
 from __future__ import annotations
 
