@@ -147,7 +147,14 @@ class Legs:
             headers = {**headers, "traceparent": record.traceparent(span)}
         try:
             upstream = await self._transport.send(worker, path, body, headers, started=started)
-            first = await first_chunk(upstream, wid)
+            try:  # first_chunk(), inline: no coroutine of its own on every request's path
+                first = await anext(upstream.body)
+            except StopAsyncIteration:
+                first = b""
+            except UpstreamError:
+                raise
+            except Exception as exc:
+                raise UpstreamError(f"worker {wid} failed before its first byte: {exc}") from exc
         except BaseException as exc:
             if upstream is not None:
                 upstream.close()

@@ -53,6 +53,7 @@ from infera.server.intake import WHOLE_BODY
 from infera.server.observe import TRACED, Observation, Observe
 from infera.server.relay import DISCONNECTS, Disconnects, SseRelay
 from infera.server.request_id import ANTHROPIC_PREFIX, HEADER, RequestIdMiddleware, error_with_id, id_sender, take_id
+from infera.server.responses import AfterWrite
 from infera.server.splice import CycleWriter
 from infera.telemetry.tracing import Telemetry
 
@@ -205,16 +206,26 @@ class LeanPath:
             if with_id is not None:
                 body = with_id
                 headers = [(k, str(len(body)).encode() if k == b"content-length" else v) for k, v in headers]
-        await self.write(cycle, status, headers, body, closing)
-        if response.background is not None:
-            await response.background()
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        self.write_now(cycle, status, headers, body, closing)
+        background = response.background
+        if background is not None:
+            if isinstance(background, AfterWrite):
+                background.run()  # no coroutine of its own
+            else:
+                await background()
 
-    @staticmethod
-    async def write(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
+    async def write(self, cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
                     closing: bool) -> None:
         """A whole response as uvicorn's ``send`` would write it (its two messages), in one write."""
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
+        self.write_now(cycle, status, headers, body, closing)
+
+    def write_now(self, cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
+                  closing: bool) -> None:
+        """:meth:`write` once the client can take it (the drain waited for); nothing when the client is gone."""
         if cycle.disconnected:
             return
         if cycle.response_started:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.values import MutexValue
 
 from infera.router.router import Router
 from infera.router.view import OVERLAP_BUCKETS
@@ -87,26 +88,50 @@ def fast_inc(child: Counter) -> Callable[[float], None]:
     return inc if callable(inc) else child.inc
 
 
+def _mutex(value: object) -> MutexValue | None:
+    """``value`` when it is prometheus_client's in-process value (a float under its own lock, which its ``inc``
+    adds to), so that a caller may do what ``inc`` does without its frame; None otherwise (multiprocess mode's
+    values, another prometheus_client), where the caller keeps ``inc``."""
+    return value if type(value) is MutexValue else None
+
+
 def fast_observe(child: Histogram) -> Callable[[float], None]:
     """A labelled histogram child's ``observe``: the same sum and the same bucket (the first bound >= the
-    amount; none for NaN), through the values' own ``inc``, found by bisection instead of ``observe``'s loop
-    and without its check frames (the child is observable). The public ``observe`` where this
-    prometheus_client keeps its values elsewhere."""
+    amount; none for NaN), found by bisection instead of ``observe``'s loop and without its check frames (the
+    child is observable), each added under its value's own lock as the value's ``inc`` does, in one frame (the
+    values' ``inc`` where this prometheus_client keeps them elsewhere). The public ``observe`` where it keeps
+    its buckets elsewhere."""
     bounds = getattr(child, "_upper_bounds", None)
     buckets = getattr(child, "_buckets", None)
-    total = getattr(getattr(child, "_sum", None), "inc", None)
+    total = getattr(child, "_sum", None)
     if not (isinstance(bounds, list) and isinstance(buckets, list) and len(bounds) == len(buckets)
-            and callable(total)):
+            and callable(getattr(total, "inc", None))):
         return child.observe
-    incs = [bucket.inc for bucket in buckets]
     n = len(bounds)
+    values = [_mutex(bucket) for bucket in buckets]
+    mutex = _mutex(total)
+    if mutex is not None and all(v is not None for v in values):
+        sums = mutex
+        counts = cast(list[MutexValue], values)
 
-    def observe(amount: float) -> None:
-        total(amount)
+        def observe(amount: float) -> None:
+            with sums._lock:
+                sums._value += amount
+            i = bisect_left(bounds, amount)
+            if i < n and amount <= bounds[i]:  # NaN: bisect says 0, and no bound holds it (as in observe's loop)
+                count = counts[i]
+                with count._lock:
+                    count._value += 1
+        return observe
+    add = total.inc  # type: ignore[union-attr]
+    incs = [bucket.inc for bucket in buckets]
+
+    def observe_inc(amount: float) -> None:
+        add(amount)
         i = bisect_left(bounds, amount)
-        if i < n and amount <= bounds[i]:  # NaN: bisect says 0, and no bound holds it (as in observe's loop)
+        if i < n and amount <= bounds[i]:
             incs[i](1)
-    return observe
+    return observe_inc
 
 
 class EndpointAccounts:
@@ -120,16 +145,17 @@ class EndpointAccounts:
     def __init__(self, metrics: ServerMetrics, endpoint: str) -> None:
         self._metrics = metrics
         self._endpoint = endpoint
-        self._statuses: dict[str, Callable[[float], None]] = {}  # status -> its requests child's inc
+        self._statuses: dict[str, Count] = {}  # status -> its requests child's value (or inc)
         self._ttft: Callable[[float], None] | None = None
         self._e2e: Callable[[float], None] | None = None
-        self._tokens: tuple[Callable[[float], None], Callable[[float], None]] | None = None  # prompt, completion
+        self._tokens: tuple[Count, Count] | None = None  # prompt, completion
         self._cached: Callable[[float], None] | None = None
 
     def record(self, status: str, started: float, ttft: float | None, usage: Usage | None) -> None:
         """A request's end: its time to first byte (when recorded now), its status, its duration since
         ``started`` (``time.perf_counter()``) and its usage's token counts; the same observations, in the
-        same order, as one :meth:`ServerMetrics.of` call each."""
+        same order, as one :meth:`ServerMetrics.of` call each. A counter's value is added to here, under its
+        lock, as its ``inc`` does (:func:`_counter`), without a frame per count."""
         metrics, endpoint = self._metrics, self._endpoint
         if ttft is not None:
             if self._ttft is None:
@@ -137,23 +163,51 @@ class EndpointAccounts:
             self._ttft(ttft)
         count = self._statuses.get(status)
         if count is None:
-            count = self._statuses[status] = metrics.counter(metrics.requests, endpoint, status)
-        count(1)
+            count = self._statuses[status] = _counter(metrics.of(metrics.requests, endpoint, status))
+        if isinstance(count, MutexValue):
+            with count._lock:
+                count._value += 1
+        else:
+            count(1)
         if self._e2e is None:
             self._e2e = metrics.observer(metrics.e2e, endpoint)
         self._e2e(time.perf_counter() - started)
         if usage is not None:
             if self._tokens is None:
                 tokens = metrics.tokens
-                self._tokens = (metrics.counter(tokens, endpoint, "prompt"),  # counts are >= 0 (tally reads digits)
-                                metrics.counter(tokens, endpoint, "completion"))
+                self._tokens = (_counter(metrics.of(tokens, endpoint, "prompt")),  # counts are >= 0 (tally reads
+                                _counter(metrics.of(tokens, endpoint, "completion")))  # digits)
             prompt, completion = self._tokens
-            prompt(usage.prompt_tokens)
-            completion(usage.completion_tokens)
+            if isinstance(prompt, MutexValue) and isinstance(completion, MutexValue):
+                with prompt._lock:
+                    prompt._value += usage.prompt_tokens
+                with completion._lock:
+                    completion._value += usage.completion_tokens
+            else:
+                _inc(prompt, usage.prompt_tokens)
+                _inc(completion, usage.completion_tokens)
             if usage.cached_tokens:
                 if self._cached is None:
                     self._cached = metrics.counter(metrics.tokens, endpoint, "cached")
                 self._cached(usage.cached_tokens)
+
+
+Count = MutexValue | Callable[[float], None]
+"""A counter child as :meth:`EndpointAccounts.record` adds to it: its in-process value, or its ``inc``."""
+
+
+def _counter(child: Counter) -> Count:
+    """``child``'s value where it is prometheus_client's in-process one (:func:`_mutex`), else :func:`fast_inc`'s."""
+    value = _mutex(getattr(child, "_value", None))
+    return value if value is not None else fast_inc(child)
+
+
+def _inc(count: Count, amount: float) -> None:
+    if isinstance(count, MutexValue):
+        with count._lock:
+            count._value += amount
+    else:
+        count(amount)
 
 
 class _RouterCollector(Collector):

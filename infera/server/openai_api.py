@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Literal
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from starlette.background import BackgroundTask
 
 from infera.protocols.openai import (
     ChatCompletionRequest,
@@ -38,7 +38,7 @@ from infera.server.relay import (
     worker_headers,
     worker_raw_headers,
 )
-from infera.server.responses import JsonResponse, WholeResponse
+from infera.server.responses import AfterWrite, JsonResponse, WholeResponse
 from infera.server.tally import usage_of
 from infera.transport.base import UpstreamError
 
@@ -66,8 +66,10 @@ class OpenAIHandlers:
         return api
 
     def hot_routes(self) -> dict[str, Endpoint]:
-        """The routes served past FastAPI's routing stack (:mod:`infera.server.hot_routes`)."""
-        return {"/v1/chat/completions": self.chat, "/v1/completions": self.completions}
+        """The routes served past FastAPI's routing stack (:mod:`infera.server.hot_routes`): :meth:`chat` and
+        :meth:`completions`, as :meth:`_handle` called directly (no coroutine of their own in between)."""
+        return {"/v1/chat/completions": partial(self._handle, kind="chat", path="/v1/chat/completions"),
+                "/v1/completions": partial(self._handle, kind="completion", path="/v1/completions")}
 
     async def list_models(self) -> JsonResponse:
         created = int(time.time())
@@ -81,22 +83,17 @@ class OpenAIHandlers:
     async def completions(self, request: Request) -> Response:
         return await self._handle(request, "completion", "/v1/completions")
 
-    async def _handle(self, request: Request, kind: Literal["chat", "completion"], path: str) -> Response:
-        started = time.perf_counter()
-        response, ttft = await self._route(request, kind, path, started)
-        if not isinstance(response, SseRelay):  # a relay reports its own end to complete()
-            response.background = Accounting(self.metrics.accounts(path), response, started, ttft)
-        return response
-
     def complete(self, outcome: Outcome) -> None:
         """The end of a request's accounting: status, duration and the engine's token counts (and, for a
         whole answer, its time to first byte, measured before the answer and recorded after it)."""
         self.metrics.accounts(outcome.path).record(outcome.status, outcome.started, outcome.ttft, outcome.usage)
 
-    async def _route(self, request: Request, kind: Literal["chat", "completion"], path: str,
-                     started: float) -> tuple[Response, float | None]:
-        """The response, and for a whole answer from a worker its time to first byte (seconds; recorded by
-        the answer's :class:`Accounting`, after the answer is written)."""
+    async def _handle(self, request: Request, kind: Literal["chat", "completion"], path: str) -> Response:
+        """The response: a relayed stream (it reports its own end to :meth:`complete`), or any other answer with its
+        :class:`Accounting` as its background (for a whole answer from a worker, with its time to first byte),
+        recorded after it is written."""
+        started = time.perf_counter()
+        accounts = self.metrics.accounts(path)
         schema: type[ChatCompletionRequest | CompletionRequest] = (
             ChatCompletionRequest if kind == "chat" else CompletionRequest)
         strip = self._strip if kind == "chat" else None
@@ -104,13 +101,14 @@ class OpenAIHandlers:
         try:
             intake = await take_quick(request, self.max_body, schema, describe, quick, strip)
         except IntakeError as exc:
-            return openai_error(exc.status, str(exc), param=exc.param), None
+            return _accounted(openai_error(exc.status, str(exc), param=exc.param), accounts, started)
         body, payload, parsed = intake.body, intake.payload, intake.parsed
         view = self.router.view
         if not view.serves(parsed.model):
             if not view.has_workers():
-                return openai_error(503, "no workers are available"), None
-            return openai_error(404, f"The model '{parsed.model}' does not exist", "not_found_error", "model"), None
+                return _accounted(openai_error(503, "no workers are available"), accounts, started)
+            return _accounted(openai_error(404, f"The model '{parsed.model}' does not exist", "not_found_error",
+                                              "model"), accounts, started)
         forwarded, worker_hint, prefill_hint = read_headers(request)
         req = RouteRequest(kind=kind, path=path, body=body, payload=payload, model=parsed.model,
                            max_tokens=parsed.output_limit(), worker_hint=worker_hint, prefill_hint=prefill_hint)
@@ -119,31 +117,33 @@ class OpenAIHandlers:
         try:
             routed = await dispatch_or_disconnect(self.router, watch, req, forwarded)
             if routed is None:
-                return Response(status_code=499), None
+                return _accounted(Response(status_code=499), accounts, started)
             if isinstance(routed, RoutingError):
-                return openai_routing_error(routed), None
+                return _accounted(openai_routing_error(routed), accounts, started)
             ttft = time.perf_counter() - started
             if routed.content_type.startswith("text/event-stream"):
                 self.metrics.observer(self.metrics.ttft, path)(ttft)
                 relayed = True  # the relay stops the watch when the stream ends
                 return SseRelay(routed, watch, path, started, worker_headers(routed), _error_event,
-                                self.metrics.observer(self.metrics.itl, path), self.complete), None
+                                self.metrics.observer(self.metrics.itl, path), self.complete)
             try:
                 collected = await collect_or_disconnect(watch, routed)
             except UpstreamError as exc:
-                return openai_error(exc.status, f"the worker failed before the response was complete: {exc}"), ttft
+                failed = openai_error(exc.status, f"the worker failed before the response was complete: {exc}")
+                return _accounted(failed, accounts, started, ttft)
         finally:
             if not relayed:
                 watch.stop()
         if collected is None:
-            return Response(status_code=499), ttft
-        return WholeResponse(collected, routed.status, routed.content_type, worker_raw_headers(routed)), ttft
+            return _accounted(Response(status_code=499), accounts, started, ttft)
+        whole = WholeResponse(collected, routed.status, routed.content_type, worker_raw_headers(routed))
+        return _accounted(whole, accounts, started, ttft)
 
     def _strip(self, payload: dict[str, Any], parsed: Any) -> bool:
         return strip_system_nonces(payload, self.patterns)
 
 
-class Accounting(BackgroundTask):
+class Accounting(AfterWrite):
     """A whole response's accounting, run as its ``background``: after the body has been sent, so
     that the client's answer does not wait for the metrics (at one request in flight, the
     added latency is the frontend's time between the request's arrival and the answer's write)."""
@@ -160,10 +160,16 @@ class Accounting(BackgroundTask):
         self._started = started
         self._ttft = ttft
 
-    async def __call__(self) -> None:
+    def run(self) -> None:
         status = self._status
         usage = usage_of(bytes(self._body)) if status == 200 else None
         self._accounts.record(str(status), self._started, self._ttft, usage)  # what complete() records of it
+
+
+def _accounted(response: Response, accounts: EndpointAccounts, started: float, ttft: float | None = None) -> Response:
+    """``response`` with its :class:`Accounting` as its background."""
+    response.background = Accounting(accounts, response, started, ttft)
+    return response
 
 
 def _error_event(exc: UpstreamError) -> bytes:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import orjson
+from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -37,6 +38,17 @@ class WholeResponse(Response):
             media_type += "; charset=" + self.charset
         raw.append((b"content-type", media_type.encode("latin-1")))
         self.raw_headers = raw
+
+
+class AfterWrite(BackgroundTask):
+    """A response's ``background`` that needs no await: the server's lean path calls :meth:`run` right after the
+    response's write, without a coroutine; elsewhere (Starlette's ``Response``) it is awaited as usual."""
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    async def __call__(self) -> None:
+        self.run()
 
 
 class SseResponse(Response):
