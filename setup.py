@@ -15,8 +15,8 @@ setup(
         Extension(
             "infera.kv._native",
             sources=["csrc/index.c"],
-            depends=["csrc/xxhash.h", "csrc/prompt_cache.c", "csrc/index_payload.c", "csrc/load.c", "csrc/index_clear.c",
-                     "csrc/zmq_drain.c"],
+            depends=["csrc/xxhash.h", "csrc/prompt_cache.c", "csrc/prompt_extend.c", "csrc/index_payload.c",
+                     "csrc/load.c", "csrc/index_clear.c", "csrc/decide16.c", "csrc/zmq_drain.c"],
             include_dirs=["csrc"],
             extra_compile_args=["-O3"],
             optional=True,

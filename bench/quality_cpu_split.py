@@ -153,6 +153,9 @@ TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, t
         PC.extend_hashes = _timed("context: - block hashes", PC.extend_hashes)
         PC.PromptCache._entry_native = _timed("context: - the entry's cuts", PC.PromptCache._entry_native)
         PC.PromptCache._store = _timed("context: - store", PC.PromptCache._store)
+        if hasattr(PC.PromptCache, "_extend_native"):  # a hit's rest in one C call (the tail's BPE timed inside it too)
+            PC.PromptCache._extend_native = _timed("context: - a hit's rest (tail, ids, hashes, cuts, store)",
+                                                   PC.PromptCache._extend_native)
         R.Router._pick = _timed("pick", R.Router._pick)
         L.Legs.place = _timed("legs.place", L.Legs.place)
         T.StreamTally.feed = _timed("tally.feed", T.StreamTally.feed)

@@ -438,6 +438,8 @@ static PyObject *extend_u32(PyObject *self, PyObject *const *args, Py_ssize_t na
     return out;
 }
 
+#include "prompt_extend.c"
+
 static PyMethodDef prompt_cache_methods[] = {
     {"extend_u32", (PyCFunction)(void (*)(void))extend_u32, METH_FASTCALL, NULL},
     {"u32_pack", u32_pack, METH_O, NULL},
@@ -445,12 +447,14 @@ static PyMethodDef prompt_cache_methods[] = {
     {"prompt_cuts", (PyCFunction)(void (*)(void))prompt_cuts, METH_FASTCALL, NULL},
     {"prompt_store", (PyCFunction)(void (*)(void))prompt_store, METH_FASTCALL, NULL},
     {"prompt_evict", (PyCFunction)(void (*)(void))prompt_evict, METH_FASTCALL, NULL},
+    {"prompt_extend", (PyCFunction)(void (*)(void))prompt_extend, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
 static int add_prompt_cache(PyObject *mod) {
     STR_CUTS = PyUnicode_InternFromString("cuts");
     STR_DATA = PyUnicode_InternFromString("data");
-    if (STR_CUTS == NULL || STR_DATA == NULL) return -1;
+    STR_FROMBYTES = PyUnicode_InternFromString("frombytes");
+    if (STR_CUTS == NULL || STR_DATA == NULL || STR_FROMBYTES == NULL) return -1;
     return PyModule_AddFunctions(mod, prompt_cache_methods);
 }

@@ -195,6 +195,8 @@ class PromptCache:
                 out = PromptIds(fresh)
         else:
             base, k = found
+            if self._encode_packed is not None:  # the C path: the rest of the hit in one call
+                return self._extend_native(data, base, k, listed)
             start, _, offset, _ = base.cuts[k]
             before = base.cuts[: k + 1]
             tail = data[start:].decode("utf-8", "surrogatepass") if start < n else ""
@@ -225,28 +227,62 @@ class PromptCache:
         # list still equals the array, no second pass), and the entry keeps its own copy for later prompts
         sizes = tuple(self._sizes)  # one C call: another thread may add a size meanwhile (encode runs off the loop too)
         complete = {size: extend_hashes(ids, known.get(size, []), size, offset // size) for size in sizes}
-        # the xxh3 state after the reused prefix: the base's last cut's, or the one it keeps for the cut last branched
-        # off from; else hashed here, and kept for the next prompt made from that cut
-        state = None
-        if base is not None:
-            branch = base.branch
-            if k == len(base.cuts) - 1:
-                state = base.state
-            elif branch is not None and branch[0] == k:
-                state = branch[1]
+        state = self._state(base, k)
         if self._bounds is not None:
             entry = self._entry_native(data, ids, start, before, state, base, k)
         else:
             new = self._matches(data, start) if scanned is None else [m for m in scanned if m[0] > start]
             entry = self._entry(data, ids, fresh, offset, new, start, before, state, base, k)
+        return self._finish(entry, base, k, ids, complete, out, known, offset)
+
+    def _extend_native(self, data: bytes, base: _Entry, k: int, listed: bool) -> Sequence[int]:
+        """:meth:`encode_within`'s lines after a hit on ``base``'s cut ``k`` (the C path with a packer): the tail's
+        ids, the ids' copy, the block hashes and the new cuts in one C call (``_native.prompt_extend``), the same
+        values as those lines (tests/kv/test_prompt_cache.py, test_prompt_cache_native.py)."""
+        native = self._native
+        bounds = self._bounds
+        assert native is not None and bounds is not None
+        before = base.cuts[: k + 1]
+        start, _, offset, _ = before[-1]
+        known = base.hashes
+        self._sizes.update(known)
+        state = self._state(base, k)
+        ids, complete, got = native.prompt_extend(data, start, base.ids, offset, self._encode_packed,
+                                                  tuple(self._sizes), known, offset - 1, *bounds, self._names_t,
+                                                  self._tokens, state, TAIL_WINDOW, k < len(base.cuts) - 1)
+        out: PromptIds | None = None
+        if listed:
+            out = PromptIds()
+            native.u32_fill(out, ids, self._ints)
+        return self._finish(self._cut_entry(got, data, ids, before, base, k), base, k, ids, complete, out, known,
+                            offset)
+
+    @staticmethod
+    def _state(base: _Entry | None, k: int) -> xxhash.xxh3_64 | bytes | None:
+        """The xxh3 state after the reused prefix (``base``'s cut ``k``): the base's last cut's, or the one it keeps
+        for the cut last branched off from; else None (hashed again, and kept for the next prompt made from that
+        cut)."""
+        if base is None:
+            return None
+        if k == len(base.cuts) - 1:
+            return base.state
+        branch = base.branch
+        if branch is not None and branch[0] == k:
+            return branch[1]
+        return None
+
+    def _finish(self, entry: _Entry | None, base: _Entry | None, k: int, ids: array[int],
+                complete: dict[int, list[int]], out: PromptIds | None, known: Mapping[int, list[int]],
+                offset: int) -> Sequence[int]:
+        """Store ``entry`` (None: nothing), count, and the caller's ids: ``out`` filled in, or an ``ArrayIds``."""
+        before = base.cuts[k][2] if base is not None else 0
         if entry is not None:
             with self._lock:
                 self._store(entry, base, k)
                 if base is not None:
                     self.hits += 1
-                    self.reused_tokens += before[-1][2]
-                self.encoded_tokens += len(ids) - (before[-1][2] if before else 0)
-        if entry is not None:
+                    self.reused_tokens += before
+                self.encoded_tokens += len(ids) - before
             own = entry.hashes
             for size, h in complete.items():  # a loop: no generator per request
                 own[size] = h.copy()
@@ -423,6 +459,13 @@ class PromptCache:
         snap = base is not None and k < len(base.cuts) - 1
         got = self._native.prompt_cuts(data, start, ids, (before[-1][2] if before else 0) - 1, *self._bounds,
                                        self._names_t, self._tokens, state, TAIL_WINDOW, snap)
+        return self._cut_entry(got, data, ids, before, base, k)
+
+    @staticmethod
+    def _cut_entry(got: tuple[list[tuple[int, int, int, int]], int, bytes, bytes | None] | None, data: bytes,
+                   ids: array[int], before: list[tuple[int, int, int, int]], base: _Entry | None,
+                   k: int) -> _Entry | None:
+        """The entry from ``_native.prompt_cuts``' answer ``got`` (None: not remembered)."""
         if got is None:
             return None  # the codec did not split where expected: do not remember this prompt
         new, last, stream, at_start = got

@@ -1,6 +1,7 @@
-"""The prompt cache's bookkeeping in C (``_native.prompt_tail/prompt_cuts/prompt_store/prompt_evict``) against its
-Python lines: two caches, one per path, fed the same prompts, must hand out the same ids and hold the same keys,
-tail keys, entries (cuts, ids, hashes) in the same LRU order, bytes and counters after every prompt."""
+"""The prompt cache's bookkeeping in C (``_native.prompt_tail/prompt_cuts/prompt_store/prompt_evict``, and a hit's
+rest in one call, ``prompt_extend``, where the codec packs the tail's ids) against its Python lines: two or three
+caches, one per path, fed the same prompts, must hand out the same ids and hold the same keys, tail keys, entries
+(cuts, ids, hashes) in the same LRU order, bytes and counters after every prompt."""
 
 from __future__ import annotations
 
@@ -83,12 +84,24 @@ def _pair(encode: Any, boundaries: dict[str, int], max_bytes: int) -> tuple[Prom
     return caches
 
 
-def _feed(caches: tuple[PromptCache, PromptCache], text: str, want: list[int], listed: bool, size: int) -> None:
+def _trio(encode: Any, boundaries: dict[str, int], max_bytes: int) -> tuple[PromptCache, ...]:
+    """:func:`_pair` and a C cache given ``encode``'s ids packed (a hit's rest through ``_native.prompt_extend``)."""
+    packed = PromptCache(encode, boundaries, max_bytes, native=True,
+                         encode_tail_packed=lambda s: array("I", encode(s)).tobytes())
+    packed.min_chars = 0
+    return (*_pair(encode, boundaries, max_bytes), packed)
+
+
+def _feed(caches: tuple[PromptCache, ...], text: str, want: list[int], listed: bool, size: int) -> None:
     got = [cache.encode_within(text, None, listed) for cache in caches]
     for ids in got:
         assert ids is not None and list(ids) == want
         assert not size or block_hashes(ids, size) == block_hashes(want, size)  # size 0: ids past uint32
-    assert _state(caches[0]) == _state(caches[1])
+        # the block hashes made with the ids (every size asked for before) are those of the ids
+        for made_size, made in (getattr(ids, "complete", None) or {}).items():
+            assert made == pure_block_hashes(want, made_size)
+    for cache in caches[1:]:
+        assert _state(caches[0]) == _state(cache)
     for cache in caches:
         _check_keys(cache)
 
@@ -102,7 +115,7 @@ TEXT = st.lists(st.one_of(PIECE, st.text(max_size=6)), max_size=10).map("".join)
        max_bytes=st.integers(200, 4000), size=st.sampled_from([1, 3, 4]))
 def test_the_c_path_leaves_the_state_the_python_path_leaves(steps: list[tuple[int, float, str, bool]],
                                                             max_bytes: int, size: int) -> None:
-    caches = _pair(_codec, {t: i for t, i in TOKENS.items()}, max_bytes)
+    caches = _trio(_codec, {t: i for t, i in TOKENS.items()}, max_bytes)
     seen: list[str] = []
     for pick, where, new, listed in steps:
         # extend (part of) an earlier prompt: its last cut (a growing conversation), an earlier one (a branch), or
@@ -115,10 +128,10 @@ def test_the_c_path_leaves_the_state_the_python_path_leaves(steps: list[tuple[in
 
 
 def test_a_codec_that_does_not_split_where_expected_is_not_remembered_by_either_path() -> None:
-    caches = _pair(lambda s: [ord(c) for c in s], {"<x>": 1 << 20}, 1 << 20)  # never emits the token's id
+    caches = _trio(lambda s: [ord(c) for c in s], {"<x>": 1 << 20}, 1 << 20)  # never emits the token's id
     for text in ("a<x>b", "a<x>b<x>c", "<x>"):
         _feed(caches, text, [ord(c) for c in text], True, 2)
-    assert caches[0].entries == caches[1].entries == 0
+    assert [c.entries for c in caches] == [0, 0, 0]
 
 
 def test_u32_pack_is_the_arrays_bytes_or_none() -> None:
@@ -160,7 +173,7 @@ def test_chat_sessions_through_both_paths(qwen_tokenizer_dir: Path, listed: bool
     that evicts."""
     renderer = PromptRenderer.from_dir(qwen_tokenizer_dir)
     codec = renderer._codec
-    caches = _pair(lambda s: codec.encode(s, False), codec.boundaries, 60_000)
+    caches = _trio(lambda s: codec.encode(s, False), codec.boundaries, 60_000)
     sessions: list[list[dict[str, str]]] = []
     for i in range(60):
         group = i % 4
