@@ -187,7 +187,14 @@ class PrefixIndex:
         got = self._apply_payload(*worker.tables, payload, self._payload_size)
         if got is None:
             return False
-        ts, stored, removed, orphans, unknown, mismatched, touched = got
+        self._applied(worker, now, *got)
+        return True
+
+    def _applied(self, worker: WorkerTable, now: float | None, ts: Any, stored: int, removed: int, orphans: Any,
+                 unknown: int, mismatched: int, touched: Any) -> None:
+        """What the C apply of one or more payloads reports, added to the counters, the orphans and the touched
+        rows, and the worker's times set (the same for one batch, :meth:`apply_payload`, and a drained run of
+        them, :meth:`drain_socket`: every part is a sum)."""
         counters = self.counters
         if stored:
             counters.block_stored += stored
@@ -203,7 +210,6 @@ class PrefixIndex:
             self._touch(touched)
         worker.last_event_ts = ts
         worker.last_applied_at = time.time() if now is None else now
-        return True
 
     def _apply_run(self, worker: WorkerTable, kind: type, run: list[Any]) -> None:
         """A run of events of one class (the exact classes first; a subclass is applied as its base)."""
@@ -232,21 +238,7 @@ class PrefixIndex:
         status, expected, n, ts, stored, removed, orphans, unknown, mismatched, touched, extra = self._drain(
             handle, expected, *worker.tables, self._payload_size)
         if n:
-            counters = self.counters
-            if stored:
-                counters.block_stored += stored
-            if removed:
-                counters.block_removed += removed
-            if orphans:
-                self._orphans(worker, orphans)
-            if unknown:
-                counters.unknown_removed += unknown
-            if mismatched:
-                counters.block_size_mismatch += mismatched
-            if touched:
-                self._touch(touched)
-            worker.last_event_ts = ts
-            worker.last_applied_at = time.time() if now is None else now
+            self._applied(worker, now, ts, stored, removed, orphans, unknown, mismatched, touched)
         return status, expected, n, extra
 
     def _tables(self, worker: WorkerTable) -> tuple[Any, ...]:
