@@ -2,7 +2,7 @@
 
 A mixed placement is one leg; a prefill+decode placement is two, run by
 :class:`DisaggRouter` as the pair's connector shapes them. A leg returns once the worker's
-first body chunk is in (:func:`first_chunk`, bounded by the first-byte timeout). A failure
+first body chunk is in (:meth:`Legs.open`, bounded by the first-byte timeout). A failure
 before it becomes :class:`LegFailed` naming the role, so the router retries that pool; the
 ticket ends on every failure path and, after success, when the response ends.
 """
@@ -30,21 +30,6 @@ from infera.telemetry.record import current
 from infera.transport.base import RequestTransport, UpstreamError, UpstreamResponse
 
 PREDICTION_TTL = 120.0  # seconds a routing decision is remembered as a predicted cache entry
-
-
-async def first_chunk(upstream: UpstreamResponse, worker_id: str) -> bytes:
-    """The response's first body chunk (b"" for an empty body), or :class:`UpstreamError`.
-
-    The transport bounds the wait as the reference defines it for it (HTTP: the first-byte
-    timeout; NATS: the idle timeout, and the request's wall-clock cap from its start)."""
-    try:
-        return await anext(upstream.body)
-    except StopAsyncIteration:
-        return b""
-    except UpstreamError:
-        raise
-    except Exception as exc:
-        raise UpstreamError(f"worker {worker_id} failed before its first byte: {exc}") from exc
 
 
 class Legs:
@@ -147,7 +132,10 @@ class Legs:
             headers = {**headers, "traceparent": record.traceparent(span)}
         try:
             upstream = await self._transport.send(worker, path, body, headers, started=started)
-            try:  # first_chunk(), inline: no coroutine of its own on every request's path
+            # The first body chunk (b"" for an empty body), awaited in this frame (no coroutine of its own on every
+            # request's path); the transport bounds the wait (HTTP: the first-byte timeout; NATS: the idle timeout
+            # and the request's wall-clock cap). Any failure but an UpstreamError becomes one.
+            try:
                 first = await anext(upstream.body)
             except StopAsyncIteration:
                 first = b""
