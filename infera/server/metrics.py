@@ -154,8 +154,8 @@ class EndpointAccounts:
     def record(self, status: str, started: float, ttft: float | None, usage: Usage | None) -> None:
         """A request's end: its time to first byte (when recorded now), its status, its duration since
         ``started`` (``time.perf_counter()``) and its usage's token counts; the same observations, in the
-        same order, as one :meth:`ServerMetrics.of` call each. A counter's value is added to here, under its
-        lock, as its ``inc`` does (:func:`_counter`), without a frame per count."""
+        same order, as one :meth:`ServerMetrics.of` call each. A counter's value is added to under its lock, as
+        its ``inc`` does (:func:`_counter`, :func:`_inc`), without prometheus_client's frames."""
         metrics, endpoint = self._metrics, self._endpoint
         if ttft is not None:
             if self._ttft is None:
@@ -164,11 +164,7 @@ class EndpointAccounts:
         count = self._statuses.get(status)
         if count is None:
             count = self._statuses[status] = _counter(metrics.of(metrics.requests, endpoint, status))
-        if isinstance(count, MutexValue):
-            with count._lock:
-                count._value += 1
-        else:
-            count(1)
+        _inc(count, 1)
         if self._e2e is None:
             self._e2e = metrics.observer(metrics.e2e, endpoint)
         self._e2e(time.perf_counter() - started)
@@ -178,14 +174,8 @@ class EndpointAccounts:
                 self._tokens = (_counter(metrics.of(tokens, endpoint, "prompt")),  # counts are >= 0 (tally reads
                                 _counter(metrics.of(tokens, endpoint, "completion")))  # digits)
             prompt, completion = self._tokens
-            if isinstance(prompt, MutexValue) and isinstance(completion, MutexValue):
-                with prompt._lock:
-                    prompt._value += usage.prompt_tokens
-                with completion._lock:
-                    completion._value += usage.completion_tokens
-            else:
-                _inc(prompt, usage.prompt_tokens)
-                _inc(completion, usage.completion_tokens)
+            _inc(prompt, usage.prompt_tokens)
+            _inc(completion, usage.completion_tokens)
             if usage.cached_tokens:
                 if self._cached is None:
                     self._cached = metrics.counter(metrics.tokens, endpoint, "cached")
@@ -203,6 +193,7 @@ def _counter(child: Counter) -> Count:
 
 
 def _inc(count: Count, amount: float) -> None:
+    """``amount`` added to ``count``: under the in-process value's lock, as its ``inc`` does, or by its ``inc``."""
     if isinstance(count, MutexValue):
         with count._lock:
             count._value += amount
