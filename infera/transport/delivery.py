@@ -39,13 +39,12 @@ def deliver(worker_id: str, payload: bytes, sink: EventSink, on_gap: GapSink, ra
 
 def failed(worker_id: str, exc: BaseException, on_gap: GapSink) -> None:
     """A batch's apply raised ``exc`` elsewhere (a socket's drain): what :func:`deliver` does for a raising sink."""
-    try:
-        raise exc
-    except Exception:
-        _lost(worker_id, on_gap)
+    _lost(worker_id, on_gap, exc)
 
 
-def _lost(worker_id: str, on_gap: GapSink) -> None:
-    """Within ``except``: a batch could not be applied (its traceback logged), one batch lost for the worker."""
-    log.exception("worker %s: a KV-event batch could not be applied; its cache view is reset", worker_id)
+def _lost(worker_id: str, on_gap: GapSink, exc: BaseException | None = None) -> None:
+    """A batch could not be applied (``exc``'s traceback logged, by default the one being handled), one batch lost
+    for the worker."""
+    log.error("worker %s: a KV-event batch could not be applied; its cache view is reset", worker_id,
+              exc_info=True if exc is None else exc)
     on_gap(worker_id, 1)
