@@ -582,8 +582,7 @@ class KvTtftPolicy:
                                   for x in fresh_samples] if c_model is not None else
                                  [modelled_ms(1.0, x.queued_tokens + x.prefill_tokens, x.decoding, x.active_blocks,
                                               capacity) for x in fresh_samples])
-                sums.observed = sum(seconds) * 1000.0
-                sums.modelled = sum(parts)
+                self._sum_window(sums, seconds)
             sums.capacity = capacity
             sums.source = samples
             sums.count = count
@@ -591,10 +590,10 @@ class KvTtftPolicy:
             sums.floor = self._load.ttft_fastest(wid) * 1000.0  # min(seconds, default=0.0), kept by the tracker
         return sums
 
-
     @staticmethod
     def _sum_window(sums: _Scale, seconds: Sequence[float]) -> None:
-        """The two sums by sum(), when kv_refresh answered None (an item of the window not a float)."""
+        """The two sums by sum() (the Python refresh's, and the C one's when kv_refresh answered None: an item of
+        the window not a float)."""
         sums.observed = sum(seconds) * 1000.0
         sums.modelled = sum(sums.parts)
 
