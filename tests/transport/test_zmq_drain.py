@@ -9,6 +9,7 @@ counters, batch and gap counts, and the C path must have applied batches itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -174,10 +175,9 @@ OP = st.one_of(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=st.lists(OP, min_size=1, max_size=40), end_broken=st.booleans())
-async def test_the_c_drain_leaves_what_the_python_loop_leaves(
-        zctx: zmq.Context[zmq.Socket[bytes]], ops: list[tuple[str, int, int]], end_broken: bool) -> None:
+@contextlib.asynccontextmanager
+async def two_stacks(zctx: zmq.Context[zmq.Socket[bytes]]) -> AsyncIterator[tuple[list[Engine], list[Stack]]]:
+    """Three engines, and two feeds following them: one draining in C, one through the pyzmq loop."""
     engines = [Engine(zctx, f"w{i}") for i in range(3)]
     stacks = [Stack(engines, native=True), Stack(engines, native=False)]
     try:
@@ -185,6 +185,19 @@ async def test_the_c_drain_leaves_what_the_python_loop_leaves(
             await s.start()
         for e in engines:
             await e.subscribed(2)
+        yield engines, stacks
+    finally:
+        for s in stacks:
+            await s.stop()
+        for e in engines:
+            e.pub.close(0)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OP, min_size=1, max_size=40), end_broken=st.booleans())
+async def test_the_c_drain_leaves_what_the_python_loop_leaves(
+        zctx: zmq.Context[zmq.Socket[bytes]], ops: list[tuple[str, int, int]], end_broken: bool) -> None:
+    async with two_stacks(zctx) as (engines, stacks):
         for e in engines:  # each worker known to both indexes (the C drain reads for known workers only)
             e.publish("store", 1)
         await await_until(lambda: all(s.feed.batches[e.wid] == 1 for s in stacks for e in engines), 5, "known")
@@ -213,23 +226,12 @@ async def test_the_c_drain_leaves_what_the_python_loop_leaves(
             s.feed.tick()
         assert stacks[0].state(engines) == stacks[1].state(engines)
         assert stacks[1].c_batches == 0
-    finally:
-        for s in stacks:
-            await s.stop()
-        for e in engines:
-            e.pub.close(0)
 
 
 async def test_batches_in_sequence_are_applied_by_the_c_drain(zctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     """Once the index knows the worker, a decision's catch-up applies queued batches in C, with the same
     result as the Python loop."""
-    engines = [Engine(zctx, f"w{i}") for i in range(3)]
-    stacks = [Stack(engines, native=True), Stack(engines, native=False)]
-    try:
-        for s in stacks:
-            await s.start()
-        for e in engines:
-            await e.subscribed(2)
+    async with two_stacks(zctx) as (engines, stacks):
         engines[1].publish("store", 2)
         await await_until(lambda: all(s.feed.batches["w1"] == 1 for s in stacks), 5, "the first batch")
         for s in stacks:
@@ -245,11 +247,6 @@ async def test_batches_in_sequence_are_applied_by_the_c_drain(zctx: zmq.Context[
         await await_until(settled, 5, "every batch")
         assert stacks[0].state(engines) == stacks[1].state(engines)
         assert stacks[0].c_batches == 5
-    finally:
-        for s in stacks:
-            await s.stop()
-        for e in engines:
-            e.pub.close(0)
 
 
 async def test_one_decision_applies_every_batch_queued_on_the_socket_in_c() -> None:
