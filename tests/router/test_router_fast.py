@@ -139,16 +139,13 @@ async def test_retries_stop_at_max_retries_with_the_last_error() -> None:
     assert idle(router, transport)
 
 
-async def test_a_first_read_that_breaks_is_an_upstream_failure_before_the_first_byte() -> None:
-    """A body whose first read raises something that is not an :class:`UpstreamError` (a torn connection seen as
-    an OSError, a bug in a transport) fails its leg before the first byte, as an UpstreamError that names the worker
-    and says so: retried elsewhere, the broken response closed, nothing left in flight."""
-    router, _, transport = make(worker("a"), worker("b"), policy="least-load", max_retries=1)
+def tear_first_read(transport: Any, wid: str) -> None:
+    """``transport``'s answers from ``wid`` fail at their first read with a plain OSError (not an UpstreamError)."""
     send = transport.send
 
     async def torn(w: Any, path: str, body: bytes, headers: Any, started: float | None = None) -> Any:
         upstream = await send(w, path, body, headers, started)
-        if w.instance_id != "a":
+        if w.instance_id != wid:
             return upstream
 
         async def broken() -> AsyncIterator[bytes]:
@@ -158,24 +155,19 @@ async def test_a_first_read_that_breaks_is_an_upstream_failure_before_the_first_
         upstream.body = broken()
         return upstream
 
-    transport.send = torn  # type: ignore[method-assign]
+    transport.send = torn
+
+async def test_a_first_read_that_breaks_is_an_upstream_failure_before_the_first_byte() -> None:
+    """A body whose first read raises something that is not an :class:`UpstreamError` (a torn connection seen as
+    an OSError, a bug in a transport) fails its leg before the first byte, as an UpstreamError that names the worker
+    and says so: retried elsewhere, the broken response closed, nothing left in flight."""
+    router, _, transport = make(worker("a"), worker("b"), policy="least-load", max_retries=1)
+    tear_first_read(transport, "a")
     assert await until_tried(router, transport, "a") == "b"
     assert transport.tried() == ["a", "b"] and router.view.stats().retries == 1
     assert idle(router, transport)
     router2, _, transport2 = make(worker("a"), policy="least-load", max_retries=0)
-    send2 = transport2.send
-
-    async def torn_only(w: Any, path: str, body: bytes, headers: Any, started: float | None = None) -> Any:
-        upstream = await send2(w, path, body, headers, started)
-
-        async def broken() -> AsyncIterator[bytes]:
-            raise OSError("torn")
-            yield b""
-
-        upstream.body = broken()
-        return upstream
-
-    transport2.send = torn_only  # type: ignore[method-assign]
+    tear_first_read(transport2, "a")
     with pytest.raises(UpstreamFailed, match="worker a failed before its first byte: torn") as exc:
         await router2.dispatch(chat_request(), {})
     assert exc.value.status == 502
