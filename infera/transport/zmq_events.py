@@ -45,6 +45,11 @@ from infera.transport.delivery import deliver, failed
 log = logging.getLogger(__name__)
 
 
+def _ignored(worker_id: str, frames: int) -> None:
+    """A KV-event message of ``frames`` frames, not 3: skipped, with a warning."""
+    log.warning("worker %s: KV-event message with %d frames ignored", worker_id, frames)
+
+
 BACKSTOP = 0.5
 """Seconds after the last :meth:`ZmqEventSource.catch_up` until batches are applied again as they arrive."""
 
@@ -199,7 +204,7 @@ class ZmqEventSource:
             """One message off the socket: apply it in sequence (True), or hand a gap to the task (False)."""
             nonlocal expected, pending, busy
             if len(frames) != 3:
-                log.warning("worker %s: KV-event message with %d frames ignored", worker_id, len(frames))
+                _ignored(worker_id, len(frames))
                 return True
             seq = seq_from_bytes(frames[1])
             if expected is not None:
@@ -235,7 +240,7 @@ class ZmqEventSource:
                         elif status == DRAIN_FAILED:
                             failed(worker_id, extra[1], self._on_gap)
                         elif status == DRAIN_FRAMES:
-                            log.warning("worker %s: KV-event message with %d frames ignored", worker_id, extra)
+                            _ignored(worker_id, extra)
                         elif status == DRAIN_BROKEN:
                             raise extra
                         else:  # declined (the worker's blocks in other tiers): read here, all of them
