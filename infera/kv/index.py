@@ -107,6 +107,8 @@ class PrefixIndex:
         self._payload_size = block_size or 0
         # A ZMQ socket's queued payloads straight into the tables (drain_socket): with apply_payload only
         self._drain = getattr(self._native, "drain_socket", None) if self._apply_payload is not None else None
+        # A ZMTP stream's (drain_stream): likewise
+        self._stream = getattr(self._native, "drain_stream", None) if self._apply_payload is not None else None
         self._clear_worker = getattr(self._native, "clear_worker", None)  # _clear in C (an older build: Python's)
         self._guesses = Predictions(self._native)
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
@@ -127,6 +129,11 @@ class PrefixIndex:
     def takes_sockets(self) -> bool:
         """Whether :meth:`drain_socket` can read sockets (the C path, built with it, and pyzmq's libzmq loaded)."""
         return self._drain is not None and self._native.zmq_ready() is not None
+
+    @property
+    def takes_streams(self) -> bool:
+        """Whether :meth:`drain_stream` can read ZMTP streams (the C path, built with it)."""
+        return self._stream is not None
 
     def _worker(self, worker_id: str) -> WorkerTable:
         worker = self._workers.get(worker_id)
@@ -237,6 +244,19 @@ class PrefixIndex:
             return None
         status, expected, n, ts, stored, removed, orphans, unknown, mismatched, touched, extra = self._drain(
             handle, expected, *worker.tables, self._payload_size)
+        if n:
+            self._applied(worker, now, ts, stored, removed, orphans, unknown, mismatched, touched)
+        return status, expected, n, extra
+
+    def drain_stream(self, worker_id: str, fd: int, buffer: bytearray, expected: int | None,
+                     now: float | None = None) -> tuple[int, int | None, int, Any] | None:
+        """:meth:`drain_socket` for a ZMTP stream read without libzmq: the TCP socket ``fd`` and ``buffer``, what was
+        read of it and not parsed (csrc/zmtp_drain.c says exactly what it takes and leaves); the same answer."""
+        worker = self._workers.get(worker_id)
+        if worker is None or self._stream is None:
+            return None
+        status, expected, n, ts, stored, removed, orphans, unknown, mismatched, touched, extra = self._stream(
+            fd, buffer, expected, *worker.tables, self._payload_size)
         if n:
             self._applied(worker, now, ts, stored, removed, orphans, unknown, mismatched, touched)
         return status, expected, n, extra

@@ -96,6 +96,11 @@ sequence off the socket and applies it, as the source's own loop would through t
 says nothing is queued or a message it leaves to the source. Returns (one of the ``DRAIN_*`` codes, the next expected
 seq, what goes with the code), or None: it read nothing (the source reads the socket itself)."""
 
+StreamSink = Callable[[str, int, bytearray, int | None], tuple[int, int | None, Any] | None]
+"""The :data:`SocketSink` for a ZMTP stream read without libzmq (:mod:`infera.transport.zmtp`): with (worker id, the TCP
+socket's descriptor, the bytes read off it and not yet parsed (kept there: a message's start at its head), the next
+expected seq); the same answers, and :data:`DRAIN_COMMAND`."""
+
 DRAIN_EMPTY = 0
 """Nothing more is queued; with None."""
 DRAIN_MESSAGE = 1
@@ -108,14 +113,17 @@ DRAIN_DECLINED = 4
 """Nothing read: the source reads the socket itself."""
 DRAIN_BROKEN = 5
 """With the socket's error (an exception to raise)."""
+DRAIN_COMMAND = 6
+"""A ZMTP stream's command is next (:data:`StreamSink`): nothing taken of it, the source reads it."""
 
 
 class KvEventSource(Protocol):
     def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None,
-             socket: SocketSink | None = None) -> None:
+             socket: SocketSink | None = None, stream: StreamSink | None = None) -> None:
         """Set where batches and unrepairable gaps go; called once, before ``start``. ``raw``, if given, is
         offered each batch's payload before it is decoded (:func:`infera.transport.delivery.deliver`); ``socket``,
-        if given, a ZMQ socket's queued batches (a source of another kind ignores it)."""
+        if given, a ZMQ socket's queued batches, and ``stream`` a ZMTP stream's (a source of another kind ignores
+        them)."""
         ...
 
     async def start(self) -> None: ...

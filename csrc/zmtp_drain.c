@@ -1,0 +1,255 @@
+/* ==== An engine's KV-event PUB read over ZMTP from a plain TCP socket into the index (PrefixIndex.drain_stream) ====
+ *
+ * Included by index.c, after zmq_drain.c (its status codes, payload_apply's use and its error helpers). The ZMTP
+ * reader (infera/transport/zmtp.py) holds a non-blocking TCP socket subscribed to an engine's PUB and a bytearray of
+ * the bytes read and not yet parsed, always starting at a message's first frame. This takes every whole message
+ * off them, reading the socket until it would block, and applies each as zmq_drain.c's drain_socket does a message
+ * off a libzmq socket, with the same checks and what it leaves to Python:
+ *
+ *   frames: flags byte (MORE 1, LONG 2, COMMAND 4), size (1 byte, or 8 big-endian when LONG), body;
+ *   3 frames [topic, 8-byte big-endian seq, payload] expected; seq < expected: skip (applied from a replay);
+ *   seq > expected: a gap, the Python loop takes it; else apply, expected = seq + 1.
+ *
+ * A payload is applied where it lies (in the read chunk, or in the bytearray when it spans reads); what is left
+ * when the call ends (a message not all there yet) is kept in the bytearray. Beyond drain_socket's answers: a
+ * command (PING, ...) at the head ends the call with nothing consumed (ZD_COMMAND: Python answers it), and the
+ * connection's end is ZD_BROKEN with an OSError (the peer closed it: ConnectionResetError; a command inside a
+ * message: OSError(EPROTO)), after every whole message before it was taken. */
+
+#include <sys/socket.h>
+
+#define ZT_MORE 1
+#define ZT_LONG 2
+#define ZT_COMMAND 4
+#define ZT_CHUNK 65536
+
+enum { ZD_COMMAND = 6 };
+
+typedef struct {
+    const unsigned char *body[3];
+    size_t size[3];
+    size_t end;  /* the bytes it takes, from its first frame's flags */
+    int nf;      /* its frames */
+    int command; /* a command (one frame), not a message */
+} zt_unit;
+
+/* The message or command at d[0..len): 1 whole (u filled), 0 not all there yet, -1 a command inside a message. */
+static int zt_split(const unsigned char *d, size_t len, zt_unit *u) {
+    size_t pos = 0;
+    u->nf = 0;
+    u->command = 0;
+    for (;;) {
+        if (len - pos < 2) return 0;
+        unsigned flags = d[pos];
+        uint64_t size = 0;
+        if (flags & ZT_LONG) {
+            if (len - pos < 9) return 0;
+            for (int k = 1; k <= 8; k++) size = (size << 8) | d[pos + k];
+            pos += 9;
+        } else {
+            size = d[pos + 1];
+            pos += 2;
+        }
+        if (size > len - pos) return 0;
+        if (flags & ZT_COMMAND) {
+            if (u->nf) return -1;
+            u->command = 1;
+            u->end = pos + (size_t)size;
+            return 1;
+        }
+        if (u->nf < 3) {
+            u->body[u->nf] = d + pos;
+            u->size[u->nf] = (size_t)size;
+        }
+        if (u->nf < INT_MAX) u->nf++;
+        pos += (size_t)size;
+        if (!(flags & ZT_MORE)) {
+            u->end = pos;
+            return 1;
+        }
+    }
+}
+
+/* The unparsed data[pos..len) left in ``buf`` as its whole content (data is buf's own bytes, or the read chunk
+ * when buf was empty): 0, or -1 with an error set. */
+static int zt_keep(PyObject *buf, const unsigned char *data, size_t pos, size_t len, int in_chunk) {
+    size_t rest = len - pos;
+    if (in_chunk) {
+        if (PyByteArray_Resize(buf, (Py_ssize_t)rest) < 0) return -1;
+        if (rest) memcpy(PyByteArray_AS_STRING(buf), data + pos, rest);
+        return 0;
+    }
+    if (pos == 0) return 0;
+    if (rest) memmove(PyByteArray_AS_STRING(buf), data + pos, rest);
+    return PyByteArray_Resize(buf, (Py_ssize_t)rest);
+}
+
+/* An OSError(errno, text) instance, or NULL with an error set. */
+static PyObject *zt_oserror(int e, const char *text) {
+    return PyObject_CallFunction(PyExc_OSError, "is", e, text == NULL ? strerror(e) : text);
+}
+
+/* drain_stream(fd, buffer, expected, blocks, media, extra, lower, predicted, holders, shared, watched, guess_masks,
+ *              bit, block_size)
+ *   -> (status, expected, n, ts, stored, removed, orphans, unknown, mismatched, touched, extra)
+ * drain_socket's answer (zmq_drain.c) for the ZMTP stream on ``fd`` with ``buffer`` (a bytearray) holding what was
+ * read of it and not parsed; ZD_COMMAND: a command is at the head, nothing taken of it (extra None). */
+static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Tables t;
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "drain_stream takes 14 arguments");
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred()) return NULL;
+    if (fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "drain_stream: not a descriptor");
+        return NULL;
+    }
+    PyObject *buf = args[1];
+    if (!PyByteArray_CheckExact(buf)) {
+        PyErr_SetString(PyExc_TypeError, "drain_stream: the buffer must be a bytearray");
+        return NULL;
+    }
+    int any = args[2] == Py_None;
+    uint64_t expected = 0;
+    if (!any) {
+        expected = PyLong_AsUnsignedLongLong(args[2]);
+        if (expected == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    }
+    if (tables(args + 3, &t) < 0) return NULL;
+    Py_ssize_t size = PyLong_AsSsize_t(args[13]);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    PyObject *touched = PyList_New(0);
+    if (touched == NULL) return NULL;
+    Py_ssize_t counts[5] = {0, 0, 0, 0, 0}, n = 0;
+    double ts = 0.0;
+    int status = ZD_EMPTY;
+    PyObject *extra = NULL, *out = NULL;
+    if (PyDict_GET_SIZE(t.media)) {
+        status = ZD_DECLINED;
+        goto answer;
+    }
+    unsigned char chunk[ZT_CHUNK];
+    const unsigned char *data = (const unsigned char *)PyByteArray_AS_STRING(buf);
+    size_t len = (size_t)PyByteArray_GET_SIZE(buf), pos = 0;
+    int in_chunk = 0;
+    for (;;) {
+        zt_unit u;
+        int got = zt_split(data + pos, len - pos, &u);
+        if (got < 0) {
+            status = ZD_BROKEN;
+            if ((extra = zt_oserror(EPROTO, "a ZMTP command inside a message")) == NULL) goto fail;
+            break;
+        }
+        if (got == 0) { /* keep the rest, read more */
+            if (zt_keep(buf, data, pos, len, in_chunk) < 0) goto fail;
+            data = (const unsigned char *)PyByteArray_AS_STRING(buf);
+            len = (size_t)PyByteArray_GET_SIZE(buf);
+            pos = 0;
+            in_chunk = 0;
+            ssize_t r = recv((int)fd, chunk, sizeof chunk, MSG_DONTWAIT);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break; /* ZD_EMPTY */
+            if (r <= 0) {
+                status = ZD_BROKEN;
+                extra = r == 0 ? zt_oserror(ECONNRESET, "the peer closed the connection") : zt_oserror(errno, NULL);
+                if (extra == NULL) goto fail;
+                break;
+            }
+            if (len == 0) { /* parsed where it was read; only a partial message at the end is copied */
+                data = chunk;
+                len = (size_t)r;
+                in_chunk = 1;
+            } else {
+                if (PyByteArray_Resize(buf, (Py_ssize_t)(len + (size_t)r)) < 0) goto fail;
+                memcpy(PyByteArray_AS_STRING(buf) + len, chunk, (size_t)r);
+                data = (const unsigned char *)PyByteArray_AS_STRING(buf);
+                len += (size_t)r;
+            }
+            continue;
+        }
+        if (u.command) {
+            status = ZD_COMMAND;
+            break;
+        }
+        if (u.nf != 3) {
+            pos += u.end;
+            status = ZD_FRAMES;
+            if ((extra = PyLong_FromLong(u.nf)) == NULL) goto fail;
+            break;
+        }
+        uint64_t seq = 0;
+        int simple = u.size[1] == 8;
+        if (simple) {
+            for (int k = 0; k < 8; k++) seq = (seq << 8) | u.body[1][k];
+            simple = seq != UINT64_MAX; /* seq + 1 must fit */
+        }
+        if (simple && !any && seq < expected) { /* already applied from a replay */
+            pos += u.end;
+            continue;
+        }
+        if (simple && (any || seq == expected)) {
+            Py_ssize_t saved[5];
+            Py_ssize_t mark = PyList_GET_SIZE(touched);
+            double bts = 0.0;
+            memcpy(saved, counts, sizeof saved);
+            int applied = payload_apply(&t, u.body[2], (Py_ssize_t)u.size[2], size, counts, touched, &bts);
+            if (applied > 0) {
+                pos += u.end;
+                n++;
+                ts = bts;
+                any = 0;
+                expected = seq + 1;
+                continue;
+            }
+            if (applied < 0) { /* its counts and touched hashes go, as Python's apply_payload's raise drops them */
+                pos += u.end;
+                memcpy(counts, saved, sizeof saved);
+                PyObject *exc = zd_take_error();
+                if (exc == NULL || PyList_SetSlice(touched, mark, PyList_GET_SIZE(touched), NULL) < 0) {
+                    Py_XDECREF(exc);
+                    goto fail;
+                }
+                status = ZD_FAILED;
+                if ((extra = Py_BuildValue("(KN)", (unsigned long long)seq, exc)) == NULL) goto fail;
+                any = 0;
+                expected = seq + 1;
+                break;
+            }
+        }
+        /* a gap, an odd seq frame, a payload the C declines: Python's loop takes the message whole */
+        status = ZD_MESSAGE;
+        if ((extra = PyList_New(3)) == NULL) goto fail;
+        for (int k = 0; k < 3; k++) {
+            PyObject *b = PyBytes_FromStringAndSize((const char *)u.body[k], (Py_ssize_t)u.size[k]);
+            if (b == NULL) goto fail;
+            PyList_SET_ITEM(extra, k, b);
+        }
+        pos += u.end;
+        break;
+    }
+    if (zt_keep(buf, data, pos, len, in_chunk) < 0) goto fail;
+answer:
+    if (extra == NULL) {
+        extra = Py_None;
+        Py_INCREF(extra);
+    }
+    {
+        PyObject *exp = any ? (Py_INCREF(Py_None), Py_None) : PyLong_FromUnsignedLongLong(expected);
+        if (exp != NULL)
+            out = Py_BuildValue("(iNndnnnnnOO)", status, exp, n, ts, counts[0], counts[1], counts[2], counts[3],
+                                counts[4], touched, extra);
+    }
+fail:
+    Py_XDECREF(extra);
+    Py_DECREF(touched);
+    return out;
+}
+
+static PyMethodDef stream_methods[] = {
+    {"drain_stream", (PyCFunction)(void (*)(void))drain_stream, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_stream17(PyObject *mod) { return PyModule_AddFunctions(mod, stream_methods); }
