@@ -55,7 +55,8 @@ class IndexFeed:
         fleet.subscribe(self._on_change)
         if events is not None:  # the index takes vLLM's common batches straight from their bytes, if it can
             events.bind(self.on_batch, self.on_gap, self.on_payload if index.takes_payloads else None,
-                        self.on_socket if index.takes_sockets else None)
+                        self.on_socket if index.takes_sockets else None,
+                        self.on_stream if index.takes_streams else None)
 
     @property
     def follows_events(self) -> bool:
@@ -124,6 +125,18 @@ class IndexFeed:
         """Feed every batch queued on a ZMQ socket into the index (:data:`infera.transport.base.SocketSink`); the
         same effects as :meth:`on_payload` batch by batch."""
         got = self.index.drain_socket(worker_id, handle, expected)
+        if got is None:
+            return None
+        status, expected, n, extra = got
+        if n:
+            self._arrived(worker_id, n)
+        return status, expected, extra
+
+    def on_stream(self, worker_id: str, fd: int, buffer: bytearray,
+                  expected: int | None) -> tuple[int, int | None, Any] | None:
+        """Feed every batch queued on a ZMTP stream into the index (:data:`infera.transport.base.StreamSink`); the
+        same effects as :meth:`on_payload` batch by batch."""
+        got = self.index.drain_stream(worker_id, fd, buffer, expected)
         if got is None:
             return None
         status, expected, n, extra = got

@@ -18,11 +18,11 @@ still applies every batch as it arrives (the sockets' queues are unbounded), unt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import select
 import time
 from collections.abc import Callable
-from typing import cast
 
 import zmq
 import zmq.asyncio
@@ -31,6 +31,8 @@ from infera.protocols.kv_events import replay_step, seq_from_bytes, seq_to_bytes
 from infera.protocols.worker import WorkerRecord
 from infera.transport.base import (
     DRAIN_BROKEN,
+    DRAIN_COMMAND,
+    DRAIN_DECLINED,
     DRAIN_EMPTY,
     DRAIN_FAILED,
     DRAIN_FRAMES,
@@ -39,8 +41,11 @@ from infera.transport.base import (
     GapSink,
     RawSink,
     SocketSink,
+    StreamSink,
 )
 from infera.transport.delivery import deliver, failed
+from infera.transport.libzmq_link import LibzmqLink
+from infera.transport.zmtp import ZmtpLink, tcp_address
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +60,24 @@ BACKSTOP = 0.5
 
 
 class ZmqEventSource:
+    """KV events over ZMQ (the module's docstring). ``zmtp``: read tcp:// publishers with infera's own ZMTP reader
+    (:mod:`infera.transport.zmtp`, no libzmq I/O thread); False: every endpoint through libzmq."""
+
     def __init__(self, replay_timeout: float = 1.0, backstop: float = BACKSTOP,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, zmtp: bool = True) -> None:
         self._sink: EventSink = lambda worker_id, batch: None
         self._on_gap: GapSink = lambda worker_id, lost: None
         self._raw: RawSink | None = None
         self._socket: SocketSink | None = None
+        self._stream: StreamSink | None = None
+        self._zmtp = zmtp
         self._replay_timeout = replay_timeout
         self._backstop = backstop
         self._clock = clock
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._endpoints: dict[str, str] = {}
-        self._subs: set[zmq.Socket[bytes]] = set()  # the live SUB sockets (plain ones: see _follow)
+        self._subs: set[LibzmqLink | ZmtpLink] = set()  # the open links
         # the SUB sockets' descriptors -> their readers; the epoll is in the loop's selector while ``_armed``
         self._poller: select.epoll | None = None
         self._readers: dict[int, Callable[[], None]] = {}
@@ -77,11 +87,12 @@ class ZmqEventSource:
         self._timer: asyncio.TimerHandle | None = None  # the backstop, set while not armed
 
     def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None,
-             socket: SocketSink | None = None) -> None:
+             socket: SocketSink | None = None, stream: StreamSink | None = None) -> None:
         self._sink = sink
         self._on_gap = on_gap
         self._raw = raw
         self._socket = socket
+        self._stream = stream
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
@@ -95,8 +106,8 @@ class ZmqEventSource:
             self.unwatch(worker_id)
         if tasks:  # each closes its socket as it ends
             await asyncio.wait(tasks, timeout=1.0)
-        for sock in list(self._subs):  # the context's end waits for every socket it made, these too
-            sock.close(linger=0)
+        for link in list(self._subs):  # the context's end waits for every socket it made, these too
+            link.close()
         self._subs.clear()
         if self._timer is not None:
             self._timer.cancel()
@@ -171,37 +182,35 @@ class ZmqEventSource:
         if task is not None:
             task.cancel()
 
-    async def _follow(self, worker_id: str, endpoint: str, replay: str | None, topic: str) -> None:
+    def _link(self, endpoint: str, topic: str) -> LibzmqLink | ZmtpLink:
+        """The reader of a worker's stream: ZMTP on a plain TCP socket where it can (a tcp:// endpoint, unless the
+        source was made with ``zmtp=False``), else a libzmq SUB socket."""
+        address = tcp_address(endpoint) if self._zmtp else None
+        if address is not None:
+            return ZmtpLink(*address, topic.encode(), self._stream)
         assert self._ctx is not None
-        # A plain socket read in a reader callback (run by a decision's catch_up, or by the loop while armed):
-        # the callback itself takes every batch queued at each call and applies the ones in sequence, with no
-        # task step, future or coroutine per batch (zmq.asyncio's awaited receive cost ~35 µs of CPU per
-        # message against ~12, bench/README.md "Issue 15, fifth round"; the task hop and a coroutine per batch
-        # ~1.5 more, "eighth round: the KV-event intake"). The engines publish
-        # about one batch per request. This task runs only what must wait: the start-up replay and the
-        # repair of a gap, during which the callback leaves the socket's queue alone.
-        sub: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, 0)
-        sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        sub.connect(endpoint)
-        self._subs.add(sub)
+        return LibzmqLink(self._ctx, endpoint, topic, self._socket)
+
+    async def _follow(self, worker_id: str, endpoint: str, replay: str | None, topic: str) -> None:
+        # A plain read in a reader callback (run by a decision's catch_up, or by the loop while armed): the callback
+        # itself takes every batch queued at each call and applies the ones in sequence, with no task step, future
+        # or coroutine per batch (zmq.asyncio's awaited receive cost ~35 µs of CPU per message against ~12,
+        # bench/README.md "Issue 15, fifth round"; the task hop and a coroutine per batch ~1.5 more, "eighth round:
+        # the KV-event intake"). The engines publish about one batch per request. This task runs only what must
+        # wait: the connection (ZMTP's: libzmq connects on its own), the start-up replay and the repair of a gap,
+        # during which the callback leaves the messages queued.
+        link = self._link(endpoint, topic)
+        self._subs.add(link)
         loop = asyncio.get_running_loop()
-        fd = cast(int, sub.getsockopt(zmq.FD))
-        # POLLIN as a plain int: ``int & zmq.POLLIN`` goes through enum.Flag.__rand__ and builds a PollEvent
-        # (~0.6 µs per test, two or more tests a batch)
-        events_opt, pollin, noblock, again, more = zmq.EVENTS, int(zmq.POLLIN), zmq.NOBLOCK, zmq.Again, zmq.RCVMORE
-        recv, option = sub.recv, sub.getsockopt
-        on_socket, handle = self._socket, sub.underlying
         # the callback's state: the next expected seq, the message past a gap (the task repairs it), whether
-        # the task owns the socket (busy), and the future the task waits on
+        # the task owns the link (busy), and the future the task waits on
         expected: int | None = None
         pending: list[bytes] | None = None
         busy = True
         wake: asyncio.Future[None] = loop.create_future()
 
         def take(frames: list[bytes]) -> bool:
-            """One message off the socket: apply it in sequence (True), or hand a gap to the task (False)."""
+            """One message off the link: apply it in sequence (True), or hand a gap to the task (False)."""
             nonlocal expected, pending, busy
             if len(frames) != 3:
                 _ignored(worker_id, len(frames))
@@ -222,14 +231,15 @@ class ZmqEventSource:
         def drain() -> None:
             """Apply every queued batch in sequence; stop at a gap and hand it to the task."""
             nonlocal expected
-            # The index's C reads the socket through libzmq and applies each payload where it lies, one call for
-            # them all (csrc/zmq_drain.c); what it leaves (a gap, a payload it does not take, ...) comes back here.
-            # It reads nothing for a worker the index does not know yet (None): one message is read here, then
-            # it is asked again (that message may have made the worker known)
-            c = on_socket
+            # The index's C reads the link and applies each payload where it lies, one call for them all
+            # (csrc/zmq_drain.c, csrc/zmtp_drain.c); what it leaves (a gap, a payload it does not take, ...) comes
+            # back here. It reads nothing for a worker the index does not know yet (None), nor a ZMTP command:
+            # one message is read here, then it is asked again (that message may have made the worker known)
+            c = link.drain
+            read = link.read
             while True:
                 if c is not None:
-                    got = c(worker_id, handle, expected)
+                    got = c(worker_id, expected)
                     if got is not None:
                         status, expected, extra = got
                         if status == DRAIN_EMPTY:
@@ -243,47 +253,67 @@ class ZmqEventSource:
                             _ignored(worker_id, extra)
                         elif status == DRAIN_BROKEN:
                             raise extra
-                        else:  # declined (the worker's blocks in other tiers): read here, all of them
+                        elif status == DRAIN_DECLINED:  # the worker's blocks in other tiers: read here, all of them
                             c = None
-                        continue
-                # the descriptor signals a change of state, not a level: read until the socket itself says
-                # nothing is queued (a receive may have taken the signal of a later batch). Asked before each
-                # receive, not after a failed one: pyzmq's zmq.Again cost an exception per wake-up
-                if not cast(int, option(events_opt)) & pollin:
+                        if status != DRAIN_COMMAND:
+                            continue
+                frames = read()
+                if frames is None:
                     return
-                try:  # recv_multipart's loop without its wrapper (~0.4 µs a message)
-                    frames = [recv(noblock)]
-                    while option(more):
-                        frames.append(recv(noblock))
-                except again:
-                    continue
                 if not take(frames):
                     return
 
+        poller = self._poller
+        assert poller is not None
+        fd = -1  # the descriptor in the private epoll (-1: none)
+
         def readable() -> None:
             nonlocal busy
-            if busy:  # the task owns the socket (a replay): take the signal, or the loop would call this at every turn
-                sub.getsockopt(events_opt)
-                return
             try:
+                if busy:  # the task owns the link (a replay): take the signal, or the loop calls this at every turn
+                    link.absorb()
+                    return
                 drain()
-            except Exception as exc:  # the stream is broken (a bad seq frame, a closed socket): the task ends it
+            except Exception as exc:  # a lost connection (the task reopens it) or a broken stream (the task ends it)
                 busy = True
+                detach()  # it would signal at every turn until then
                 if not wake.done():
                     wake.set_exception(exc)
 
-        poller = self._poller
-        assert poller is not None
-        self._readers[fd] = readable
-        poller.register(fd, select.EPOLLIN)
+        def attach() -> None:
+            nonlocal fd
+            if self._poller is poller:  # still open (stop closes it after the tasks end)
+                fd = link.fd
+                self._readers[fd] = readable
+                poller.register(fd, select.EPOLLIN)
+
+        def detach() -> None:
+            nonlocal fd
+            if fd >= 0 and self._poller is poller:
+                with contextlib.suppress(OSError):
+                    poller.unregister(fd)
+                self._readers.pop(fd, None)
+            fd = -1
+
         try:
+            await link.open()
+            attach()
             if replay:
                 expected = await self._replay(worker_id, replay, 0, None)
             while True:
                 busy = False
-                drain()  # what queued while the task owned the socket
-                if not busy:
-                    await wake  # a gap, or the callback's failure
+                try:
+                    drain()  # what queued while the task owned the link
+                    if not busy:
+                        await wake  # a gap, or the callback's failure
+                except link.lost as exc:  # the peer went away (ZMTP: libzmq reconnects on its own): reconnect
+                    busy = True
+                    log.info("worker %s: KV-event stream from %s lost (%s); reconnecting", worker_id, endpoint, exc)
+                    detach()
+                    await link.open()
+                    attach()
+                    wake = loop.create_future()
+                    continue  # a gap since is repaired at the next batch, as any
                 wake = loop.create_future()
                 frames, pending = pending, None
                 assert frames is not None
@@ -294,11 +324,9 @@ class ZmqEventSource:
             log.exception("worker %s: KV-event stream from %s failed", worker_id, endpoint)
         finally:
             busy = True
-            if self._poller is poller:  # still open (stop closes it after the tasks end)
-                poller.unregister(fd)
-                self._readers.pop(fd, None)
-            sub.close(linger=0)
-            self._subs.discard(sub)
+            detach()
+            link.close()
+            self._subs.discard(link)
 
     async def _take(self, worker_id: str, frames: list[bytes], expected: int | None, replay: str | None) -> int | None:
         """Apply one live message (repairing a gap before it); returns the next expected seq."""

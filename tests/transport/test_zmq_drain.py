@@ -1,9 +1,11 @@
-"""A ZMQ socket's queued KV-event batches drained and applied by the index's C (``PrefixIndex.drain_socket``).
+"""A ZMQ socket's queued KV-event batches drained and applied by the index's C (``PrefixIndex.drain_socket``, and
+``drain_stream`` for the ZMTP reader's streams).
 
-Two frontends' worth of feeds follow the same real pyzmq publishers: one drains each socket in C, one reads it
-through pyzmq in Python, batch by batch (the source's own loop, ``socket=None``). Whatever the engines publish (in
-sequence or not, payloads the C takes or leaves to Python, malformed messages), both must end with the same index,
-counters, batch and gap counts, and the C path must have applied batches itself.
+Three frontends' worth of feeds follow the same real pyzmq publishers: one drains each link in C (a libzmq socket, or
+the ZMTP reader's TCP stream), one reads a libzmq socket through pyzmq in Python, batch by batch (the source's own
+loop, ``socket=None``: the reference), one reads the ZMTP stream in Python. Whatever the engines publish (in sequence
+or not, payloads the C takes or leaves to Python, malformed messages), all must end with the same index, counters,
+batch and gap counts, and the C path must have applied batches itself.
 """
 
 from __future__ import annotations
@@ -117,15 +119,15 @@ class Engine:
 
 
 class Stack:
-    """One frontend's feed over the engines: C drain (``native``) or the Python loop."""
+    """One frontend's feed over the engines: C drain (``native``) or the Python loop, over libzmq or ZMTP."""
 
-    def __init__(self, engines: list[Engine], native: bool) -> None:
+    def __init__(self, engines: list[Engine], native: bool, zmtp: bool) -> None:
         self.index = PrefixIndex(block_size=BLOCK)
-        self.source = ZmqEventSource(backstop=60.0)
+        self.source = ZmqEventSource(backstop=60.0, zmtp=zmtp)
         self.feed = IndexFeed(FakeFleet(*(e.record() for e in engines)), self.source, self.index)
         self.c_batches = 0
         if native:
-            on_socket = self.feed.on_socket
+            on_socket, on_stream = self.feed.on_socket, self.feed.on_stream
 
             def counted(wid: str, handle: int, expected: int | None) -> Any:
                 before = self.feed.batches[wid]
@@ -133,9 +135,15 @@ class Stack:
                 self.c_batches += self.feed.batches[wid] - before
                 return got
 
-            self.source.bind(self.feed.on_batch, self.feed.on_gap, self.feed.on_payload, counted)
+            def counted_stream(wid: str, fd: int, buffer: bytearray, expected: int | None) -> Any:
+                before = self.feed.batches[wid]
+                got = on_stream(wid, fd, buffer, expected)
+                self.c_batches += self.feed.batches[wid] - before
+                return got
+
+            self.source.bind(self.feed.on_batch, self.feed.on_gap, self.feed.on_payload, counted, counted_stream)
         else:
-            self.source.bind(self.feed.on_batch, self.feed.on_gap, self.feed.on_payload, None)
+            self.source.bind(self.feed.on_batch, self.feed.on_gap, self.feed.on_payload, None, None)
 
     async def start(self) -> None:
         await self.source.start()
@@ -176,15 +184,18 @@ OP = st.one_of(
 
 
 @contextlib.asynccontextmanager
-async def two_stacks(zctx: zmq.Context[zmq.Socket[bytes]]) -> AsyncIterator[tuple[list[Engine], list[Stack]]]:
-    """Three engines, and two feeds following them: one draining in C, one through the pyzmq loop."""
+async def three_stacks(zctx: zmq.Context[zmq.Socket[bytes]],
+                       zmtp: bool) -> AsyncIterator[tuple[list[Engine], list[Stack]]]:
+    """Three engines, and three feeds following them: one draining in C (over ZMTP if ``zmtp``, else libzmq), one
+    through the pyzmq loop, one through the ZMTP reader's Python loop."""
     engines = [Engine(zctx, f"w{i}") for i in range(3)]
-    stacks = [Stack(engines, native=True), Stack(engines, native=False)]
+    stacks = [Stack(engines, native=True, zmtp=zmtp), Stack(engines, native=False, zmtp=False),
+              Stack(engines, native=False, zmtp=True)]
     try:
         for s in stacks:
             await s.start()
         for e in engines:
-            await e.subscribed(2)
+            await e.subscribed(3)
         yield engines, stacks
     finally:
         for s in stacks:
@@ -193,11 +204,12 @@ async def two_stacks(zctx: zmq.Context[zmq.Socket[bytes]]) -> AsyncIterator[tupl
             e.pub.close(0)
 
 
+@pytest.mark.parametrize("zmtp", [False, True], ids=["libzmq", "zmtp"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OP, min_size=1, max_size=40), end_broken=st.booleans())
 async def test_the_c_drain_leaves_what_the_python_loop_leaves(
-        zctx: zmq.Context[zmq.Socket[bytes]], ops: list[tuple[str, int, int]], end_broken: bool) -> None:
-    async with two_stacks(zctx) as (engines, stacks):
+        zctx: zmq.Context[zmq.Socket[bytes]], zmtp: bool, ops: list[tuple[str, int, int]], end_broken: bool) -> None:
+    async with three_stacks(zctx, zmtp) as (engines, stacks):
         for e in engines:  # each worker known to both indexes (the C drain reads for known workers only)
             e.publish("store", 1)
         await await_until(lambda: all(s.feed.batches[e.wid] == 1 for s in stacks for e in engines), 5, "known")
@@ -216,22 +228,24 @@ async def test_the_c_drain_leaves_what_the_python_loop_leaves(
         def settled() -> bool:
             for s in stacks:
                 s.feed.tick()
-            a, b = (s.state(engines) for s in stacks)
-            return a == b and sum(stacks[1].feed.batches.values()) + sum(stacks[1].feed.gaps.values()) > 0
+            a, b, c = (s.state(engines) for s in stacks)
+            return a == b == c and sum(stacks[1].feed.batches.values()) + sum(stacks[1].feed.gaps.values()) > 0
 
         if in_order:
-            await await_until(settled, 5, "both feeds alike")
+            await await_until(settled, 5, "the feeds alike")
         await asyncio.sleep(0.05)  # anything late (it must not be) would show below
         for s in stacks:
             s.feed.tick()
-        assert stacks[0].state(engines) == stacks[1].state(engines)
-        assert stacks[1].c_batches == 0
+        assert stacks[0].state(engines) == stacks[1].state(engines) == stacks[2].state(engines)
+        assert stacks[1].c_batches == 0 and stacks[2].c_batches == 0
 
 
-async def test_batches_in_sequence_are_applied_by_the_c_drain(zctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+@pytest.mark.parametrize("zmtp", [False, True], ids=["libzmq", "zmtp"])
+async def test_batches_in_sequence_are_applied_by_the_c_drain(zctx: zmq.Context[zmq.Socket[bytes]],
+                                                              zmtp: bool) -> None:
     """Once the index knows the worker, a decision's catch-up applies queued batches in C, with the same
-    result as the Python loop."""
-    async with two_stacks(zctx) as (engines, stacks):
+    result as the Python loops."""
+    async with three_stacks(zctx, zmtp) as (engines, stacks):
         engines[1].publish("store", 2)
         await await_until(lambda: all(s.feed.batches["w1"] == 1 for s in stacks), 5, "the first batch")
         for s in stacks:
@@ -245,7 +259,7 @@ async def test_batches_in_sequence_are_applied_by_the_c_drain(zctx: zmq.Context[
             return all(s.feed.batches["w1"] == 6 for s in stacks)
 
         await await_until(settled, 5, "every batch")
-        assert stacks[0].state(engines) == stacks[1].state(engines)
+        assert stacks[0].state(engines) == stacks[1].state(engines) == stacks[2].state(engines)
         assert stacks[0].c_batches == 5
 
 
