@@ -55,6 +55,9 @@ class ServerSettings:
                                     choices=DISCOVERY_BACKENDS)
     request_transport: str = option("nats", "how requests reach a worker", choices=REQUEST_TRANSPORTS)
     kv_event_transport: str = option("nats", "how KV-cache events reach the router", choices=KV_EVENT_TRANSPORTS)
+    kv_event_zmtp: bool = option(True, "zmq KV events: read tcp:// publishers with infera's own ZMTP reader in the "
+                                       "event loop's thread (no libzmq I/O thread waking per batch); off: through "
+                                       "libzmq, as ipc:// and inproc:// always are")
     worker_url: tuple[str, ...] = option((), "static discovery: a worker's base URL (repeatable); its record "
                                               "is read from GET <url>/infera/worker")
     workers_file: str = option("", "static discovery: a JSON file listing worker URLs or records; watched "

@@ -80,7 +80,7 @@ REQUEST_TRANSPORTS: dict[str, Callable[[ServerSettings, HttpTransport], RequestT
 
 # One factory per --kv-event-transport value; "none" has none.
 KV_EVENT_SOURCES: dict[str, Callable[[ServerSettings], KvEventSource]] = {
-    "zmq": lambda settings: ZmqEventSource(),
+    "zmq": lambda settings: ZmqEventSource(zmtp=settings.kv_event_zmtp),
     "nats": lambda settings: NatsEventSource(settings.nats_server, connect_timeout=settings.upstream_connect_timeout),
 }
 
