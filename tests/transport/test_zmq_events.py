@@ -1,4 +1,5 @@
-"""ZmqEventSource against real ZMQ sockets replaying the golden vLLM trace."""
+"""ZmqEventSource against real ZMQ sockets replaying the golden vLLM trace, read through libzmq and through the ZMTP
+reader (each test runs with both)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import zmq
 import zmq.asyncio
 
@@ -16,6 +20,9 @@ from harness import await_until
 from infera.protocols.kv_events import REPLAY_END_SEQ, EventBatch, decode_batch, seq_from_bytes, seq_to_bytes
 from infera.protocols.worker import KvEventEndpoint, WorkerRecord
 from infera.transport.zmq_events import ZmqEventSource
+from infera.transport.zmtp import ZmtpLink
+
+pytestmark = pytest.mark.parametrize("zmtp", [False, True], ids=["libzmq", "zmtp"])
 
 
 def golden_frames(golden_dir: Path) -> list[list[bytes]]:
@@ -27,9 +34,14 @@ class Publisher:
     """A vLLM-like publisher: PUB for live batches (an XPUB, so the test sees a subscription arrive),
     ROUTER that replays from a seq."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, frames: list[list[bytes]]) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, frames: list[list[bytes]], port: int | None = None) -> None:
         self.pub = ctx.socket(zmq.XPUB)
-        self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self.pub.setsockopt(zmq.LINGER, 0)
+        if port is None:
+            self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        else:  # a free port, chosen before the publisher exists (it binds after the subscriber connects)
+            self.pub.bind(f"tcp://127.0.0.1:{port}")
+            self.port = port
         self.router = ctx.socket(zmq.ROUTER)
         self.replay_port = self.router.bind_to_random_port("tcp://127.0.0.1")
         self.frames = frames
@@ -65,15 +77,16 @@ class Publisher:
 
 
 @contextlib.asynccontextmanager
-async def following(frames: list[list[bytes]] | None = None) -> AsyncIterator[
+async def following(zmtp: bool, frames: list[list[bytes]] | None = None) -> AsyncIterator[
         tuple[Publisher, ZmqEventSource, list[EventBatch], list[int]]]:
-    """A publisher holding ``frames`` (for replay) and a started source bound to it: (publisher, source, the
-    batches it delivered, the gaps it reported); both stopped afterwards."""
+    """A publisher holding ``frames`` (for replay) and a started source bound to it (reading it over ZMTP if
+    ``zmtp``, else libzmq): (publisher, source, the batches it delivered, the gaps it reported); both stopped
+    afterwards."""
     ctx = zmq.asyncio.Context()
     pub = Publisher(ctx, frames or [])
     got: list[EventBatch] = []
     gaps: list[int] = []
-    source = ZmqEventSource()
+    source = ZmqEventSource(zmtp=zmtp)
     source.bind(lambda w, b: got.append(b), lambda w, n: gaps.append(n))
     await source.start()
     try:
@@ -84,9 +97,9 @@ async def following(frames: list[list[bytes]] | None = None) -> AsyncIterator[
         ctx.destroy(0)
 
 
-async def test_late_subscriber_catches_up_by_replay_then_repairs_a_gap(golden_dir: Path) -> None:
+async def test_late_subscriber_catches_up_by_replay_then_repairs_a_gap(golden_dir: Path, zmtp: bool) -> None:
     frames = golden_frames(golden_dir)
-    async with following(frames[:6]) as (pub, source, got, gaps):  # the engine has already published seq 0..5
+    async with following(zmtp, frames[:6]) as (pub, source, got, gaps):  # the engine has already published seq 0..5
         source.watch(pub.record())
         await await_until(lambda: len(got) == 6, 5, "the replayed batches")  # everything so far, from replay
         assert pub.replays == [0]
@@ -101,12 +114,12 @@ async def test_late_subscriber_catches_up_by_replay_then_repairs_a_gap(golden_di
         assert got == expected
 
 
-async def test_a_queued_burst_with_a_gap_inside_arrives_whole_and_in_order(golden_dir: Path) -> None:
+async def test_a_queued_burst_with_a_gap_inside_arrives_whole_and_in_order(golden_dir: Path, zmtp: bool) -> None:
     """Batches queued on the socket are taken in one wake-up; a gap among them is still repaired
     from the replay socket before the batch after it."""
     frames = golden_frames(golden_dir)
     assert len(frames) >= 10
-    async with following() as (pub, source, got, gaps):
+    async with following(zmtp) as (pub, source, got, gaps):
         source.watch(pub.record())
         await pub.subscribed()
         await await_until(lambda: pub.replays == [0], 5, "the start-up replay (of nothing)")
@@ -119,9 +132,9 @@ async def test_a_queued_burst_with_a_gap_inside_arrives_whole_and_in_order(golde
         assert gaps == []
 
 
-async def test_unrepairable_gap_is_reported(golden_dir: Path) -> None:
+async def test_unrepairable_gap_is_reported(golden_dir: Path, zmtp: bool) -> None:
     frames = golden_frames(golden_dir)
-    async with following() as (pub, source, got, gaps):
+    async with following(zmtp) as (pub, source, got, gaps):
         source.watch(pub.record(replay=False))
         await pub.subscribed()
         await pub.pub.send_multipart(frames[0])
@@ -130,7 +143,8 @@ async def test_unrepairable_gap_is_reported(golden_dir: Path) -> None:
         assert gaps == [2]
 
 
-async def test_a_batch_the_router_cannot_apply_resets_the_view_and_the_stream_goes_on(golden_dir: Path) -> None:
+async def test_a_batch_the_router_cannot_apply_resets_the_view_and_the_stream_goes_on(golden_dir: Path,
+                                                                                     zmtp: bool) -> None:
     """A batch whose apply raises (say a token id the block hashing refuses) is dropped and counted as
     one lost batch (the worker's cache view is reset); the batches after it still arrive."""
     frames = golden_frames(golden_dir)
@@ -144,7 +158,7 @@ async def test_a_batch_the_router_cannot_apply_resets_the_view_and_the_stream_go
             raise OverflowError("int too big to convert")
         got.append(batch)
 
-    source = ZmqEventSource()
+    source = ZmqEventSource(zmtp=zmtp)
     source.bind(sink, lambda w, n: gaps.append(n))
     await source.start()
     try:
@@ -161,11 +175,12 @@ async def test_a_batch_the_router_cannot_apply_resets_the_view_and_the_stream_go
         ctx.destroy(0)
 
 
-async def test_batches_one_at_a_time_each_arrive_while_the_stream_idles_between_them(golden_dir: Path) -> None:
+async def test_batches_one_at_a_time_each_arrive_while_the_stream_idles_between_them(golden_dir: Path,
+                                                                                    zmtp: bool) -> None:
     """The live case: about one batch per request, the subscriber idle in between. Every batch must wake it
     (its socket's descriptor signals changes, not a level), in order."""
     frames = golden_frames(golden_dir)
-    async with following() as (pub, source, got, _):
+    async with following(zmtp) as (pub, source, got, _):
         source.watch(pub.record(replay=False))
         await pub.subscribed()
         for round_ in range(3):  # the same trace again under new seqs: 3 x len(frames) batches, one by one
@@ -176,12 +191,12 @@ async def test_batches_one_at_a_time_each_arrive_while_the_stream_idles_between_
         assert got == [decode_batch(f[2]) for f in frames] * 3
 
 
-async def test_after_a_repaired_gap_live_batches_flow_again_one_at_a_time(golden_dir: Path) -> None:
+async def test_after_a_repaired_gap_live_batches_flow_again_one_at_a_time(golden_dir: Path, zmtp: bool) -> None:
     """The repair runs in the follow task; once it is done the live stream goes on, each later batch
     applied in order as it arrives (the reader takes the socket back)."""
     frames = golden_frames(golden_dir)
     assert len(frames) >= 10
-    async with following() as (pub, source, got, gaps):
+    async with following(zmtp) as (pub, source, got, gaps):
         source.watch(pub.record())
         await pub.subscribed()
         await await_until(lambda: pub.replays == [0], 5, "the start-up replay (of nothing)")
@@ -197,11 +212,11 @@ async def test_after_a_repaired_gap_live_batches_flow_again_one_at_a_time(golden
         assert gaps == [] and pub.replays == [0, 1]
 
 
-async def test_a_broken_sequence_frame_ends_the_stream_and_stop_still_works(golden_dir: Path) -> None:
+async def test_a_broken_sequence_frame_ends_the_stream_and_stop_still_works(golden_dir: Path, zmtp: bool) -> None:
     """A message whose seq frame is not 8 bytes is a broken stream: it is logged and the worker's stream ends
     (its socket closed), as before; the batches before it were applied, and stopping the source is clean."""
     frames = golden_frames(golden_dir)
-    async with following() as (pub, source, got, _):
+    async with following(zmtp) as (pub, source, got, _):
         source.watch(pub.record(replay=False))
         await pub.subscribed()
         await pub.pub.send_multipart(frames[0])
@@ -211,3 +226,97 @@ async def test_a_broken_sequence_frame_ends_the_stream_and_stop_still_works(gold
         assert not task.cancelled() and task.exception() is None  # ended by its own handler, logged
         assert got == [decode_batch(frames[0][2])]
         assert not source._subs  # its socket is closed
+
+
+async def test_tcp_is_read_over_zmtp_when_on_and_unwatch_closes_the_connection(golden_dir: Path, zmtp: bool) -> None:
+    """The link is the ZMTP reader for a tcp:// endpoint (libzmq's SUB when switched off); unwatching ends the
+    stream, closes its socket (the publisher sees the subscription go) and no reader is left."""
+    async with following(zmtp) as (pub, source, got, _):
+        source.watch(pub.record(replay=False))
+        await pub.subscribed()
+        (link,) = source._subs
+        assert isinstance(link, ZmtpLink) == zmtp
+        await pub.pub.send_multipart(golden_frames(golden_dir)[0])
+        await await_until(lambda: len(got) == 1, 5, "a batch")
+        task = source._tasks["w1"]
+        source.unwatch("w1")
+        await await_until(task.done, 5, "the stream's end")
+        assert not source._subs and not source._readers
+        assert await asyncio.wait_for(pub.pub.recv(), 5) == b"\x00kv-events"  # the connection went
+
+
+async def test_a_publisher_bound_after_the_subscriber_connects_is_followed(golden_dir: Path, zmtp: bool) -> None:
+    """The engine binds its PUB after the router watches it: connection attempts fail until then (libzmq
+    retries, and so does the ZMTP reader, every 100 ms), then batches flow."""
+    frames = golden_frames(golden_dir)
+    with socket.socket() as probe:  # a free port, nothing bound on it now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ctx = zmq.asyncio.Context()
+    got: list[EventBatch] = []
+    source = ZmqEventSource(zmtp=zmtp)
+    source.bind(lambda w, b: got.append(b), lambda w, n: None)
+    await source.start()
+    pub: Publisher | None = None
+    try:
+        source.watch(WorkerRecord(instance_id="w1", model="smol", http_url="http://127.0.0.1:1", kv_block_size=128,
+                                  kv_events=KvEventEndpoint(endpoint=f"tcp://127.0.0.1:{port}", topic="kv-events")))
+        await asyncio.sleep(0.35)  # refused attempts (nothing to wait on: nothing listens yet)
+        pub = Publisher(ctx, [], port=port)
+        await pub.subscribed()
+        for frame in frames[:3]:
+            await pub.pub.send_multipart(frame)
+        await await_until(lambda: len(got) == 3, 5, "the batches")
+        assert got == [decode_batch(f[2]) for f in frames[:3]]
+    finally:
+        await source.stop()
+        if pub is not None:
+            pub.close()
+        ctx.destroy(0)
+
+
+def rebind(sock: zmq.asyncio.Socket, port: int) -> bool:
+    """Bind ``sock`` to ``port``: False while the closed publisher's I/O thread still holds it."""
+    try:
+        sock.bind(f"tcp://127.0.0.1:{port}")
+    except zmq.ZMQError as exc:
+        if exc.errno != zmq.EADDRINUSE:
+            raise
+        return False
+    return True
+
+
+async def test_a_restarted_publisher_is_reconnected_and_the_gap_repaired_from_replay(golden_dir: Path,
+                                                                                      zmtp: bool) -> None:
+    """The engine's PUB goes away and comes back on the same port (its replay socket kept its buffer): the
+    subscriber reconnects, and the batches published while it was away are repaired from the replay socket
+    when the next live one shows the gap."""
+    frames = golden_frames(golden_dir)
+    async with following(zmtp, frames[:1]) as (pub, source, got, gaps):
+        source.watch(pub.record())
+        await await_until(lambda: len(got) == 1, 5, "the replayed batch")
+        await pub.subscribed()
+        pub.pub.close(0)  # the engine restarts its publisher; seq 1..2 are published while no one listens
+        pub.frames = frames
+        pub.pub = pub.pub.context.socket(zmq.XPUB)
+        pub.pub.setsockopt(zmq.LINGER, 0)
+        await await_until(lambda: rebind(pub.pub, pub.port), 5, "the port free again")  # libzmq closes it later
+        await pub.subscribed()  # reconnected
+        await pub.pub.send_multipart(frames[3])
+        await await_until(lambda: len(got) == 4, 5, "the live batch and the repaired gap")
+        assert got == [decode_batch(f[2]) for f in frames[:4]]
+        assert gaps == [] and pub.replays == [0, 1]
+
+
+async def test_a_message_of_two_frames_is_warned_about_and_skipped(golden_dir: Path, zmtp: bool,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    frames = golden_frames(golden_dir)
+    caplog.set_level(logging.WARNING, "infera.transport.zmq_events")
+    async with following(zmtp) as (pub, source, got, gaps):
+        source.watch(pub.record(replay=False))
+        await pub.subscribed()
+        await pub.pub.send_multipart(frames[0][:2])
+        await pub.pub.send_multipart(frames[0])
+        await await_until(lambda: len(got) == 1, 5, "the batch after it")
+        assert got == [decode_batch(frames[0][2])] and gaps == []
+        assert "KV-event message with 2 frames ignored" in caplog.text

@@ -1,0 +1,222 @@
+"""The ZMTP reader (infera.transport.zmtp) against libzmq's own PUB, and its C drain (``PrefixIndex.drain_stream``)
+over real sockets: whole streams, byte by byte, many messages a read, long frames, commands between messages."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import socket
+import struct
+import termios
+from collections.abc import Iterator
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from harness import await_until, wait_until
+from infera.kv.index import PrefixIndex
+from infera.protocols.kv_events import BlockStored, EventBatch, encode_batch, seq_to_bytes
+from infera.transport.base import DRAIN_COMMAND, DRAIN_EMPTY, DRAIN_FRAMES, DRAIN_MESSAGE
+from infera.transport.zmtp import MORE, ZmtpClosed, ZmtpLink, command, frame, split, tcp_address
+
+TOPIC = b"kv-events"
+BLOCK = 4
+
+native = pytest.mark.skipif(not PrefixIndex().takes_streams, reason="the index's C path is not built")
+
+
+def batch(seq: int, blocks: int, first: int) -> bytes:
+    """One stored-blocks payload of ``blocks`` blocks, hashes from ``first``."""
+    hashes = list(range(first, first + blocks))
+    tokens = [(h * 7 + j) % 50_000 for h in hashes for j in range(BLOCK)]
+    return encode_batch(EventBatch(ts=float(seq), events=[BlockStored(
+        block_hashes=hashes, parent_block_hash=None, token_ids=tokens, block_size=BLOCK)]))
+
+
+def message(*frames: bytes) -> bytes:
+    """A message on the wire, as libzmq frames it."""
+    return b"".join(frame(f, MORE if i < len(frames) - 1 else 0) for i, f in enumerate(frames))
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected TCP pair (the reader's end non-blocking): the test writes the PUB's side byte by byte."""
+    server = socket.create_server(("127.0.0.1", 0))
+    ours = socket.create_connection(server.getsockname())
+    theirs, _ = server.accept()
+    server.close()
+    ours.setblocking(False)
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def test_tcp_endpoints_are_ours_and_every_other_is_libzmqs() -> None:
+    assert tcp_address("tcp://127.0.0.1:5557") == ("127.0.0.1", 5557)
+    assert tcp_address("tcp://engine-0.svc:5557") == ("engine-0.svc", 5557)
+    assert tcp_address("tcp://[::1]:5557") == ("::1", 5557)
+    for other in ("ipc:///tmp/kv", "inproc://kv", "tcp://*:5557", "tcp://127.0.0.1", "tcp://10.0.0.1;127.0.0.1:5557",
+                  "tcp://127.0.0.1:notaport", "pgm://eth0;239.192.1.1:5555"):
+        assert tcp_address(other) is None, other
+
+
+def test_frames_match_libzmqs_encoding_short_and_long() -> None:
+    assert frame(b"abc") == b"\x00\x03abc"
+    assert frame(b"x" * 256, MORE) == b"\x03" + (256).to_bytes(8, "big") + b"x" * 256
+    assert split(message(b"a", b"b" * 300, b"c"), 0) == (2 + 1 + 9 + 300 + 2 + 1, [b"a", b"b" * 300, b"c"], False)
+    assert split(message(b"a", b"b"), 0)[:2] == (6, [b"a", b"b"])  # type: ignore[index]
+    wire = message(b"a", b"b")
+    for cut in range(len(wire)):
+        assert split(wire[:cut], 0) is None
+    assert split(command(b"PING", b"\x00\x00"), 0) == (9, [b"\x04PING\x00\x00"], True)
+    with pytest.raises(ZmtpClosed):
+        split(frame(b"a", MORE) + command(b"PING"), 0)
+
+
+async def test_the_handshake_with_libzmqs_pub_subscribes_and_long_messages_arrive_whole() -> None:
+    """libzmq's XPUB sees our subscription; its messages, short, over 255 bytes and over 64 KiB, come out whole,
+    others' topics filtered out by the PUB."""
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    link = ZmtpLink("127.0.0.1", port, TOPIC)
+    try:
+        await asyncio.wait_for(link.open(), 5)
+        assert await asyncio.wait_for(pub.recv(), 5) == b"\x01" + TOPIC
+        sent = [[TOPIC, seq_to_bytes(i), bytes([i]) * size] for i, size in enumerate((0, 1, 255, 256, 70_000, 300_000))]
+        for frames in sent:
+            await pub.send_multipart([b"other", b"x", b"y"])
+            await pub.send_multipart(frames)
+        got: list[list[bytes]] = []
+
+        def read_all() -> bool:
+            while (frames := link.read()) is not None:
+                got.append(frames)
+            return len(got) == len(sent)
+
+        await await_until(read_all, 5, "every message")
+        assert got == sent
+    finally:
+        link.close()
+        pub.close(0)
+        ctx.destroy(0)
+
+
+async def test_a_pub_with_heartbeats_gets_its_pongs_and_keeps_the_connection() -> None:
+    """libzmq's PUB with ZMQ_HEARTBEAT_IVL sends PINGs and drops a peer that does not answer within its timeout:
+    read while idle (the source's backstop), ours answer, and the connection lives past many timeouts."""
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.setsockopt(zmq.HEARTBEAT_IVL, 20)
+    pub.setsockopt(zmq.HEARTBEAT_TIMEOUT, 100)
+    monitor = pub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    link = ZmtpLink("127.0.0.1", port, TOPIC)
+    try:
+        await asyncio.wait_for(link.open(), 5)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(link.fd, link.read)  # commands only: read() answers them and finds no message
+        await asyncio.sleep(0.6)  # six timeouts
+        loop.remove_reader(link.fd)
+        assert not await monitor.poll(0), "the PUB dropped the connection"
+        await pub.send_multipart([TOPIC, seq_to_bytes(0), b"p"])
+        got: list[list[bytes]] = []
+
+        def arrived() -> bool:
+            frames = link.read()
+            if frames is not None:
+                got.append(frames)
+            return bool(got)
+
+        await await_until(arrived, 5, "the message")
+        assert got == [[TOPIC, seq_to_bytes(0), b"p"]]
+    finally:
+        link.close()
+        pub.disable_monitor()
+        monitor.close(0)
+        pub.close(0)
+        ctx.destroy(0)
+
+
+def queued(sock: socket.socket) -> int:
+    """Bytes waiting in ``sock``'s receive buffer."""
+    return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
+
+
+def drain(index: PrefixIndex, ours: socket.socket, buffer: bytearray, expected: int | None) -> tuple[int, int | None,
+                                                                                                     int, object]:
+    got = index.drain_stream("w1", ours.fileno(), buffer, expected)
+    assert got is not None
+    return got
+
+
+def known(index: PrefixIndex) -> PrefixIndex:
+    """``index`` knowing worker w1 (the C drain reads for known workers only)."""
+    index.apply("w1", EventBatch(ts=0.0, events=[]))
+    return index
+
+
+@native
+def test_the_c_drain_takes_a_stream_written_byte_by_byte(pair: tuple[socket.socket, socket.socket]) -> None:
+    """Every cut of the stream (a frame's flags, its size, its body, a long size) is kept and completed by the next
+    read; each message is applied once whole, in order, and the index ends as a whole-stream apply leaves it."""
+    ours, theirs = pair
+    payloads = [batch(i, 3 if i % 2 else 70, 1000 * (i + 1)) for i in range(4)]  # 70 blocks: a frame over 255 bytes
+    wire = b"".join(message(TOPIC, seq_to_bytes(i), p) for i, p in enumerate(payloads))
+    index, reference = known(PrefixIndex(block_size=BLOCK)), known(PrefixIndex(block_size=BLOCK))
+    for p in payloads:
+        assert reference.apply_payload("w1", p)
+    buffer, expected, applied = bytearray(), 0, 0
+    for byte in wire:
+        theirs.sendall(bytes([byte]))
+        status, expected, n, extra = drain(index, ours, buffer, expected)  # type: ignore[assignment]
+        assert status == DRAIN_EMPTY and extra is None
+        applied += n
+    assert applied == 4 and expected == 4 and buffer == b""
+    assert index.held("w1") == reference.held("w1") and index.counters.as_dict() == reference.counters.as_dict()
+
+
+@native
+def test_the_c_drain_takes_many_messages_in_one_read_and_leaves_a_partial_one(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, theirs = pair
+    wire = b"".join(message(TOPIC, seq_to_bytes(i), batch(i, 1, 10 * (i + 1))) for i in range(200))
+    tail = message(TOPIC, seq_to_bytes(200), batch(200, 1, 5000))
+    theirs.sendall(wire + tail[:7])
+    wait_until(lambda: queued(ours) == len(wire) + 7, 5, "the bytes in our socket's buffer")
+    index, buffer = known(PrefixIndex(block_size=BLOCK)), bytearray()
+    status, expected, n, _ = drain(index, ours, buffer, 0)  # one call: 200 messages in ~4 reads of 64 KiB
+    assert (status, expected, n, bytes(buffer)) == (DRAIN_EMPTY, 200, 200, tail[:7])
+    assert index.block_count("w1") == 200
+    theirs.sendall(tail[7:])
+    status, expected, n, _ = drain(index, ours, buffer, expected)
+    assert (status, expected, n, bytes(buffer)) == (DRAIN_EMPTY, 201, 1, b"")
+
+
+@native
+def test_the_c_drain_stops_at_a_command_and_what_it_leaves_python(pair: tuple[socket.socket, socket.socket]) -> None:
+    """A command at the head: nothing taken (Python's read answers it). A gap: the message back whole. Another frame
+    count: taken and counted. The peer's end: an OSError after the messages before it."""
+    ours, theirs = pair
+    index = known(PrefixIndex(block_size=BLOCK))
+    link = ZmtpLink("127.0.0.1", 1, TOPIC)
+    link.sock = ours
+    theirs.sendall(message(TOPIC, seq_to_bytes(0), batch(0, 1, 10)) + command(b"PING", b"\x00\x0aab")
+                   + message(TOPIC, seq_to_bytes(1), batch(1, 1, 20)))
+    status, expected, n, _ = drain(index, ours, link.buffer, 0)
+    assert (status, expected, n) == (DRAIN_COMMAND, 1, 1)
+    assert link.read() == [TOPIC, seq_to_bytes(1), batch(1, 1, 20)]  # the PING answered, the message read
+    assert theirs.recv(100) == command(b"PONG", b"ab")
+    theirs.sendall(message(TOPIC, seq_to_bytes(5), b"gap") + message(TOPIC, b"only two"))
+    status, expected, n, extra = drain(index, ours, link.buffer, 2)
+    assert (status, expected, n, extra) == (DRAIN_MESSAGE, 2, 0, [TOPIC, seq_to_bytes(5), b"gap"])
+    status, expected, n, extra = drain(index, ours, link.buffer, 2)
+    assert (status, extra) == (DRAIN_FRAMES, 2)
+    theirs.sendall(message(TOPIC, seq_to_bytes(2), batch(2, 1, 30)))
+    theirs.close()
+    status, expected, n, extra = drain(index, ours, link.buffer, 2)
+    assert (expected, n) == (3, 1) and isinstance(extra, ConnectionError)
+    link.sock = None
