@@ -309,6 +309,8 @@ class ZmqEventSource:
                 except link.lost as exc:  # the peer went away (ZMTP: libzmq reconnects on its own): reconnect
                     busy = True
                     log.info("worker %s: KV-event stream from %s lost (%s); reconnecting", worker_id, endpoint, exc)
+                    if wake.done():  # the callback's report of it (or of a gap before it): taken
+                        wake.exception()
                     detach()
                     await link.open()
                     attach()
