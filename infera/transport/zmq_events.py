@@ -1,4 +1,6 @@
-"""KV events over ZMQ: one SUB socket per worker, straight from the engine's publisher.
+"""KV events over ZMQ: one SUB link per worker, straight from the engine's publisher: for a tcp:// publisher infera's
+own ZMTP reader on a plain TCP socket (:mod:`infera.transport.zmtp`: no libzmq I/O thread waking per batch), else a
+libzmq SUB socket (:mod:`infera.transport.libzmq_link`).
 
 Each worker gets a task that first asks the engine's replay socket for everything since
 seq 0 (so a router that starts late still learns the current cache), then follows the
@@ -12,7 +14,8 @@ one ``epoll_wait(0)``): a decision sees every batch that reached its socket befo
 batch costs no loop wake-up of its own while decisions come (an engine publishes 1-3 batches a
 request, each a wake-up of a process that then runs cold). When no decision has caught up for
 ``backstop`` seconds the private epoll's descriptor is put in the loop's selector, so an idle frontend
-still applies every batch as it arrives (the sockets' queues are unbounded), until the next decision.
+still applies every batch as it arrives, until the next decision (a libzmq SUB's queue is unbounded; a ZMTP
+link's is the kernel's socket buffers and the PUB's send high-water mark, read at least every ``backstop``).
 """
 
 from __future__ import annotations
