@@ -258,6 +258,33 @@ class BodyWriter(Protocol):
         """Wait until the client can take more (or has left)."""
         ...
 
+    def splice(self, tally: StreamTally, last: float, finish: Callable[[bytes], bool]) -> Spliced | None:
+        """A sink doing the relay's whole per-chunk work in one call (csrc/splice.c), taking ``tally`` over from
+        here and the gaps from ``last`` (``time.perf_counter()``); ``finish`` gets the chunk that ends the stream
+        (the sink writes nothing after it). None: the relay's own sink does it (no C extension, a held head)."""
+        ...
+
+    def settle(self, spliced: Spliced, tally: StreamTally, observe_gap: Callable[[float], None]) -> None:
+        """Hand back what ``spliced`` took over: the tally's state, the gaps (to ``observe_gap``), the observation's."""
+        ...
+
+
+class Spliced(Protocol):
+    """:meth:`BodyWriter.splice`'s sink (``infera.kv._native.ChunkSink``)."""
+
+    def take(self, chunk: bytes) -> bool:
+        """One chunk: what the relay's sink does with it; False when the client cannot take more now."""
+        ...
+
+    def gaps(self) -> list[float]:
+        ...
+
+    def tally(self) -> tuple[bytes, bytes, bool, bool]:
+        ...
+
+    def events(self) -> int:
+        ...
+
 
 class SseRelay(Response):
     """A worker's SSE stream relayed to the client as one coroutine, bytes untouched.
@@ -323,13 +350,27 @@ class SseRelay(Response):
                 return ended
 
             if not ended and direct is not None and pipe is not None and direct.ready():
-                def sink(chunk: bytes) -> bool:
-                    if ended:
-                        return True  # nothing follows [DONE]; the body is only read to its end
-                    return direct.write(chunk, not take(chunk))
+                def finish(chunk: bytes) -> bool:
+                    nonlocal ended
+                    ended = True
+                    self._finishing()
+                    return direct.write(chunk, False)
 
-                while not await pipe(sink):
-                    await direct.drain()
+                spliced = direct.splice(tally, last, finish)
+                if spliced is not None:
+                    try:
+                        while not await pipe(spliced.take):
+                            await direct.drain()
+                    finally:
+                        direct.settle(spliced, tally, observe_gap)
+                else:
+                    def sink(chunk: bytes) -> bool:
+                        if ended:
+                            return True  # nothing follows [DONE]; the body is only read to its end
+                        return direct.write(chunk, not take(chunk))
+
+                    while not await pipe(sink):
+                        await direct.drain()
             else:
                 drain = routed.drain
                 async for chunk in routed.rest:

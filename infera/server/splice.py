@@ -12,12 +12,18 @@ request id's and the drain's wrappers only touch the start.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from infera.kv.native import load
 from infera.server.coalesce import HeadHold
 from infera.server.observe import Observation
+from infera.server.relay import Spliced
+from infera.server.tally import StreamTally
+
+_native = load()  # ChunkSink (csrc/splice.c), or None: the relay's Python sink
 
 
 class CycleWriter:
@@ -76,3 +82,27 @@ class CycleWriter:
         cycle = self._cycle
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
+
+    def splice(self, tally: StreamTally, last: float, finish: Callable[[bytes], bool]) -> Spliced | None:
+        """A C sink doing, per chunk, the relay's sink and :meth:`write` (``more`` True) in one call: the gap, the
+        tally, the observation's look, the chunked write to the transport (the hold's inner one), the back-pressure
+        answer. None without the extension or while a head is held (the relay's Python sink then)."""
+        if _native is None:
+            return None
+        transport = self._out or self._transport()
+        if isinstance(transport, HeadHold):
+            return None
+        cycle = self._cycle
+        observation = self._observation
+        seam, usage, open_, _ = tally.state()
+        sink: Spliced = _native.ChunkSink(transport.write, cycle, cycle.flow, finish,
+                                          None if observation is None else observation.body, seam, usage, open_,
+                                          last)
+        return sink
+
+    def settle(self, spliced: Spliced, tally: StreamTally, observe_gap: Callable[[float], None]) -> None:
+        tally.restore(*spliced.tally())
+        for gap in spliced.gaps():
+            observe_gap(gap)
+        if self._observation is not None:
+            self._observation.events += spliced.events()
