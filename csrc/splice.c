@@ -1,8 +1,9 @@
 /* A streamed chunk from the engine's socket to the client's transport in one call (infera.server.splice).
  *
  * Included from index.c (one extension, infera.kv._native). ChunkSink.take(chunk) does what the relay's Python
- * sink did per chunk, in the same order and with the same results: the inter-chunk gap (kept in an array the
- * Python side folds into the histogram at the end), StreamTally.feed (the [DONE] marker and the last non-null
+ * sink did per chunk, in the same order and with the same results: the inter-chunk gap (counted into the
+ * histogram's buckets, given its bounds, which the Python side adds to the histogram at the end; else kept in an
+ * array), StreamTally.feed (the [DONE] marker and the last non-null
  * usage event, across chunk seams; tests/server/test_splice_native.py holds it to tally.py's), Observe's look at
  * the body (the "data: " count; a chunk naming "_tokens" goes to Observation.body itself), then uvicorn's chunked
  * write to the client's transport and its back-pressure answer. The chunk that ends the stream goes to `finish`
@@ -33,6 +34,9 @@ typedef struct {
     double last;       /* perf_counter() of the last chunk (or of the start) */
     double *gaps;
     Py_ssize_t ngaps, cap;
+    double *bounds; /* the histogram's upper bounds, ascending (nbounds 0: keep the gaps instead) */
+    Py_ssize_t *counts, nbounds;
+    double sum;
 } ChunkSink;
 
 static PyObject *splice_str_disconnected, *splice_str_complete, *splice_str_paused;
@@ -155,16 +159,25 @@ static PyObject *ChunkSink_take(ChunkSink *s, PyObject *arg) {
     if (s->ended) Py_RETURN_TRUE; /* nothing follows [DONE]; the body is only read to its end */
     const char *chunk = PyBytes_AS_STRING(arg);
     Py_ssize_t n = PyBytes_GET_SIZE(arg);
-    double now = splice_now();
-    if (s->ngaps == s->cap) {
+    double now = splice_now(), gap = now - s->last;
+    s->last = now;
+    if (s->nbounds) { /* fast_observe's bucket: the first bound >= the gap */
+        s->sum += gap;
+        Py_ssize_t lo = 0, hi = s->nbounds;
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (s->bounds[mid] < gap) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < s->nbounds) s->counts[lo]++;
+    } else if (s->ngaps == s->cap) {
         Py_ssize_t cap = s->cap ? s->cap * 2 : 64;
         double *gaps = PyMem_Realloc(s->gaps, (size_t)cap * sizeof(double));
         if (gaps == NULL) return PyErr_NoMemory();
         s->gaps = gaps;
         s->cap = cap;
     }
-    s->gaps[s->ngaps++] = now - s->last;
-    s->last = now;
+    if (!s->nbounds) s->gaps[s->ngaps++] = gap;
     if (splice_tally(s, chunk, n) < 0) return NULL;
     if (s->done) {
         s->ended = 1;
@@ -218,16 +231,41 @@ static PyObject *ChunkSink_take(ChunkSink *s, PyObject *arg) {
     return PyBool_FromLong(!t);
 }
 
-/* ChunkSink(write, cycle, flow, finish, observed, seam, usage, open, last) */
+/* ChunkSink(write, cycle, flow, finish, observed, seam, usage, open, last, bounds) */
 static int ChunkSink_init(ChunkSink *s, PyObject *args, PyObject *kwds) {
-    PyObject *write, *cycle, *flow, *finish, *observed, *usage;
+    PyObject *write, *cycle, *flow, *finish, *observed, *usage, *bounds;
     const char *seam;
     Py_ssize_t seam_len;
     int open;
     double last;
-    if (!PyArg_ParseTuple(args, "OOOOOy#Spd:ChunkSink", &write, &cycle, &flow, &finish, &observed, &seam,
-                          &seam_len, &usage, &open, &last))
+    if (!PyArg_ParseTuple(args, "OOOOOy#SpdO:ChunkSink", &write, &cycle, &flow, &finish, &observed, &seam,
+                          &seam_len, &usage, &open, &last, &bounds))
         return -1;
+    Py_ssize_t nbounds = 0;
+    if (bounds != Py_None) {
+        if (!PyList_Check(bounds)) {
+            PyErr_SetString(PyExc_TypeError, "bounds must be a list of floats or None");
+            return -1;
+        }
+        nbounds = PyList_GET_SIZE(bounds);
+        double *b = PyMem_Realloc(s->bounds, (size_t)(nbounds ? nbounds : 1) * sizeof(double));
+        if (b == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->bounds = b;
+        Py_ssize_t *c = PyMem_Realloc(s->counts, (size_t)(nbounds ? nbounds : 1) * sizeof(Py_ssize_t));
+        if (c == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->counts = c;
+        for (Py_ssize_t i = 0; i < nbounds; i++) {
+            b[i] = PyFloat_AsDouble(PyList_GET_ITEM(bounds, i));
+            if (b[i] == -1.0 && PyErr_Occurred()) return -1;
+            c[i] = 0;
+        }
+    }
     if (!PyBytes_Check(usage)) {
         PyErr_SetString(PyExc_TypeError, "usage must be bytes");
         return -1;
@@ -255,6 +293,8 @@ static int ChunkSink_init(ChunkSink *s, PyObject *args, PyObject *kwds) {
     s->events = 0;
     s->last = last;
     s->ngaps = 0;
+    s->nbounds = nbounds;
+    s->sum = 0.0;
     return 0;
 }
 
@@ -270,6 +310,23 @@ static PyObject *ChunkSink_gaps(ChunkSink *s, PyObject *unused) {
         PyList_SET_ITEM(out, i, v);
     }
     s->ngaps = 0;
+    return out;
+}
+
+static PyObject *ChunkSink_buckets(ChunkSink *s, PyObject *unused) {
+    PyObject *counts = PyList_New(s->nbounds);
+    if (counts == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < s->nbounds; i++) {
+        PyObject *v = PyLong_FromSsize_t(s->counts[i]);
+        if (v == NULL) {
+            Py_DECREF(counts);
+            return NULL;
+        }
+        PyList_SET_ITEM(counts, i, v);
+        s->counts[i] = 0;
+    }
+    PyObject *out = Py_BuildValue("(Nd)", counts, s->sum);
+    s->sum = 0.0;
     return out;
 }
 
@@ -306,6 +363,8 @@ static void ChunkSink_dealloc(ChunkSink *s) {
     PyObject_GC_UnTrack(s);
     ChunkSink_clear(s);
     PyMem_Free(s->gaps);
+    PyMem_Free(s->bounds);
+    PyMem_Free(s->counts);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -313,6 +372,8 @@ static PyMethodDef chunk_sink_methods[] = {
     {"take", (PyCFunction)ChunkSink_take, METH_O,
      "One chunk of the stream's body: gap, tally, observation, chunked write. False: the client cannot take more now."},
     {"gaps", (PyCFunction)ChunkSink_gaps, METH_NOARGS, "The inter-chunk gaps (s) since the last call, in order."},
+    {"buckets", (PyCFunction)ChunkSink_buckets, METH_NOARGS,
+     "The gaps since the last call by bucket of the bounds given: (counts, sum of the gaps)."},
     {"tally", (PyCFunction)ChunkSink_tally, METH_NOARGS, "The tally's state: (seam, usage, open, done)."},
     {"events", (PyCFunction)ChunkSink_events, METH_NOARGS, "The 'data: ' count since the last call."},
     {NULL, NULL, 0, NULL},

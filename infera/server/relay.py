@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from infera.router.errors import RoutingError
 from infera.router.router import RoutedResponse, Router, RouteRequest
+from infera.server.metrics import Buckets
 from infera.server.responses import until_disconnect
 from infera.server.tally import StreamTally, Usage
 from infera.transport.base import UpstreamError
@@ -258,14 +259,18 @@ class BodyWriter(Protocol):
         """Wait until the client can take more (or has left)."""
         ...
 
-    def splice(self, tally: StreamTally, last: float, finish: Callable[[bytes], bool]) -> Spliced | None:
+    def splice(self, tally: StreamTally, last: float, finish: Callable[[bytes], bool],
+               buckets: Buckets | None) -> Spliced | None:
         """A sink doing the relay's whole per-chunk work in one call (csrc/splice.c), taking ``tally`` over from
-        here and the gaps from ``last`` (``time.perf_counter()``); ``finish`` gets the chunk that ends the stream
-        (the sink writes nothing after it). None: the relay's own sink does it (no C extension, a held head)."""
+        here and the gaps from ``last`` (``time.perf_counter()``), counted into ``buckets``' bounds (None: kept);
+        ``finish`` gets the chunk that ends the stream (the sink writes nothing after it). None: the relay's own
+        sink does it (no C extension, a held head)."""
         ...
 
-    def settle(self, spliced: Spliced, tally: StreamTally, observe_gap: Callable[[float], None]) -> None:
-        """Hand back what ``spliced`` took over: the tally's state, the gaps (to ``observe_gap``), the observation's."""
+    def settle(self, spliced: Spliced, tally: StreamTally, observe_gap: Callable[[float], None],
+               buckets: Buckets | None) -> None:
+        """Hand back what ``spliced`` took over: the tally's state, the gaps (added to ``buckets``, else to
+        ``observe_gap`` one by one), the observation's count."""
         ...
 
 
@@ -277,6 +282,9 @@ class Spliced(Protocol):
         ...
 
     def gaps(self) -> list[float]:
+        ...
+
+    def buckets(self) -> tuple[list[int], float]:
         ...
 
     def tally(self) -> tuple[bytes, bytes, bool, bool]:
@@ -307,7 +315,8 @@ class SseRelay(Response):
 
     def __init__(self, routed: RoutedResponse, watch: ClientWatch, path: str, started: float,
                  headers: Mapping[str, str], error_event: Callable[[UpstreamError], bytes],
-                 observe_gap: Callable[[float], None], complete: Callable[[Outcome], None]) -> None:
+                 observe_gap: Callable[[float], None], complete: Callable[[Outcome], None],
+                 gap_buckets: Buckets | None = None) -> None:
         self.status_code = routed.status
         self.background = None
         self.init_headers({"cache-control": "no-cache", **headers})
@@ -317,6 +326,7 @@ class SseRelay(Response):
         self._started = started
         self._error_event = error_event
         self._observe_gap = observe_gap
+        self._gap_buckets = gap_buckets  # observe_gap's histogram, for a C sink's counts (Buckets)
         self._complete = complete
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -356,13 +366,13 @@ class SseRelay(Response):
                     self._finishing()
                     return direct.write(chunk, False)
 
-                spliced = direct.splice(tally, last, finish)
+                spliced = direct.splice(tally, last, finish, self._gap_buckets)
                 if spliced is not None:
                     try:
                         while not await pipe(spliced.take):
                             await direct.drain()
                     finally:
-                        direct.settle(spliced, tally, observe_gap)
+                        direct.settle(spliced, tally, observe_gap, self._gap_buckets)
                 else:
                     def sink(chunk: bytes) -> bool:
                         if ended:

@@ -19,6 +19,7 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from infera.kv.native import load
 from infera.server.coalesce import HeadHold
+from infera.server.metrics import Buckets
 from infera.server.observe import Observation
 from infera.server.relay import Spliced
 from infera.server.tally import StreamTally
@@ -83,10 +84,12 @@ class CycleWriter:
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
 
-    def splice(self, tally: StreamTally, last: float, finish: Callable[[bytes], bool]) -> Spliced | None:
+    def splice(self, tally: StreamTally, last: float, finish: Callable[[bytes], bool],
+               buckets: Buckets | None = None) -> Spliced | None:
         """A C sink doing, per chunk, the relay's sink and :meth:`write` (``more`` True) in one call: the gap, the
         tally, the observation's look, the chunked write to the transport (the hold's inner one), the back-pressure
-        answer. None without the extension or while a head is held (the relay's Python sink then)."""
+        answer; the gaps counted by ``buckets``' bounds (None: kept one by one). None without the extension or
+        while a head is held (the relay's Python sink then)."""
         if _native is None:
             return None
         transport = self._out or self._transport()
@@ -97,11 +100,16 @@ class CycleWriter:
         seam, usage, open_, _ = tally.state()
         sink: Spliced = _native.ChunkSink(transport.write, cycle, cycle.flow, finish,
                                           None if observation is None else observation.body, seam, usage, open_,
-                                          last)
+                                          last, None if buckets is None else buckets.bounds)
         return sink
 
-    def settle(self, spliced: Spliced, tally: StreamTally, observe_gap: Callable[[float], None]) -> None:
+    def settle(self, spliced: Spliced, tally: StreamTally, observe_gap: Callable[[float], None],
+               buckets: Buckets | None = None) -> None:
         tally.restore(*spliced.tally())
+        if buckets is not None:
+            counts, total = spliced.buckets()
+            if any(counts):
+                buckets.add(counts, total)
         for gap in spliced.gaps():
             observe_gap(gap)
         if self._observation is not None:

@@ -6,6 +6,7 @@ end marker, inside ``"usage":``, SGLang's ``"usage": null`` on every chunk, Anth
 from __future__ import annotations
 
 import itertools
+import math
 import time
 import types
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infera.server import splice
+from infera.server.metrics import Buckets
 from infera.server.observe import Observation
 from infera.server.relay import Spliced
 from infera.server.splice import CycleWriter
@@ -187,3 +189,20 @@ def test_a_left_client_takes_no_write_and_a_completed_response_raises() -> None:
         sink.take(b"data: {}\n\n")
     assert transport.out == [b"a\r\ndata: {}\n\n\r\n"]
     assert len(sink.gaps()) == 3
+
+
+def test_the_gaps_go_into_the_bucket_of_the_first_bound_that_holds_them() -> None:
+    transport = Transport()
+    writer = CycleWriter(cycle(transport, lambda: False), None)
+    tally = StreamTally()
+    tally.feed(b"data: {}\n\n")
+    buckets = Buckets([0.0, 1e9, math.inf], lambda counts, total: None)
+    started = time.perf_counter()
+    sink = writer.splice(tally, started, lambda chunk: True, buckets)
+    assert sink is not None
+    for _ in range(5):
+        assert sink.take(b"data: {}\n\n")
+    elapsed = time.perf_counter() - started
+    counts, total = sink.buckets()
+    assert counts == [0, 5, 0] and 0 < total <= elapsed
+    assert sink.gaps() == [] and sink.buckets() == ([0, 0, 0], 0.0)  # emptied by the read
