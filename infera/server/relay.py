@@ -305,7 +305,8 @@ class SseRelay(Response):
 
     Spliced, when the server set :attr:`direct` and the upstream can ``pipe``: after the first chunk, the
     same per-chunk work runs in the upstream connection's callback as each socket read arrives, the body
-    written to the client's transport there (no future, no task step, no message per chunk); the coroutine
+    written to the client's transport there (no future, no task step, no message per chunk; one C call per chunk
+    where :meth:`BodyWriter.splice` gives a sink); the coroutine
     waits for the end, a failure or the client's back-pressure (the upstream is not read meanwhile).
     """
 

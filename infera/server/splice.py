@@ -7,7 +7,9 @@ request id's, uvicorn's) and a message dict (bench/README.md, "Issue 15, twelfth
 CPU per request, diagnosed"). The writer does to a body piece what those sends did, in one synchronous
 call: ``Observe``'s look at the body, then uvicorn's chunked write and, at the end, its completion of the
 cycle (keep-alive, the next pipelined request). The response's start still goes through ``send``; the
-request id's and the drain's wrappers only touch the start.
+request id's and the drain's wrappers only touch the start. Where the C extension is built, :meth:`CycleWriter.splice`
+hands the relay a sink doing its per-chunk work and this write in one call (csrc/splice.c; bench/README.md, "Issue 15,
+fifteenth round: a streamed chunk's relay work in one C call").
 """
 
 from __future__ import annotations
