@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
@@ -42,6 +43,7 @@ class ServerMetrics:
         self._children: dict[tuple[int, tuple[str, ...]], Counter | Histogram] = {}
         self._endpoints: dict[str, EndpointAccounts] = {}
         self._fast: dict[tuple[int, tuple[str, ...]], Callable[[float], None]] = {}  # observer() and counter()
+        self._buckets: dict[tuple[int, tuple[str, ...]], Buckets] = {}
 
     def of(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, remembered: ``labels()`` takes a lock and builds its key each
@@ -60,6 +62,18 @@ class ServerMetrics:
         if observe is None:
             observe = self._fast[key] = fast_observe(self.of(metric, *labels))
         return observe
+
+    def buckets(self, metric: Histogram, *labels: str) -> Buckets | None:
+        """``self.of(metric, *labels)``'s bounds and many observations' counts added at once (see
+        :func:`fast_buckets`); made once per child."""
+        key = (id(metric), labels)
+        buckets = self._buckets.get(key)
+        if buckets is None:
+            buckets = fast_buckets(self.of(metric, *labels))
+            if buckets is None:
+                return None
+            self._buckets[key] = buckets
+        return buckets
 
     def counter(self, metric: Counter, *labels: str) -> Callable[[float], None]:
         """``self.of(metric, *labels).inc`` for amounts >= 0, without its per-call checks (see
@@ -132,6 +146,50 @@ def fast_observe(child: Histogram) -> Callable[[float], None]:
         if i < n and amount <= bounds[i]:
             incs[i](1)
     return observe_inc
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Buckets:
+    """A histogram child's upper bounds (ascending, the last +Inf) and ``add(counts, total)``: what
+    observations falling ``counts[i]`` in bucket ``i`` (the first bound >= the amount) and summing to ``total``
+    add to it, at once (the relay's C sink counts a stream's gaps so, csrc/splice.c)."""
+
+    bounds: list[float]
+    add: Callable[[list[int], float], None]
+
+
+def fast_buckets(child: Histogram) -> Buckets | None:
+    """:class:`Buckets` of a labelled histogram child, each value added under its own lock as its ``inc`` does
+    (its ``inc`` where this prometheus_client keeps them elsewhere); None where it keeps its buckets elsewhere."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if not (isinstance(bounds, list) and isinstance(buckets, list) and len(bounds) == len(buckets)
+            and callable(getattr(total, "inc", None))):
+        return None
+    values = [_mutex(bucket) for bucket in buckets]
+    mutex = _mutex(total)
+    if mutex is not None and all(v is not None for v in values):
+        sums = mutex
+        counts = cast(list[MutexValue], values)
+
+        def add(added: list[int], amount: float) -> None:
+            with sums._lock:
+                sums._value += amount
+            for count, n in zip(counts, added, strict=True):
+                if n:
+                    with count._lock:
+                        count._value += n
+        return Buckets([float(b) for b in bounds], add)
+    add_sum = total.inc  # type: ignore[union-attr]
+    incs = [bucket.inc for bucket in buckets]
+
+    def add_inc(added: list[int], amount: float) -> None:
+        add_sum(amount)
+        for inc, n in zip(incs, added, strict=True):
+            if n:
+                inc(n)
+    return Buckets([float(b) for b in bounds], add_inc)
 
 
 class EndpointAccounts:

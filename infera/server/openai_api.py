@@ -125,7 +125,8 @@ class OpenAIHandlers:
                 self.metrics.observer(self.metrics.ttft, path)(ttft)
                 relayed = True  # the relay stops the watch when the stream ends
                 return SseRelay(routed, watch, path, started, worker_headers(routed), _error_event,
-                                self.metrics.observer(self.metrics.itl, path), self.complete)
+                                self.metrics.observer(self.metrics.itl, path), self.complete,
+                                self.metrics.buckets(self.metrics.itl, path))
             try:
                 collected = await collect_or_disconnect(watch, routed)
             except UpstreamError as exc:

@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from infera.router.errors import RoutingError
 from infera.router.router import RoutedResponse, Router, RouteRequest
+from infera.server.metrics import Buckets
 from infera.server.responses import until_disconnect
 from infera.server.tally import StreamTally, Usage
 from infera.transport.base import UpstreamError
@@ -258,6 +259,40 @@ class BodyWriter(Protocol):
         """Wait until the client can take more (or has left)."""
         ...
 
+    def splice(self, tally: StreamTally, last: float, finish: Callable[[bytes], bool],
+               buckets: Buckets | None) -> Spliced | None:
+        """A sink doing the relay's whole per-chunk work in one call (csrc/splice.c), taking ``tally`` over from
+        here and the gaps from ``last`` (``time.perf_counter()``), counted into ``buckets``' bounds (None: kept);
+        ``finish`` gets the chunk that ends the stream (the sink writes nothing after it). None: the relay's own
+        sink does it (no C extension, a held head)."""
+        ...
+
+    def settle(self, spliced: Spliced, tally: StreamTally, observe_gap: Callable[[float], None],
+               buckets: Buckets | None) -> None:
+        """Hand back what ``spliced`` took over: the tally's state, the gaps (added to ``buckets``, else to
+        ``observe_gap`` one by one), the observation's count."""
+        ...
+
+
+class Spliced(Protocol):
+    """:meth:`BodyWriter.splice`'s sink (``infera.kv._native.ChunkSink``)."""
+
+    def take(self, chunk: bytes) -> bool:
+        """One chunk: what the relay's sink does with it; False when the client cannot take more now."""
+        ...
+
+    def gaps(self) -> list[float]:
+        ...
+
+    def buckets(self) -> tuple[list[int], float]:
+        ...
+
+    def tally(self) -> tuple[bytes, bytes, bool, bool]:
+        ...
+
+    def events(self) -> int:
+        ...
+
 
 class SseRelay(Response):
     """A worker's SSE stream relayed to the client as one coroutine, bytes untouched.
@@ -270,7 +305,8 @@ class SseRelay(Response):
 
     Spliced, when the server set :attr:`direct` and the upstream can ``pipe``: after the first chunk, the
     same per-chunk work runs in the upstream connection's callback as each socket read arrives, the body
-    written to the client's transport there (no future, no task step, no message per chunk); the coroutine
+    written to the client's transport there (no future, no task step, no message per chunk; one C call per chunk
+    where :meth:`BodyWriter.splice` gives a sink); the coroutine
     waits for the end, a failure or the client's back-pressure (the upstream is not read meanwhile).
     """
 
@@ -280,7 +316,8 @@ class SseRelay(Response):
 
     def __init__(self, routed: RoutedResponse, watch: ClientWatch, path: str, started: float,
                  headers: Mapping[str, str], error_event: Callable[[UpstreamError], bytes],
-                 observe_gap: Callable[[float], None], complete: Callable[[Outcome], None]) -> None:
+                 observe_gap: Callable[[float], None], complete: Callable[[Outcome], None],
+                 gap_buckets: Buckets | None = None) -> None:
         self.status_code = routed.status
         self.background = None
         self.init_headers({"cache-control": "no-cache", **headers})
@@ -290,6 +327,7 @@ class SseRelay(Response):
         self._started = started
         self._error_event = error_event
         self._observe_gap = observe_gap
+        self._gap_buckets = gap_buckets  # observe_gap's histogram, for a C sink's counts (Buckets)
         self._complete = complete
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -323,13 +361,27 @@ class SseRelay(Response):
                 return ended
 
             if not ended and direct is not None and pipe is not None and direct.ready():
-                def sink(chunk: bytes) -> bool:
-                    if ended:
-                        return True  # nothing follows [DONE]; the body is only read to its end
-                    return direct.write(chunk, not take(chunk))
+                def finish(chunk: bytes) -> bool:
+                    nonlocal ended
+                    ended = True
+                    self._finishing()
+                    return direct.write(chunk, False)
 
-                while not await pipe(sink):
-                    await direct.drain()
+                spliced = direct.splice(tally, last, finish, self._gap_buckets)
+                if spliced is not None:
+                    try:
+                        while not await pipe(spliced.take):
+                            await direct.drain()
+                    finally:
+                        direct.settle(spliced, tally, observe_gap, self._gap_buckets)
+                else:
+                    def sink(chunk: bytes) -> bool:
+                        if ended:
+                            return True  # nothing follows [DONE]; the body is only read to its end
+                        return direct.write(chunk, not take(chunk))
+
+                    while not await pipe(sink):
+                        await direct.drain()
             else:
                 drain = routed.drain
                 async for chunk in routed.rest:

@@ -7,17 +7,26 @@ request id's, uvicorn's) and a message dict (bench/README.md, "Issue 15, twelfth
 CPU per request, diagnosed"). The writer does to a body piece what those sends did, in one synchronous
 call: ``Observe``'s look at the body, then uvicorn's chunked write and, at the end, its completion of the
 cycle (keep-alive, the next pipelined request). The response's start still goes through ``send``; the
-request id's and the drain's wrappers only touch the start.
+request id's and the drain's wrappers only touch the start. Where the C extension is built, :meth:`CycleWriter.splice`
+hands the relay a sink doing its per-chunk work and this write in one call (csrc/splice.c; bench/README.md, "Issue 15,
+fifteenth round: a streamed chunk's relay work in one C call").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from infera.kv.native import load
 from infera.server.coalesce import HeadHold
+from infera.server.metrics import Buckets
 from infera.server.observe import Observation
+from infera.server.relay import Spliced
+from infera.server.tally import StreamTally
+
+_native = load()  # ChunkSink (csrc/splice.c), or None: the relay's Python sink
 
 
 class CycleWriter:
@@ -76,3 +85,34 @@ class CycleWriter:
         cycle = self._cycle
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
+
+    def splice(self, tally: StreamTally, last: float, finish: Callable[[bytes], bool],
+               buckets: Buckets | None = None) -> Spliced | None:
+        """A C sink doing, per chunk, the relay's sink and :meth:`write` (``more`` True) in one call: the gap, the
+        tally, the observation's look, the chunked write to the transport (the hold's inner one), the back-pressure
+        answer; the gaps counted by ``buckets``' bounds (None: kept one by one). None without the extension or
+        while a head is held (the relay's Python sink then)."""
+        if _native is None:
+            return None
+        transport = self._out or self._transport()
+        if isinstance(transport, HeadHold):
+            return None
+        cycle = self._cycle
+        observation = self._observation
+        seam, usage, open_, _ = tally.state()
+        sink: Spliced = _native.ChunkSink(transport.write, cycle, cycle.flow, finish,
+                                          None if observation is None else observation.body, seam, usage, open_,
+                                          last, None if buckets is None else buckets.bounds)
+        return sink
+
+    def settle(self, spliced: Spliced, tally: StreamTally, observe_gap: Callable[[float], None],
+               buckets: Buckets | None = None) -> None:
+        tally.restore(*spliced.tally())
+        if buckets is not None:
+            counts, total = spliced.buckets()
+            if any(counts):
+                buckets.add(counts, total)
+        for gap in spliced.gaps():
+            observe_gap(gap)
+        if self._observation is not None:
+            self._observation.events += spliced.events()

@@ -98,6 +98,14 @@ class StreamTally:
         self._usage = data[at:at + _KEEP]
         self._open = b"\n\n" not in self._usage and len(self._usage) < _KEEP
 
+    def state(self) -> tuple[bytes, bytes, bool, bool]:
+        """What the tally holds between chunks: (seam, usage bytes, usage event open, done); a C sink
+        (csrc/splice.c) takes it over mid-stream and hands it back with :meth:`restore`."""
+        return self._seam, self._usage, self._open, self.done
+
+    def restore(self, seam: bytes, usage: bytes, open_: bool, done: bool) -> None:
+        self._seam, self._usage, self._open, self.done = seam, usage, open_, done
+
     def usage(self) -> Usage | None:
         """The last non-null usage object's counts, or None when the response carried none."""
         return read_usage(self._usage) if self._usage else None

@@ -14,7 +14,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infera.router.router import Router, RouterOptions
-from infera.server.metrics import ITL_BUCKETS, LATENCY_BUCKETS, ServerMetrics, fast_inc, fast_observe
+from infera.server.metrics import ITL_BUCKETS, LATENCY_BUCKETS, ServerMetrics, fast_buckets, fast_inc, fast_observe
 from infera.server.tally import Usage
 from tests.fakes import FakeFleet, FakeTransport, worker
 
@@ -116,6 +116,25 @@ def test_fast_observe_counts_each_amount_in_the_bucket_and_sum_observe_does(amou
     for (name, le, value), (name_, le_, value_) in zip(got, want, strict=True):
         assert (name, le) == (name_, le_)
         assert value == value_ or (math.isnan(value) and math.isnan(value_)), (name, le)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=200, allow_nan=False), max_size=30))
+def test_fast_buckets_add_at_once_what_observe_adds_one_by_one(amounts: list[float]) -> None:
+    registry, fast, public = _histograms()
+    buckets = fast_buckets(fast.labels("/v1/x"))
+    assert buckets is not None  # the fast path is taken with this prometheus_client
+    counts = [0] * len(buckets.bounds)
+    public.labels("/v1/x")  # a series from its child's making, as the fast one's
+    for amount in amounts:
+        counts[next(i for i, bound in enumerate(buckets.bounds) if amount <= bound)] += 1
+        public.labels("/v1/x").observe(amount)
+    buckets.add(counts, math.fsum(amounts))
+    got, want = _values(registry, "fast_h"), _values(registry, "public_h")
+    assert len(got) == len(want) == len(LATENCY_BUCKETS) + 3
+    for (name, le, value), (name_, le_, value_) in zip(got, want, strict=True):
+        assert (name, le) == (name_, le_)
+        assert value == value_ if name != "_sum" else math.isclose(value, value_, abs_tol=1e-9), (name, le)
 
 
 @settings(max_examples=100, deadline=None)
