@@ -17,11 +17,13 @@
  *                          finds nothing due: the same state)
  *
  * The prune (``Predictions.prune(now, workers)``) is called only when the heap's earliest expiry is due: with none
- * due it changes nothing. */
+ * due it changes nothing. And ``ctx.hashes(size)`` (twice a decision: the previous prompt's and this one's) is read
+ * from the context's kept lists where it has them (d17_hashes). */
 
 enum { IP_HOLDERS, IP_SHARED, IP_PREDICTED, IP_HEAP, IP_NAMES, IP_RUNS, IP_PRUNE, IP_WORKERS, IP_MIN_BLOCKS, IP_N };
 
 static PyObject *D17_ALL;  /* -1: every worker's guesses count */
+static PyObject *STR_D17_KEPT;
 
 /* the index's parts (decide_parts' tuple) as an array, or NULL with an error */
 static PyObject **d17_parts(PyObject *parts) {
@@ -148,7 +150,22 @@ static PyObject *d17_overlaps(PyObject **ip, PyObject *hashes, PyObject *t) {
     return walk_both(NULL, args, 6);
 }
 
+/* ctx.hashes(size), a new reference: RoutingContext.hashes' kept list (``_hashes.get(size)``, the prompt cache's,
+ * or an earlier call's) where ``ctx`` is a RoutingContext itself (``ctx_type``) and has it, else the method */
+static PyObject *d17_hashes(PyObject *ctx, PyObject *size, PyObject *ctx_type) {
+    if ((PyObject *)Py_TYPE(ctx) == ctx_type) {
+        PyObject *kept = PyObject_GetAttr(ctx, STR_D17_KEPT);
+        if (kept == NULL) return NULL;
+        PyObject *got = PyDict_CheckExact(kept) ? PyDict_GetItemWithError(kept, size) : NULL;
+        Py_XINCREF(got);
+        Py_DECREF(kept);
+        if (got != NULL || PyErr_Occurred()) return got;
+    }
+    return PyObject_CallMethodOneArg(ctx, STR_D_HASHES, size);
+}
+
 static int add_decide17(void) {
     D17_ALL = PyLong_FromLong(-1);
-    return D17_ALL == NULL ? -1 : 0;
+    STR_D17_KEPT = PyUnicode_InternFromString("_hashes");
+    return D17_ALL == NULL || STR_D17_KEPT == NULL ? -1 : 0;
 }

@@ -3268,7 +3268,8 @@ static int add_pick11(PyObject *mod) {
  * the index's worker tables and KvTtftPolicy._sum_window, read in C (csrc/decide16.c) instead of calling the
  * tracker's and the index's methods and _refresh for a worker with kept sums (helper pick16); then parts, None or
  * the index's tables (PrefixIndex.decide_parts), from which holding() and overlaps_and_confirmed()'s one walk are
- * done in C (csrc/decide17.c, helper place17). The policy's attributes _now, _decisions, _pending, _log_tau,
+ * done in C (csrc/decide17.c, helper place17); then RoutingContext, whose instances' hashes() it reads from their
+ * ``_hashes`` where they are kept (decide17.c). The policy's attributes _now, _decisions, _pending, _log_tau,
  * _recency_args and stay_added are read and set as the Python sets them. None, before anything else is read or
  * changed, when there is no worker or a worker holds blocks below the device (cached_credit's fractional credit):
  * the caller takes the candidates' path. */
@@ -3276,7 +3277,7 @@ static int add_pick11(PyObject *mod) {
 enum { DC_CLOCK, DC_HELD, DC_HOLDING, DC_BLOCK_COUNT, DC_OVERLAPS, DC_TTFT_SAMPLES, DC_PREFILL, DC_ACTIVE, DC_DECODING,
        DC_REFRESH, DC_RECENCY, DC_NEW_SHADOW, DC_SCALES, DC_BEST, DC_PRUNE, DC_WEIGHT, DC_HORIZON, DC_EVICTION,
        DC_OCCUPANCY, DC_MARGIN, DC_FLOOR_MODE, DC_MIN_SAMPLES, DC_DEAD_BAND, DC_MAX_RELATIVE, DC_REUSE_EMA,
-       DC_PRUNE_EVERY, DC_CELLS, DC_TABLES, DC_SUMS_FALLBACK, DC_PARTS, DC_N };
+       DC_PRUNE_EVERY, DC_CELLS, DC_TABLES, DC_SUMS_FALLBACK, DC_PARTS, DC_CTX_TYPE, DC_N };
 
 /* the tracker's and the index's reads from their cells and tables (csrc/decide16.c, helper pick16) */
 static int d16_load(PyObject *cells, PyObject *wid, long long *queued, long long *active);
@@ -3290,6 +3291,7 @@ static int add_decide16(void);
 static PyObject **d17_parts(PyObject *parts);
 static PyObject *d17_holding(PyObject **ip, PyObject *block, PyObject *now);
 static PyObject *d17_overlaps(PyObject **ip, PyObject *hashes, PyObject *t);
+static PyObject *d17_hashes(PyObject *ctx, PyObject *size, PyObject *ctx_type);
 static int add_decide17(void);
 
 static PyObject *STR_D_NOW, *STR_D_DECISIONS, *STR_D_PENDING, *STR_D_LOG_TAU, *STR_D_RECENCY_ARGS, *STR_D_STAY_ADDED,
@@ -3507,7 +3509,7 @@ static NO_FMA PyObject *kv_decide(PyObject *self, PyObject *const *args, Py_ssiz
             it = fail ? NULL : PyObject_GetIter(sizes);
             fail = it == NULL;
             while (!fail && (size = PyIter_Next(it)) != NULL) {
-                PyObject *hashes = PyObject_CallMethodOneArg(PyTuple_GET_ITEM(pending, 0), STR_D_HASHES, size);
+                PyObject *hashes = d17_hashes(PyTuple_GET_ITEM(pending, 0), size, cfg[DC_CTX_TYPE]);
                 Py_DECREF(size);
                 if (hashes == NULL) {
                     fail = 1;
@@ -3564,7 +3566,7 @@ static NO_FMA PyObject *kv_decide(PyObject *self, PyObject *const *args, Py_ssiz
         if (found == NULL) {
             if (PyErr_Occurred()) goto done;
             PyObject *t = PyObject_CallNoArgs(cfg[DC_CLOCK]);
-            PyObject *hashes = t ? PyObject_CallMethodOneArg(ctx, STR_D_HASHES, cs[i].size_obj) : NULL;
+            PyObject *hashes = t ? d17_hashes(ctx, cs[i].size_obj, cfg[DC_CTX_TYPE]) : NULL;
             PyObject **ip = hashes && cfg[DC_PARTS] != Py_None ? d17_parts(cfg[DC_PARTS]) : NULL;
             PyObject *both = ip != NULL ? d17_overlaps(ip, hashes, t) : NULL;
             if (both == NULL && hashes != NULL && !PyErr_Occurred()) both = call2(cfg[DC_OVERLAPS], hashes, t);

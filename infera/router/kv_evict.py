@@ -158,7 +158,8 @@ class KvEvictPolicy(KvTtftPolicy):
                 tracker.ttft_samples, tracker.prefill_tokens, tracker.active_blocks, tracker.decoding, self._refresh,
                 self._recency, self._new_shadow, self._scales, self._confirmed_best, self._prune, self._weight,
                 self.horizon, self.eviction_weight, self._occupancy, self.stay_margin, _FLOOR_MODES[self.stay_floor],
-                MIN_SAMPLES, SCALE_DEAD_BAND, MAX_RELATIVE_SCALE, REUSE_EMA, PRUNE_EVERY, *self._decide_tables())
+                MIN_SAMPLES, SCALE_DEAD_BAND, MAX_RELATIVE_SCALE, REUSE_EMA, PRUNE_EVERY, *self._decide_tables(),
+                RoutingContext)
         got = decide(self, ctx, workers if type(workers) is list else list(workers), cfg)
         if got is None:
             return None
