@@ -2244,7 +2244,12 @@ static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         while (ctop > 0 && !held[ctop - 1]) ctop--;
         if (ctop > 0) confirmed = i + 1;
-        PyObject *g = PyDict_GetItemWithError(guessed, hs[i]);
+        /* past the first block only the workers still walking count (walk_step reads active & mixed): when the
+         * confirmed mask has them all, no guess can change the step, and the guesses' lookup (a dict's index, entry,
+         * key and mask, cold live) is skipped (issue 15's fifteenth round, helper place17) */
+        int covered = i > 0;
+        for (k = 0; covered && k < top; k++) covered = !(w.active[k] & ~w.mixed[k]);
+        PyObject *g = covered ? NULL : PyDict_GetItemWithError(guessed, hs[i]);
         if (g == NULL && PyErr_Occurred()) goto done;
         if (g != NULL) {
             const digit *gd;
