@@ -16,7 +16,7 @@ setup(
             "infera.kv._native",
             sources=["csrc/index.c"],
             depends=["csrc/xxhash.h", "csrc/prompt_cache.c", "csrc/prompt_extend.c", "csrc/index_payload.c",
-                     "csrc/load.c", "csrc/index_clear.c", "csrc/decide16.c", "csrc/zmq_drain.c",
+                     "csrc/load.c", "csrc/index_clear.c", "csrc/decide16.c", "csrc/decide17.c", "csrc/zmq_drain.c",
                      "csrc/zmtp_drain.c", "csrc/splice.c"],
             include_dirs=["csrc"],
             extra_compile_args=["-O3"],

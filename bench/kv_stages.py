@@ -22,6 +22,8 @@ LRU with them, so its figures before then are not comparable). CPU time of this 
                                                                 # started for them takes them
     .venv/bin/python bench/kv_stages.py --ref main --virtual-clock ...  # the router's clock virtual: both trees make
                                                                 # the same decisions (an A/B of a change keeping them)
+    .venv/bin/python bench/kv_stages.py --ref main --thrash 16 ...  # 16 MB copied between requests (untimed): the
+                                                                # caches as a live frontend's, the stages' µs ~live's
     .venv/bin/python bench/kv_stages.py --kv-blocks 1000 ...    # small caches: the workers fill and evict (their
                                                                 # LRU's BlockRemoved applied too), so kv-aware's
                                                                 # eviction term and its recency shadow's value run
@@ -71,7 +73,7 @@ def workload_bodies(workload: str) -> tuple[list[bytes], int, int, int]:
 
 
 def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000,
-               workload: str = "chats", virtual_clock: bool = False) -> dict[str, float]:
+               workload: str = "chats", virtual_clock: bool = False, thrash_mb: float = 0.0) -> dict[str, float]:
     from collections import OrderedDict
 
     import orjson
@@ -117,7 +119,12 @@ def run_stages(policy: str, n: int, warmup: int, kv_blocks: int = 100000,
     mask = (1 << 48) - 1  # engine hashes: opaque ids, not the router's
     engines: dict[str, OrderedDict[int, None]] = {}  # per worker, its engine's LRU of stored blocks (--kv-blocks)
     prompts = renderer.prompt_cache
+    # --thrash: a copy of this many MB between requests (untimed) leaves the caches as a live frontend's work between
+    # two decisions does (its HTTP, JSON, tokenizer and event intake): a decision's lines then wait on memory as live
+    scratch = bytearray(int(thrash_mb * (1 << 20)))
     for i in range(warmup + n):
+        if scratch:
+            bytes(scratch)
         collecting[2] = i >= warmup
         if cold_every and i % cold_every == 0 and prompts is not None:
             prompts.clear()  # a frontend started for the workload (untimed)
@@ -266,14 +273,15 @@ def score_ab(ref: str, n: int, warmup: int, kv_blocks: int = 100000, workload: s
 
 
 def _child(root: str, policy: str, n: int, warmup: int, kv_blocks: int, workload: str,
-           virtual_clock: bool = False) -> dict[str, float]:
+           virtual_clock: bool = False, thrash_mb: float = 0.0) -> dict[str, float]:
     """This file's run_stages in a fresh process with ``root``'s infera (and bench helpers) first on the path."""
     repo = str(Path(__file__).resolve().parent.parent)
     here = str(Path(__file__).resolve())
     code = (f"import sys, json, importlib.util as u; sys.path.insert(0, {root!r}); sys.path.insert(1, {repo!r}); "
             f"s = u.spec_from_file_location('kv_stages_here', {here!r}); k = u.module_from_spec(s); "
             f"s.loader.exec_module(k); "
-            f"print(json.dumps(k.run_stages({policy!r}, {n}, {warmup}, {kv_blocks}, {workload!r}, {virtual_clock!r})))")
+            f"print(json.dumps(k.run_stages({policy!r}, {n}, {warmup}, {kv_blocks}, {workload!r}, {virtual_clock!r}, "
+            f"{thrash_mb!r})))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -292,6 +300,8 @@ def main() -> None:
                          "rounded up to whole plays of it (cold prompt cache, then every prompt seen)")
     ap.add_argument("--virtual-clock", action="store_true",
                     help="the router's clock moves 100 µs a reading: two trees that decide alike decide the same")
+    ap.add_argument("--thrash", type=float, default=0.0, metavar="MB",
+                    help="copy this many MB between requests (untimed): the caches as live (16: ~live's µs)")
     ap.add_argument("--score-ab", action="store_true",
                     help="instead: the kv-aware policy's score at --ref against this tree's, decision by decision")
     args = ap.parse_args()
@@ -317,7 +327,7 @@ def main() -> None:
         for r in range(args.rounds):
             for name, policy in (cells if r % 2 == 0 else list(reversed(cells))):
                 runs[(name, policy)].append(_child(trees[name], policy, args.n, args.warmup, args.kv_blocks,
-                                                     args.workload, args.virtual_clock))
+                                                     args.workload, args.virtual_clock, args.thrash))
                 last = runs[(name, policy)][-1]
                 took = sum(last[s] for s in STAGES)
                 print(f"round {r} {name} {policy}: {took:.0f} µs/req, gc {last.get(GC, 0.0):.1f}", flush=True)

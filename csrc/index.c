@@ -2246,7 +2246,12 @@ static PyObject *walk_both(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         while (ctop > 0 && !held[ctop - 1]) ctop--;
         if (ctop > 0) confirmed = i + 1;
-        PyObject *g = PyDict_GetItemWithError(guessed, hs[i]);
+        /* past the first block only the workers still walking count (walk_step reads active & mixed): when the
+         * confirmed mask has them all, no guess can change the step, and the guesses' lookup (a dict's index, entry,
+         * key and mask, cold live) is skipped (issue 15's fifteenth round, helper place17) */
+        int covered = i > 0;
+        for (k = 0; covered && k < top; k++) covered = !(w.active[k] & ~w.mixed[k]);
+        PyObject *g = covered ? NULL : PyDict_GetItemWithError(guessed, hs[i]);
         if (g == NULL && PyErr_Occurred()) goto done;
         if (g != NULL) {
             const digit *gd;
@@ -3268,7 +3273,10 @@ static int add_pick11(PyObject *mod) {
  * confirmed_best, prune, weight, horizon, eviction, occupancy, margin, floor_mode, min_samples, dead_band,
  * max_relative, reuse_ema, prune_every, cells, tables, sums_fallback): the last three None, or the tracker's cells,
  * the index's worker tables and KvTtftPolicy._sum_window, read in C (csrc/decide16.c) instead of calling the
- * tracker's and the index's methods and _refresh for a worker with kept sums (helper pick16). The policy's attributes _now, _decisions, _pending, _log_tau,
+ * tracker's and the index's methods and _refresh for a worker with kept sums (helper pick16); then parts, None or
+ * the index's tables (PrefixIndex.decide_parts), from which holding() and overlaps_and_confirmed()'s one walk are
+ * done in C (csrc/decide17.c, helper place17); then RoutingContext, whose instances' hashes() it reads from their
+ * ``_hashes`` where they are kept (decide17.c). The policy's attributes _now, _decisions, _pending, _log_tau,
  * _recency_args and stay_added are read and set as the Python sets them. None, before anything else is read or
  * changed, when there is no worker or a worker holds blocks below the device (cached_credit's fractional credit):
  * the caller takes the candidates' path. */
@@ -3276,7 +3284,7 @@ static int add_pick11(PyObject *mod) {
 enum { DC_CLOCK, DC_HELD, DC_HOLDING, DC_BLOCK_COUNT, DC_OVERLAPS, DC_TTFT_SAMPLES, DC_PREFILL, DC_ACTIVE, DC_DECODING,
        DC_REFRESH, DC_RECENCY, DC_NEW_SHADOW, DC_SCALES, DC_BEST, DC_PRUNE, DC_WEIGHT, DC_HORIZON, DC_EVICTION,
        DC_OCCUPANCY, DC_MARGIN, DC_FLOOR_MODE, DC_MIN_SAMPLES, DC_DEAD_BAND, DC_MAX_RELATIVE, DC_REUSE_EMA,
-       DC_PRUNE_EVERY, DC_CELLS, DC_TABLES, DC_SUMS_FALLBACK, DC_N };
+       DC_PRUNE_EVERY, DC_CELLS, DC_TABLES, DC_SUMS_FALLBACK, DC_PARTS, DC_CTX_TYPE, DC_N };
 
 /* the tracker's and the index's reads from their cells and tables (csrc/decide16.c, helper pick16) */
 static int d16_load(PyObject *cells, PyObject *wid, long long *queued, long long *active);
@@ -3286,6 +3294,12 @@ static int d16_held(PyObject *tables, PyObject *wid, long long *cached, int *low
 static int d16_refresh(PyObject *cells, PyObject *fallback, PyObject *sums, PyObject *wid, PyObject *samples,
                        PyObject *count, long long capacity);
 static int add_decide16(void);
+/* the index's holding() and overlaps_and_confirmed() from its tables (csrc/decide17.c, helper place17) */
+static PyObject **d17_parts(PyObject *parts);
+static PyObject *d17_holding(PyObject **ip, PyObject *block, PyObject *now);
+static PyObject *d17_overlaps(PyObject **ip, PyObject *hashes, PyObject *t);
+static PyObject *d17_hashes(PyObject *ctx, PyObject *size, PyObject *ctx_type);
+static int add_decide17(void);
 
 static PyObject *STR_D_NOW, *STR_D_DECISIONS, *STR_D_PENDING, *STR_D_LOG_TAU, *STR_D_RECENCY_ARGS, *STR_D_STAY_ADDED,
     *STR_D_HASHES, *STR_D_COUNT, *STR_D_NO_HIT, *STR_D_CACHE_HIT, *STR_D_LOAD, *STR_D_PROMPT_TOKENS, *STR_D_MAX_TOKENS;
@@ -3317,7 +3331,9 @@ static NO_FMA int decide_touch(PyObject *policy, PyObject **cfg, PyObject *hashe
     if (n <= 0) return n < 0 ? -1 : 0;  /* a prompt without a full block touches nothing */
     PyObject *last = PySequence_GetItem(hashes, n - 1);
     if (last == NULL) return -1;
-    PyObject *wids = call2(cfg[DC_HOLDING], last, now);
+    PyObject **ip = cfg[DC_PARTS] != Py_None ? d17_parts(cfg[DC_PARTS]) : NULL;
+    PyObject *wids = ip != NULL ? d17_holding(ip, last, now)
+                     : PyErr_Occurred() ? NULL : call2(cfg[DC_HOLDING], last, now);
     Py_DECREF(last);
     if (wids == NULL) return -1;
     if (!PyList_Check(wids)) {
@@ -3500,7 +3516,7 @@ static NO_FMA PyObject *kv_decide(PyObject *self, PyObject *const *args, Py_ssiz
             it = fail ? NULL : PyObject_GetIter(sizes);
             fail = it == NULL;
             while (!fail && (size = PyIter_Next(it)) != NULL) {
-                PyObject *hashes = PyObject_CallMethodOneArg(PyTuple_GET_ITEM(pending, 0), STR_D_HASHES, size);
+                PyObject *hashes = d17_hashes(PyTuple_GET_ITEM(pending, 0), size, cfg[DC_CTX_TYPE]);
                 Py_DECREF(size);
                 if (hashes == NULL) {
                     fail = 1;
@@ -3557,8 +3573,10 @@ static NO_FMA PyObject *kv_decide(PyObject *self, PyObject *const *args, Py_ssiz
         if (found == NULL) {
             if (PyErr_Occurred()) goto done;
             PyObject *t = PyObject_CallNoArgs(cfg[DC_CLOCK]);
-            PyObject *hashes = t ? PyObject_CallMethodOneArg(ctx, STR_D_HASHES, cs[i].size_obj) : NULL;
-            PyObject *both = hashes ? call2(cfg[DC_OVERLAPS], hashes, t) : NULL;
+            PyObject *hashes = t ? d17_hashes(ctx, cs[i].size_obj, cfg[DC_CTX_TYPE]) : NULL;
+            PyObject **ip = hashes && cfg[DC_PARTS] != Py_None ? d17_parts(cfg[DC_PARTS]) : NULL;
+            PyObject *both = ip != NULL ? d17_overlaps(ip, hashes, t) : NULL;
+            if (both == NULL && hashes != NULL && !PyErr_Occurred()) both = call2(cfg[DC_OVERLAPS], hashes, t);
             Py_XDECREF(t);
             Py_XDECREF(hashes);
             if (both == NULL) goto done;
@@ -3757,7 +3775,7 @@ static int add_pick14(PyObject *mod) {
         *names[k] = PyUnicode_InternFromString(text[k]);
         if (*names[k] == NULL) return -1;
     }
-    if (add_decide16() < 0) return -1;
+    if (add_decide16() < 0 || add_decide17() < 0) return -1;
     return PyModule_AddFunctions(mod, pick14_methods);
 }
 
@@ -3766,6 +3784,7 @@ static int add_pick14(PyObject *mod) {
 #include "load.c"
 #include "index_clear.c"
 #include "decide16.c"
+#include "decide17.c"
 #include "zmq_drain.c"
 #include "zmtp_drain.c"
 #include "splice.c"

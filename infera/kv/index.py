@@ -698,6 +698,17 @@ class PrefixIndex:
         record(out, mask, 1, names)
         return list(out)
 
+    def decide_parts(self) -> tuple[Any, ...] | None:
+        """What kv-aware's one C call (``_native.kv_decide``) reads to answer :meth:`holding` and take
+        :meth:`overlaps_and_confirmed`' one walk itself, without their Python frames (csrc/decide17.c, issue 15's
+        fifteenth round): the tables those methods read, none of them ever replaced, and the predictions' prune.
+        None on the pure path."""
+        if self._native is None:
+            return None
+        return (self._holders, self._shared, self._predicted, self._expiry_heap, self._slots.names,
+                self._rows.runs if self._rows is not None else None, self._guesses.prune, self._workers,
+                RUN_MIN_BLOCKS)
+
     def overlaps_and_confirmed(self, hashes: Sequence[int], now: float | None = None) -> tuple[dict[str, int], int]:
         """``(overlaps(hashes, now, use_predicted=True), longest confirmed prefix)``: the second is
         ``max(overlaps(hashes, now).values(), default=0)``, the most leading blocks of ``hashes`` one worker holds

@@ -158,21 +158,25 @@ class KvEvictPolicy(KvTtftPolicy):
                 tracker.ttft_samples, tracker.prefill_tokens, tracker.active_blocks, tracker.decoding, self._refresh,
                 self._recency, self._new_shadow, self._scales, self._confirmed_best, self._prune, self._weight,
                 self.horizon, self.eviction_weight, self._occupancy, self.stay_margin, _FLOOR_MODES[self.stay_floor],
-                MIN_SAMPLES, SCALE_DEAD_BAND, MAX_RELATIVE_SCALE, REUSE_EMA, PRUNE_EVERY, *self._decide_tables())
+                MIN_SAMPLES, SCALE_DEAD_BAND, MAX_RELATIVE_SCALE, REUSE_EMA, PRUNE_EVERY, *self._decide_tables(),
+                RoutingContext)
         got = decide(self, ctx, workers if type(workers) is list else list(workers), cfg)
         if got is None:
             return None
         return Scores(got[0], got[2], got[1])
 
-    def _decide_tables(self) -> tuple[Any, Any, Any]:
-        """kv_decide's last three: the load tracker's cells, the index's worker tables and :meth:`_sum_window`, read in
-        C instead of calling their methods (issue 15's fourteenth round: ~5 Python frames a worker), where the tracker
-        and the index are the plain classes on their C paths (a subclass may answer otherwise); else None each."""
+    def _decide_tables(self) -> tuple[Any, Any, Any, Any]:
+        """kv_decide's last four: the load tracker's cells, the index's worker tables and :meth:`_sum_window`, read in
+        C instead of calling their methods (issue 15's fourteenth round: ~5 Python frames a worker), and the index's
+        :meth:`~infera.kv.index.PrefixIndex.decide_parts` (its ``holding`` and ``overlaps_and_confirmed``' one walk in
+        C, the fifteenth round), where the tracker and the index are the plain classes on their C paths (a subclass may
+        answer otherwise); else None each."""
         load, index = self._load, self._index
         cells = load._load if type(load) is LoadTracker and load._cells else None
-        tables = index._workers if type(index) is PrefixIndex and index.native is not None else None
+        plain = type(index) is PrefixIndex and index.native is not None
+        tables = index._workers if plain else None
         fallback = self._sum_window if cells is not None and self._c_refresh is not None else None
-        return cells, tables, fallback
+        return cells, tables, fallback, index.decide_parts() if plain else None
 
     def shadow(self, wid: str) -> list[tuple[int, float]]:
         """``wid``'s recency shadow: (router hash, last use), least recently used first (tests, diagnostics)."""

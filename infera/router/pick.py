@@ -94,7 +94,10 @@ class Picker:
             i = self._rng.choices(range(len(costs)), weights=weights)[0]
         else:
             low = min(costs)
-            best = [j for j, c in enumerate(costs) if c - low <= 1e-9]
+            best = []
+            for j, c in enumerate(costs):  # a loop, not a comprehension: no frame of its own per decision
+                if c - low <= 1e-9:
+                    best.append(j)
             if len(best) > 1:  # the candidates' in-flight counts: read now if no candidates were built (the same)
                 best = self._least_busy(cands if cands is not None else self._candidates(workers), best)
             i = best[0] if len(best) == 1 else self._rng.choice(best)

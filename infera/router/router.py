@@ -181,8 +181,10 @@ class Router:
             if not pool:
                 raise NoWorkers(f"no healthy worker serves model {req.model!r}" + (" in the subset" if allowed else ""))
             choice = self._pick("mixed", ctx, pool, self._policy, self._options.policy, record)
+            # no fallbacks asked (every request of the router's own): no call for an empty list
+            others = self._picker.others(choice.worker, pool, fallbacks) if fallbacks else None
             return self._legs.place("mixed", {"mixed": choice.worker}, None, ctx, choice.overlap, frozenset(),
-                                    self._rng.getrandbits(63), self._picker.others(choice.worker, pool, fallbacks))
+                                    self._rng.getrandbits(63), others)
         fixed = {"prefill": direct.prefill, "decode": direct.worker} if direct is not None else {}
         chosen = {role: self._candidates.check(w, req.kind) for role, w in fixed.items() if w is not None}
         overlap, others = 0, list[WorkerRecord]()

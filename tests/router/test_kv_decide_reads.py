@@ -25,7 +25,7 @@ def _workers(n: int, capacities: list[int]) -> list[WorkerRecord]:
 
 def _methods_only(side: Side) -> Side:
     """The one call without the cells and tables: the tracker's and the index's methods, and ``_refresh``."""
-    side.policy._decide_tables = lambda: (None, None, None)
+    side.policy._decide_tables = lambda: (None, None, None, None)
     return side
 
 
