@@ -24,6 +24,7 @@ from infera.protocols.worker import Capacity, KvEventEndpoint, WorkerRecord
 from infera.router.context import RouteRequest
 from infera.router.placement import Placement
 from infera.router.router import Router, RouterOptions
+from infera.transport.base import EventSink, GapSink, RawSink, SocketSink, StreamSink
 
 MODEL = "sim"
 
@@ -53,7 +54,8 @@ class _Events:
     def __init__(self) -> None:
         self.sink: Callable[[str, EventBatch], None] | None = None
 
-    def bind(self, sink: Callable[[str, EventBatch], None], on_gap: Any, raw: Any = None, socket: Any = None) -> None:
+    def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None, socket: SocketSink | None = None,
+             stream: StreamSink | None = None) -> None:
         self.sink = sink  # the simulator hands over decoded batches: no payloads for ``raw``
 
     async def start(self) -> None:
@@ -126,7 +128,7 @@ class SimRouter:
         # The router refuses a tokenizing policy without a renderer; the simulator hands it token ids directly.
         renderer = cast(PromptRenderer, object())
         self._events = _Events()
-        self.router = Router(_Fleet(records), cast(Any, _NoTransport()), cast(Any, self._events), renderer, options,
+        self.router = Router(_Fleet(records), cast(Any, _NoTransport()), self._events, renderer, options,
                              index=_VirtualIndex(clock), clock=clock, rng=random.Random(seed))
         self.block_size = block_size
         self._clock = clock
