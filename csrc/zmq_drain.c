@@ -111,6 +111,71 @@ static void zd_close(zd_msg *msgs, int nf) {
     for (int k = 0; k < nf && k < 3; k++) zd.msg_close(&msgs[k]);
 }
 
+/* What one three-frame message did to a drain's run (this file's loop over a libzmq socket and csrc/zmtp_drain.c's over
+ * a ZMTP stream): ZD_TAKEN, applied or below ``expected`` (already applied from a replay), go on; ZD_RAISED, its apply
+ * raised: *extra is (seq, the exception), its counts and touched hashes are dropped (as Python's apply_payload's raise
+ * drops them) and ``expected`` is past it; ZD_LEFT, a gap, an odd seq frame or a payload the C declines: nothing
+ * changed, Python's loop takes the message whole. -1 with an exception set on an error of its own. */
+#define ZD_TAKEN 0
+#define ZD_RAISED 1
+#define ZD_LEFT 2
+
+typedef struct {
+    int any;             /* no seq expected yet */
+    uint64_t expected;   /* else the next seq */
+    Py_ssize_t n;        /* batches applied */
+    double ts;           /* the last applied batch's ts (0.0 when n is 0) */
+    Py_ssize_t counts[5];
+    PyObject *touched;   /* the applied batches' touched hashes, concatenated */
+} zd_run;
+
+static int zd_step(zd_run *r, Tables *t, Py_ssize_t size, const unsigned char *sq, size_t sq_size,
+                   const unsigned char *payload, size_t payload_size, PyObject **extra) {
+    uint64_t seq = 0;
+    if (sq_size != 8) return ZD_LEFT;
+    for (int k = 0; k < 8; k++) seq = (seq << 8) | sq[k];
+    if (seq == UINT64_MAX) return ZD_LEFT; /* seq + 1 must fit */
+    if (!r->any && seq < r->expected) return ZD_TAKEN;
+    if (!r->any && seq != r->expected) return ZD_LEFT;
+    Py_ssize_t saved[5];
+    Py_ssize_t mark = PyList_GET_SIZE(r->touched);
+    double bts = 0.0;
+    memcpy(saved, r->counts, sizeof saved);
+    int applied = payload_apply(t, payload, (Py_ssize_t)payload_size, size, r->counts, r->touched, &bts);
+    if (applied == 0) return ZD_LEFT;
+    if (applied > 0) {
+        r->n++;
+        r->ts = bts;
+    } else {
+        memcpy(r->counts, saved, sizeof saved);
+        PyObject *exc = zd_take_error();
+        if (exc == NULL || PyList_SetSlice(r->touched, mark, PyList_GET_SIZE(r->touched), NULL) < 0) {
+            Py_XDECREF(exc);
+            return -1;
+        }
+        if ((*extra = Py_BuildValue("(KN)", (unsigned long long)seq, exc)) == NULL) return -1;
+    }
+    r->any = 0;
+    r->expected = seq + 1;
+    return applied > 0 ? ZD_TAKEN : ZD_RAISED;
+}
+
+/* The answer of a drain (drain_socket, drain_stream): (status, expected or None, n, ts, the five counts, touched,
+ * extra); steals ``extra`` (NULL: None). */
+static PyObject *zd_answer(zd_run *r, int status, PyObject *extra) {
+    if (extra == NULL) {
+        extra = Py_None;
+        Py_INCREF(extra);
+    }
+    PyObject *exp = r->any ? (Py_INCREF(Py_None), Py_None) : PyLong_FromUnsignedLongLong(r->expected);
+    if (exp == NULL) {
+        Py_DECREF(extra);
+        return NULL;
+    }
+    return Py_BuildValue("(iNndnnnnnON)", status, exp, r->n, r->ts, r->counts[0], r->counts[1], r->counts[2],
+                         r->counts[3], r->counts[4], r->touched, extra);
+}
+
 /* drain_socket(handle, expected, blocks, media, extra, lower, predicted, holders, shared, watched, guess_masks, bit,
  *              block_size)
  *   -> (status, expected, n, ts, stored, removed, orphans, unknown, mismatched, touched, extra)
@@ -138,19 +203,15 @@ static PyObject *drain_socket(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "drain_socket: a null socket");
         return NULL;
     }
-    int any = args[1] == Py_None;
-    uint64_t expected = 0;
-    if (!any) {
-        expected = PyLong_AsUnsignedLongLong(args[1]);
-        if (expected == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    zd_run run = {args[1] == Py_None, 0, 0, 0.0, {0, 0, 0, 0, 0}, NULL};
+    if (!run.any) {
+        run.expected = PyLong_AsUnsignedLongLong(args[1]);
+        if (run.expected == (uint64_t)-1 && PyErr_Occurred()) return NULL;
     }
     if (tables(args + 2, &t) < 0) return NULL;
     Py_ssize_t size = PyLong_AsSsize_t(args[12]);
     if (size == -1 && PyErr_Occurred()) return NULL;
-    PyObject *touched = PyList_New(0);
-    if (touched == NULL) return NULL;
-    Py_ssize_t counts[5] = {0, 0, 0, 0, 0}, n = 0;
-    double ts = 0.0;
+    if ((run.touched = PyList_New(0)) == NULL) return NULL;
     int status = ZD_EMPTY;
     PyObject *extra = NULL, *out = NULL;
     zd_msg msgs[3];
@@ -195,45 +256,14 @@ static PyObject *drain_socket(PyObject *self, PyObject *const *args, Py_ssize_t 
             if ((extra = PyLong_FromLong(nf)) == NULL) goto fail;
             break;
         }
-        const unsigned char *sq = zd.msg_data(&msgs[1]);
-        uint64_t seq = 0;
-        int simple = zd.msg_size(&msgs[1]) == 8;
-        if (simple) {
-            for (int k = 0; k < 8; k++) seq = (seq << 8) | sq[k];
-            simple = seq != UINT64_MAX; /* seq + 1 must fit */
-        }
-        if (simple && !any && seq < expected) { /* already applied from a replay */
-            zd_close(msgs, 3);
-            continue;
-        }
-        if (simple && (any || seq == expected)) {
-            Py_ssize_t saved[5];
-            Py_ssize_t mark = PyList_GET_SIZE(touched);
-            double bts = 0.0;
-            memcpy(saved, counts, sizeof saved);
-            int applied = payload_apply(&t, zd.msg_data(&msgs[2]), (Py_ssize_t)zd.msg_size(&msgs[2]), size, counts,
-                                        touched, &bts);
-            if (applied != 0) zd_close(msgs, 3); /* declined: nothing changed, Python decodes it (below) */
-            if (applied > 0) {
-                n++;
-                ts = bts;
-                any = 0;
-                expected = seq + 1;
-                continue;
-            }
-            if (applied < 0) { /* its counts and touched hashes go, as Python's apply_payload's raise drops them */
-                memcpy(counts, saved, sizeof saved);
-                PyObject *exc = zd_take_error();
-                if (exc == NULL || PyList_SetSlice(touched, mark, PyList_GET_SIZE(touched), NULL) < 0) {
-                    Py_XDECREF(exc);
-                    goto fail;
-                }
-                status = ZD_FAILED;
-                if ((extra = Py_BuildValue("(KN)", (unsigned long long)seq, exc)) == NULL) goto fail;
-                any = 0;
-                expected = seq + 1;
-                break;
-            }
+        int step = zd_step(&run, &t, size, zd.msg_data(&msgs[1]), zd.msg_size(&msgs[1]), zd.msg_data(&msgs[2]),
+                           zd.msg_size(&msgs[2]), &extra);
+        if (step != ZD_LEFT) zd_close(msgs, 3);
+        if (step < 0) goto fail;
+        if (step == ZD_TAKEN) continue;
+        if (step == ZD_RAISED) {
+            status = ZD_FAILED;
+            break;
         }
         /* a gap, an odd seq frame, a payload the C declines: Python's loop takes the message whole */
         status = ZD_MESSAGE;
@@ -253,19 +283,11 @@ static PyObject *drain_socket(PyObject *self, PyObject *const *args, Py_ssize_t 
         break;
     }
 answer:
-    if (extra == NULL) {
-        extra = Py_None;
-        Py_INCREF(extra);
-    }
-    {
-        PyObject *exp = any ? (Py_INCREF(Py_None), Py_None) : PyLong_FromUnsignedLongLong(expected);
-        if (exp != NULL)
-            out = Py_BuildValue("(iNndnnnnnOO)", status, exp, n, ts, counts[0], counts[1], counts[2], counts[3],
-                                counts[4], touched, extra);
-    }
+    out = zd_answer(&run, status, extra);
+    extra = NULL;
 fail:
     Py_XDECREF(extra);
-    Py_DECREF(touched);
+    Py_DECREF(run.touched);
     return out;
 }
 

@@ -111,19 +111,15 @@ static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "drain_stream: the buffer must be a bytearray");
         return NULL;
     }
-    int any = args[2] == Py_None;
-    uint64_t expected = 0;
-    if (!any) {
-        expected = PyLong_AsUnsignedLongLong(args[2]);
-        if (expected == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    zd_run run = {args[2] == Py_None, 0, 0, 0.0, {0, 0, 0, 0, 0}, NULL};
+    if (!run.any) {
+        run.expected = PyLong_AsUnsignedLongLong(args[2]);
+        if (run.expected == (uint64_t)-1 && PyErr_Occurred()) return NULL;
     }
     if (tables(args + 3, &t) < 0) return NULL;
     Py_ssize_t size = PyLong_AsSsize_t(args[13]);
     if (size == -1 && PyErr_Occurred()) return NULL;
-    PyObject *touched = PyList_New(0);
-    if (touched == NULL) return NULL;
-    Py_ssize_t counts[5] = {0, 0, 0, 0, 0}, n = 0;
-    double ts = 0.0;
+    if ((run.touched = PyList_New(0)) == NULL) return NULL;
     int status = ZD_EMPTY;
     PyObject *extra = NULL, *out = NULL;
     if (PyDict_GET_SIZE(t.media)) {
@@ -179,44 +175,13 @@ static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t 
             if ((extra = PyLong_FromLong(u.nf)) == NULL) goto fail;
             break;
         }
-        uint64_t seq = 0;
-        int simple = u.size[1] == 8;
-        if (simple) {
-            for (int k = 0; k < 8; k++) seq = (seq << 8) | u.body[1][k];
-            simple = seq != UINT64_MAX; /* seq + 1 must fit */
-        }
-        if (simple && !any && seq < expected) { /* already applied from a replay */
-            pos += u.end;
-            continue;
-        }
-        if (simple && (any || seq == expected)) {
-            Py_ssize_t saved[5];
-            Py_ssize_t mark = PyList_GET_SIZE(touched);
-            double bts = 0.0;
-            memcpy(saved, counts, sizeof saved);
-            int applied = payload_apply(&t, u.body[2], (Py_ssize_t)u.size[2], size, counts, touched, &bts);
-            if (applied > 0) {
-                pos += u.end;
-                n++;
-                ts = bts;
-                any = 0;
-                expected = seq + 1;
-                continue;
-            }
-            if (applied < 0) { /* its counts and touched hashes go, as Python's apply_payload's raise drops them */
-                pos += u.end;
-                memcpy(counts, saved, sizeof saved);
-                PyObject *exc = zd_take_error();
-                if (exc == NULL || PyList_SetSlice(touched, mark, PyList_GET_SIZE(touched), NULL) < 0) {
-                    Py_XDECREF(exc);
-                    goto fail;
-                }
-                status = ZD_FAILED;
-                if ((extra = Py_BuildValue("(KN)", (unsigned long long)seq, exc)) == NULL) goto fail;
-                any = 0;
-                expected = seq + 1;
-                break;
-            }
+        int step = zd_step(&run, &t, size, u.body[1], u.size[1], u.body[2], u.size[2], &extra);
+        if (step < 0) goto fail;
+        if (step != ZD_LEFT) pos += u.end;
+        if (step == ZD_TAKEN) continue;
+        if (step == ZD_RAISED) {
+            status = ZD_FAILED;
+            break;
         }
         /* a gap, an odd seq frame, a payload the C declines: Python's loop takes the message whole */
         status = ZD_MESSAGE;
@@ -231,19 +196,11 @@ static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     if (zt_keep(buf, data, pos, len, in_chunk) < 0) goto fail;
 answer:
-    if (extra == NULL) {
-        extra = Py_None;
-        Py_INCREF(extra);
-    }
-    {
-        PyObject *exp = any ? (Py_INCREF(Py_None), Py_None) : PyLong_FromUnsignedLongLong(expected);
-        if (exp != NULL)
-            out = Py_BuildValue("(iNndnnnnnOO)", status, exp, n, ts, counts[0], counts[1], counts[2], counts[3],
-                                counts[4], touched, extra);
-    }
+    out = zd_answer(&run, status, extra);
+    extra = NULL;
 fail:
     Py_XDECREF(extra);
-    Py_DECREF(touched);
+    Py_DECREF(run.touched);
     return out;
 }
 

@@ -124,19 +124,17 @@ class IndexFeed:
     def on_socket(self, worker_id: str, handle: int, expected: int | None) -> tuple[int, int | None, Any] | None:
         """Feed every batch queued on a ZMQ socket into the index (:data:`infera.transport.base.SocketSink`); the
         same effects as :meth:`on_payload` batch by batch."""
-        got = self.index.drain_socket(worker_id, handle, expected)
-        if got is None:
-            return None
-        status, expected, n, extra = got
-        if n:
-            self._arrived(worker_id, n)
-        return status, expected, extra
+        return self._drained(worker_id, self.index.drain_socket(worker_id, handle, expected))
 
     def on_stream(self, worker_id: str, fd: int, buffer: bytearray,
                   expected: int | None) -> tuple[int, int | None, Any] | None:
         """Feed every batch queued on a ZMTP stream into the index (:data:`infera.transport.base.StreamSink`); the
         same effects as :meth:`on_payload` batch by batch."""
-        got = self.index.drain_stream(worker_id, fd, buffer, expected)
+        return self._drained(worker_id, self.index.drain_stream(worker_id, fd, buffer, expected))
+
+    def _drained(self, worker_id: str,
+                 got: tuple[int, int | None, int, Any] | None) -> tuple[int, int | None, Any] | None:
+        """A drain's answer with its applied batches counted as arrived; None (the index did not take it) passes."""
         if got is None:
             return None
         status, expected, n, extra = got
