@@ -160,6 +160,21 @@ static int zd_step(zd_run *r, Tables *t, Py_ssize_t size, const unsigned char *s
     return applied > 0 ? ZD_TAKEN : ZD_RAISED;
 }
 
+/* A drain's run started from its arguments ``expected, the tables (ten), size`` at ``args``; 0, or -1 with an exception
+ * set (``run->touched`` then NULL). */
+static int zd_begin(zd_run *run, PyObject *const *args, Tables *t, Py_ssize_t *size) {
+    memset(run, 0, sizeof *run);
+    run->any = args[0] == Py_None;
+    if (!run->any) {
+        run->expected = PyLong_AsUnsignedLongLong(args[0]);
+        if (run->expected == (uint64_t)-1 && PyErr_Occurred()) return -1;
+    }
+    if (tables(args + 1, t) < 0) return -1;
+    *size = PyLong_AsSsize_t(args[11]);
+    if (*size == -1 && PyErr_Occurred()) return -1;
+    return (run->touched = PyList_New(0)) == NULL ? -1 : 0;
+}
+
 /* The answer of a drain (drain_socket, drain_stream): (status, expected or None, n, ts, the five counts, touched,
  * extra); steals ``extra`` (NULL: None). */
 static PyObject *zd_answer(zd_run *r, int status, PyObject *extra) {
@@ -203,15 +218,9 @@ static PyObject *drain_socket(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "drain_socket: a null socket");
         return NULL;
     }
-    zd_run run = {args[1] == Py_None, 0, 0, 0.0, {0, 0, 0, 0, 0}, NULL};
-    if (!run.any) {
-        run.expected = PyLong_AsUnsignedLongLong(args[1]);
-        if (run.expected == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    }
-    if (tables(args + 2, &t) < 0) return NULL;
-    Py_ssize_t size = PyLong_AsSsize_t(args[12]);
-    if (size == -1 && PyErr_Occurred()) return NULL;
-    if ((run.touched = PyList_New(0)) == NULL) return NULL;
+    zd_run run;
+    Py_ssize_t size;
+    if (zd_begin(&run, args + 1, &t, &size) < 0) return NULL;
     int status = ZD_EMPTY;
     PyObject *extra = NULL, *out = NULL;
     zd_msg msgs[3];

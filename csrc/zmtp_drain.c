@@ -111,15 +111,9 @@ static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "drain_stream: the buffer must be a bytearray");
         return NULL;
     }
-    zd_run run = {args[2] == Py_None, 0, 0, 0.0, {0, 0, 0, 0, 0}, NULL};
-    if (!run.any) {
-        run.expected = PyLong_AsUnsignedLongLong(args[2]);
-        if (run.expected == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    }
-    if (tables(args + 3, &t) < 0) return NULL;
-    Py_ssize_t size = PyLong_AsSsize_t(args[13]);
-    if (size == -1 && PyErr_Occurred()) return NULL;
-    if ((run.touched = PyList_New(0)) == NULL) return NULL;
+    zd_run run;
+    Py_ssize_t size;
+    if (zd_begin(&run, args + 2, &t, &size) < 0) return NULL;
     int status = ZD_EMPTY;
     PyObject *extra = NULL, *out = NULL;
     if (PyDict_GET_SIZE(t.media)) {
