@@ -282,6 +282,8 @@ async def test_a_batch_queued_on_its_socket_is_applied_before_the_feed_calls_a_w
     await feed.start()
     try:
         await engine.subscribed()
+        # the PUB has the subscription before the reader's task resumes to put the socket in the epoll
+        await await_until(lambda: len(source._readers) == 1, 5, "the socket in the source's epoll")
         source.catch_up()  # a decision: batches now wait for the next one
         feed.expect_events("w0", sent_at=0.0)
         now[0] = 0.5
