@@ -17,8 +17,9 @@ engines, KV capacity and routers as routing_quality) and splits that column:
 - ``--timers``: each infera frontend times its stages (context, pick, ``Legs.place``, the KV events'
   ``deliver``, the whole intake (``ZmqEventSource._ready``), the index's clear, ``StreamTally.feed``) in
   thread CPU between two signals (SIGUSR1 at a cell's start installs the wrappers, SIGUSR2 at its end dumps
-  them: only the cell counts), times every GC collection and counts the KV events' stored and removed
-  blocks; a timer costs ~2 µs (two
+  them: only the cell counts), times every GC collection and counts the KV batches, BlockStored and
+  BlockRemoved events and ZMTP bytes the index took (from its counters: every intake path) and the blocks it
+  holds; ``QUALITY_SPLIT_INTAKE=1`` times the KV intake's parts too; a timer costs ~2 µs (two
   ``clock_gettime`` syscalls);
 - ``--profile``: the same window profiled with cProfile on ``time.thread_time``; prints cumulative
   profiled µs per request per area (cProfile inflates small calls ~3x: read shares).
@@ -87,7 +88,7 @@ SITE = FRONTEND_SITE_HEAD + r'''    import cProfile, gc, json, signal, time
 TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, time
     _pol = _cmd[_cmd.index(b"--router-policy") + 1].decode()
     _out = os.environ["QUALITY_SPLIT_PROFILE_DIR"]
-    _st = {"on": False, "t": {}, "k": 0, "gc": [0, 0.0], "gct0": 0.0, "t0": 0.0, "ev": [0, 0, 0, 0, 0]}
+    _st = {"on": False, "t": {}, "k": 0, "gc": [0, 0.0], "gct0": 0.0, "t0": 0.0}
     _tt = time.thread_time
     def _cb(phase, info):
         if not _st["on"]:
@@ -111,24 +112,60 @@ TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, t
                 d[0] += 1
                 d[1] += _tt() - t0
         return w
-    def _count(payload):
-        import msgpack
+    # The KV intake's totals, read from the index itself (the C drains read the sockets themselves: no payload
+    # passes Python): [batches, stored events, removed events, clears, bytes read over ZMTP, blocks held]. An
+    # index's counters and blocks are taken when it is first seen in the window (before that call's apply) and at
+    # the window's end; the batches are counted as applied, a ZMTP socket's bytes from its TCP_INFO.
+    _seen = {"ix": {}, "fds": {}, "batches": 0}
+    def _kv_totals(ix):
+        c = ix.counters
+        return [0, c.block_stored, c.block_removed, c.all_blocks_cleared, 0,
+                sum(len(w.blocks) for w in ix._workers.values())]
+    def _tcp_bytes(fd):
+        import socket, struct
         try:
-            b = msgpack.unpackb(payload, strict_map_key=False)
-        except Exception:
-            return
-        ev = _st["ev"]
-        ev[0] += 1
-        ev[4] += len(payload)
-        for e in b[1]:
-            kind = e[0] if isinstance(e, list) else e.get("type")
-            hashes = (e[1] if isinstance(e, list) else e.get("block_hashes")) or []
-            if kind == "BlockStored":
-                ev[1] += len(hashes)
-            elif kind == "BlockRemoved":
-                ev[2] += len(hashes)
-            else:
-                ev[3] += 1
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            return 0
+        try:
+            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+            return struct.unpack_from("Q", info, 128)[0] if len(info) >= 136 else 0  # tcpi_bytes_received
+        except OSError:
+            return 0
+        finally:
+            s.close()
+    def _seeing(fn, batches, fd_at=None):
+        @functools.wraps(fn)
+        def w(self, *a, **k):
+            if not _st["on"]:
+                return fn(self, *a, **k)
+            if self not in _seen["ix"]:
+                _seen["ix"][self] = _kv_totals(self)
+            if fd_at is not None and a[fd_at] not in _seen["fds"]:
+                _seen["fds"][a[fd_at]] = _tcp_bytes(a[fd_at])
+            r = fn(self, *a, **k)
+            _seen["batches"] += batches(r)
+            return r
+        return w
+    def _kv_window():
+        ev = [0, 0, 0, 0, 0, 0]
+        for ix, t0 in _seen["ix"].items():
+            ev = [e + b - a for e, a, b in zip(ev, t0, _kv_totals(ix))]
+        ev[0] = _seen["batches"]
+        ev[4] = sum(_tcp_bytes(fd) - b0 for fd, b0 in _seen["fds"].items())
+        return ev
+    _pc = time.perf_counter_ns
+    def _walled(name, fn):
+        @functools.wraps(fn)
+        def w(*a, **k):
+            if not _st["on"]:
+                return fn(*a, **k)
+            t0 = _pc()
+            try:
+                return fn(*a, **k)
+            finally:
+                _st["w"].setdefault(name, []).append(_pc() - t0)
+        return w
     def _install():
         if _st.get("installed"):
             return
@@ -161,21 +198,32 @@ TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, t
         T.StreamTally.feed = _timed("tally.feed", T.StreamTally.feed)
         from infera.kv import index as I
         I.PrefixIndex._clear = _timed("index clear (AllBlocksCleared)", I.PrefixIndex._clear)
-        inner = _timed("kv deliver (decode+apply)", Z.deliver)
-        def deliver(worker_id, payload, *a, **k):
-            r = inner(worker_id, payload, *a, **k)
-            if _st["on"]:
-                _count(payload)
-            return r
-        Z.deliver = deliver
+        Z.deliver = _timed("kv deliver (decode+apply)", Z.deliver)
+        I.PrefixIndex.apply = _seeing(I.PrefixIndex.apply, lambda r: 1)
+        I.PrefixIndex.apply_payload = _seeing(I.PrefixIndex.apply_payload, bool)
+        I.PrefixIndex.drain_socket = _seeing(I.PrefixIndex.drain_socket, lambda r: 0 if r is None else r[2])
+        I.PrefixIndex.drain_stream = _seeing(I.PrefixIndex.drain_stream, lambda r: 0 if r is None else r[2], 1)
         # the whole intake on the loop thread: the epoll, each socket's reads and applies (a decision's catch-up
         # and the backstop's): a C drain (drain16) applies batches without ``deliver``
         Z.ZmqEventSource._ready = _timed("kv intake (epoll, reads, apply)", Z.ZmqEventSource._ready)
+        if os.environ.get("QUALITY_SPLIT_INTAKE"):  # the intake's parts in wall time (a vDSO clock, ~0.1 µs a read,
+            # where the thread-CPU clock is a ~2 µs syscall): every call kept, medians printed
+            Z.ZmqEventSource.catch_up = _walled("kv: catch_up", Z.ZmqEventSource.catch_up)
+            Z.ZmqEventSource._ready = _walled("kv: _ready", Z.ZmqEventSource._ready)
+            I.PrefixIndex._applied = _walled("kv: - PrefixIndex._applied", I.PrefixIndex._applied)
+            ds = I.PrefixIndex.drain_stream
+            def drain_stream(self, *a, **k):
+                if not self.__dict__.get("_ti"):
+                    self._stream = _walled("kv: - C drain_stream", self._stream)
+                    self._ti = True
+                return ds(self, *a, **k)
+            I.PrefixIndex.drain_stream = _walled("kv: - PrefixIndex.drain_stream", drain_stream)
     def _on(sig, frame):
         _install()
         _st["t"] = {}
         _st["gc"] = [0, 0.0]
-        _st["ev"] = [0, 0, 0, 0, 0]
+        _st["w"] = {}
+        _seen["ix"], _seen["fds"], _seen["batches"] = {}, {}, 0
         _st["t0"] = _tt()
         _st["on"] = True
     def _off(sig, frame):
@@ -183,7 +231,8 @@ TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, t
             return
         _st["on"] = False
         k = _st["k"] = _st["k"] + 1
-        out = {"timers": _st["t"], "gc": _st["gc"], "loop": _tt() - _st["t0"], "events": _st["ev"]}
+        out = {"timers": _st["t"], "gc": _st["gc"], "loop": _tt() - _st["t0"], "events": _kv_window(),
+               "walls": _st.get("w", {})}
         tag = os.environ.get("QUALITY_SPLIT_TAG", "")
         open(f"{_out}/{tag}-{_pol}-{k}.timers.json", "w").write(json.dumps(out))
     signal.signal(signal.SIGUSR1, _on)
@@ -406,11 +455,17 @@ def report_timers(prof_dir: Path, rows: list[dict[str, Any]]) -> None:
         ev = d["events"]
         print(f"\n{pol} {cell['workload']} {cell['variant']} ({n} requests): loop thread "
               f"{d['loop'] / n * 1e6:.0f} µs/req (timed), GC {d['gc'][0]} collections {d['gc'][1] / n * 1e6:.1f} "
-              f"µs/req; KV batches {ev[0] / n:.2f}/req, stored blocks {ev[1] / n:.1f}/req, removed "
-              f"{ev[2] / n:.1f}/req, clears {ev[3]}, {ev[4] / max(ev[0], 1):.0f} bytes/batch")
+              f"µs/req; KV batches {ev[0] / n:.2f}/req, BlockStored {ev[1] / n:.1f}/req, BlockRemoved "
+              f"{ev[2] / n:.1f}/req, clears {ev[3]}, {ev[4] / max(ev[0], 1):.0f} ZMTP bytes/batch, "
+              f"blocks held {ev[5] / n:+.1f}/req")
         for name, (calls, sec) in d["timers"].items():
             print(f"  {name:28s} {sec / n * 1e6:8.1f} µs/req  {calls / n:6.2f} calls/req  "
                   f"{sec / max(calls, 1) * 1e6:7.1f} µs/call")
+        for name, ns in d.get("walls", {}).items():
+            ns.sort()
+            print(f"  {name:28s} wall {sum(ns) / n / 1e3:8.1f} µs/req  {len(ns) / n:6.2f} calls/req  median "
+                  f"{ns[len(ns) // 2] / 1e3:7.1f} µs/call, p25 {ns[len(ns) // 4] / 1e3:.1f}, p75 "
+                  f"{ns[3 * len(ns) // 4] / 1e3:.1f}")
 
 
 def main() -> None:
