@@ -64,6 +64,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4000)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--perf", action="store_true")
+    ap.add_argument("--stat", action="store_true", help="perf stat the bare run: instructions, cycles, switches")
     ap.add_argument("--pyspy", action="store_true", help="py-spy record the bare run (its top functions, own share)")
     args = ap.parse_args()
     tok = default_tokenizer_dir()
@@ -96,6 +97,11 @@ def main() -> None:
                                      "-p", str(front.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         spy = None
+        if args.stat:
+            perf = subprocess.Popen(["/usr/bin/perf", "stat", "-x", ",", "-o", str(log_dir / "stat.txt"), "-e",
+                                     "instructions,cycles,context-switches,cpu-migrations,page-faults",
+                                     "-p", str(front.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
         if args.pyspy:
             spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-r", "200", "-f", "raw",
                                     "-o", str(log_dir / "spy.txt"), "-p", str(front.pid)],
@@ -109,6 +115,11 @@ def main() -> None:
                 proc.send_signal(signal.SIGINT)
                 proc.wait()
         print(f"{args.scenario}: {ok} requests, router CPU {cpu:.0f} µs/request (bare run)")
+        if args.stat:
+            for line in (log_dir / "stat.txt").read_text().splitlines():
+                fields = line.split(",")
+                if len(fields) > 2 and fields[0].replace(".", "").isdigit():
+                    print(f"  {fields[2]:<18} {float(fields[0]) / ok:12.1f} per request")
         out = log_dir / "strace.txt"
         strace = subprocess.Popen(["strace", "-c", "-f", "-o", str(out), "-p", str(front.pid)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
