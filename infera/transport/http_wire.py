@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import socket
 import ssl
 from collections.abc import Callable, Mapping
@@ -27,16 +26,6 @@ import httptools
 
 PAUSE_BYTES = 4 << 20  # a reader holding more than this stops reading the socket until it is read
 WHOLE_BYTES = 256 << 10  # an answer with a Content-Length up to this is handed back whole (well below PAUSE_BYTES)
-
-# A plain answer's head (Connection._whole): HTTP/1.1, a status 200-599, a reason of printable ASCII, each field a
-# token, a colon, at most one space and a value of printable ASCII that neither starts nor ends with a blank. Any
-# other head (obs-fold, tabs, bytes past ASCII, an empty value...) is httptools', as before.
-_TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
-_VALUE = rb"[!-~](?:[ !-~]*[!-~])?"
-_PLAIN_HEAD = re.compile(rb"HTTP/1\.1 ([2-5][0-9][0-9]) [ -~]*\r\n((?:" + _TOKEN + rb": ?" + _VALUE + rb"\r\n)*)\r\n")
-_PLAIN_FIELD = re.compile(rb"(" + _TOKEN + rb"): ?(" + _VALUE + rb")\r\n")
-# fields that change how an answer is framed or whether its connection is kept: such an answer is httptools'
-_FRAMING = frozenset((b"transfer-encoding", b"connection", b"proxy-connection", b"upgrade"))
 
 
 class WireError(Exception):
@@ -213,7 +202,6 @@ class Connection(asyncio.Protocol):
         self.status = 0
         self.content_type = b""
         self._framed = False  # the response has a length or is chunked (else it ends at EOF)
-        self._fed = False  # some of the current answer's bytes went to the parser (it is mid-message)
         self._length = -1  # the answer's Content-Length (-1: none, or chunked)
         self._held = False  # the head is in; the answer is handed back with its whole body
         self._due: float | None = None  # the request's deadline (loop time), while its answer is awaited
@@ -238,9 +226,6 @@ class Connection(asyncio.Protocol):
             self.abort()  # nothing was asked on this connection: it cannot be trusted for the next request
             return
         body = self.body  # before the parse: a complete answer's on_message_complete lets go of it
-        if not self._fed and self._whole(data):
-            return
-        self._fed = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -249,52 +234,6 @@ class Connection(asyncio.Protocol):
             return
         if body is not None and body._sink is not None:
             body.flush()  # a piped body: this read's bytes go on in this callback
-
-    def _whole(self, data: bytes) -> bool:
-        """Take ``data`` when it is a whole plain answer to the request waiting for its head, and nothing
-        else: what the parser's callbacks below would do with it, without them (one read brings a small
-        answer whole; ~9 Python calls from the parser for it otherwise). False, with nothing done, for
-        anything else: a head cut short or a body not all in, more bytes than the answer, a status without
-        a body (1xx, 204, 304), a Content-Length that is not one run of digits at most :data:`WHOLE_BYTES`,
-        a field that frames the answer otherwise or decides its connection (:data:`_FRAMING`), a head not
-        plain (:data:`_PLAIN_HEAD`)."""
-        body = self.body
-        if body is None or self._headers is None:
-            return False
-        head = _PLAIN_HEAD.match(data)
-        if head is None:
-            return False
-        status = int(head[1])
-        if status in (204, 304):
-            return False
-        length = -1
-        content_type = b""
-        for name, value in _PLAIN_FIELD.findall(head[2]):
-            name = name.lower()
-            if name == b"content-length":
-                if length != -1 or not value.isdigit():
-                    return False
-                length = int(value)
-            elif name == b"content-type":
-                content_type = value  # the last one, as on_header keeps
-            elif name in _FRAMING:
-                return False
-        start = head.end()
-        if not 0 <= length <= WHOLE_BYTES or len(data) - start != length:
-            return False
-        # on_header, on_headers_complete, on_body, on_message_complete (no timer: the answer is handed back now)
-        self.status = body.status = status
-        self.content_type = body.content_type = content_type
-        self._framed = True
-        self._length = length
-        if length:
-            body.feed(data[start:])
-        self.body = None
-        body.feed_eof()
-        self._hand_back()
-        if not self.closed:
-            self._pool.release(self)
-        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -373,7 +312,6 @@ class Connection(asyncio.Protocol):
         wait. Expiry is :class:`WireTimeout` (one timer, not an ``asyncio.timeout`` context)."""
         assert self._transport is not None and self.body is None
         self._framed = False
-        self._fed = False
         self._length = -1
         self._held = False
         self.status = 0
