@@ -114,6 +114,33 @@ def test_a_vocabulary_without_some_byte_falls_back_whole() -> None:
     assert fast.encode("ab é") == [256, 999] and fast.fallbacks == 2
 
 
+def _mapped_kb() -> int:
+    """The process's virtual memory (VmSize), kB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmSize")
+
+
+@needs_c
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads /proc/self/status")
+def test_a_table_is_one_mapping_freed_with_it_and_on_every_refusal() -> None:
+    """The ranks' table lives in a mapping of its own (huge pages advised, at least 2 MB): dropped with the table,
+    and when the ranks are refused or the table is initialised twice; a leak would keep 2 MB a table."""
+    ranks = {bytes([b]): b for b in range(256)} | {b"ab": 256}
+    before = _mapped_kb()
+    for _ in range(64):
+        fast = _bpe.Bpe(ranks, 1, lambda text: [999])
+        assert fast.encode("ab ab") == [256, ord(" "), 256]
+        with pytest.raises(RuntimeError, match="once"):
+            fast.__init__(ranks, 1, lambda text: [999])  # type: ignore[misc]
+        assert fast.encode("ab ab") == [256, ord(" "), 256]  # the first table is still there
+        with pytest.raises(ValueError, match="values"):
+            _bpe.Bpe(ranks | {b"bc": -1}, 1, lambda text: [999])
+        del fast
+    assert _mapped_kb() - before < 16 << 10  # 64 tables leaked would be >= 128 MB
+
+
 @needs_c
 def test_only_the_stretch_around_a_non_ascii_character_goes_to_tiktoken(spec: TiktokenSpec) -> None:
     ref, _ = pair(spec, QWEN)
