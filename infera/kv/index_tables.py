@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,7 +50,7 @@ class Predictions:
             getattr(native, "predict_map_prefetch", None) or getattr(native, "predict_map_add", None)
         self.masks: dict[int, int] = {}
         self.heap: list[tuple[float, int, str, list[int]]] = []  # (expiry, seq, worker id, router hashes)
-        self._seq = 0
+        self.seq = itertools.count(1)  # the heap entries' tie-break, in the order of their adds
 
     def add(self, worker_id: str, worker: WorkerTable, hashes: Sequence[int], expiry: float) -> None:
         """Expect ``worker`` to hold ``hashes`` until ``expiry``; a later expiry extends a prediction."""
@@ -70,8 +71,7 @@ class Predictions:
                 predicted[local] = expiry
                 fresh.append(local)
         if fresh:
-            self._seq += 1
-            heapq.heappush(self.heap, (expiry, self._seq, worker_id, fresh))
+            heapq.heappush(self.heap, (expiry, next(self.seq), worker_id, fresh))
 
     def drop(self, worker: WorkerTable, local: int) -> None:
         if worker.predicted.pop(local, None) is None:
