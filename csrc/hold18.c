@@ -189,8 +189,67 @@ fail:  /* as the Python lines: the ticket begun stays held (nothing returns it t
     goto done;
 }
 
+/* predict_expire(predicted, masks, bit, hashes, expiry) -> None: Predictions.prune's loop over one expired add's
+ * hashes with the worker's expiries in a U64Map(True) (predict_map_add's), its drop inline:
+ *
+ *     for local in hashes:
+ *         if predicted.get(local) == expiry:  # not extended since
+ *             predicted.pop(local); mask = masks[local] ^ bit; masks[local] = mask if mask else (del)
+ *
+ * A routed prompt's ~170 hashes expire 120 s after it (PREDICTION_TTL), mostly extended since by later prompts: a
+ * probe each, against a Python iteration and a method call each. */
+static PyObject *predict_expire(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !IS_MAP(args[0]) || !((U64Map *)args[0])->objvals || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "predict_expire(predicted: U64Map(True), masks: dict, bit, hashes, expiry)");
+        return NULL;
+    }
+    U64Map *m = (U64Map *)args[0];
+    PyObject *masks = args[1], *bit = args[2], *expiry = args[4];
+    PyObject *seq = PySequence_Fast(args[3], "predict_expire: hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t k = 0; k < n; k++) map_prefetch_obj(m, items[k]);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *local = items[k];
+        Py_ssize_t i = map_lookup(m, local);
+        if (i == -2) goto fail;
+        if (i < 0) continue;
+        PyObject *had = (PyObject *)(uintptr_t)m->slots[i].val;
+        int same;
+        if (PyFloat_CheckExact(had) && PyFloat_CheckExact(expiry)) {
+            same = PyFloat_AS_DOUBLE(had) == PyFloat_AS_DOUBLE(expiry);
+        } else {
+            PyObject *r = PyObject_RichCompare(had, expiry, Py_EQ);
+            same = r == NULL ? -1 : PyObject_IsTrue(r);
+            Py_XDECREF(r);
+        }
+        if (same < 0) goto fail;
+        if (!same) continue;
+        map_unlink(m, i);
+        Py_DECREF(had);  /* the map's reference */
+        PyObject *mask = PyDict_GetItemWithError(masks, local);
+        if (mask == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, local);
+            goto fail;
+        }
+        PyObject *left = PyNumber_Xor(mask, bit);
+        if (left == NULL) goto fail;
+        int truth = PyObject_IsTrue(left), rc = truth < 0 ? -1 : truth ? PyDict_SetItem(masks, local, left) :
+            PyDict_DelItem(masks, local);
+        Py_DECREF(left);
+        if (rc < 0) goto fail;
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyMethodDef hold18_methods[] = {
     {"legs_hold", (PyCFunction)(void (*)(void))legs_hold, METH_FASTCALL, NULL},
+    {"predict_expire", (PyCFunction)(void (*)(void))predict_expire, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
