@@ -2,8 +2,9 @@
 the same digests (a change meant to keep kv-aware's decisions, checked end to end on routing_quality's workloads).
 
 Each decision's chosen worker, cost (its hex, to the bit), reason and overlap, in order, through sha256; per workload
-(tenants, multiturn, chats), with the workers' caches large and small (``--kv-blocks``: the LRU's evictions applied), and with ``--ttl`` the predictions expiring as the run goes.
-Each run is a fresh process with ``--root``'s infera first on the path (this tree's by default).
+(tenants, multiturn, chats), with the workers' caches large and small (``--kv-blocks``: the LRU's evictions applied),
+and with ``--ttl`` the predictions expiring as the run goes. Each run is a fresh process with ``--root``'s infera
+first on the path (this tree's by default).
 
     PYTHONPATH=$PWD .venv/bin/python bench/decision_hash.py --root /tmp/ref_tree
 """
