@@ -1,7 +1,8 @@
 """A digest of every decision kv_stages.run_stages makes under its virtual clock: two trees that decide alike print
 the same digests (a change meant to keep kv-aware's decisions, checked end to end on routing_quality's workloads).
 
-Each decision's chosen worker, cost (its hex, to the bit), reason and overlap, in order, through sha256; per workload
+Each decision's chosen worker, cost (its hex, to the bit), reason and overlap, and the predictions left after each
+prune (entries, hashes, the sum of their masks), in order, through sha256; per workload
 (tenants, multiturn, chats), with the workers' caches large and small (``--kv-blocks``: the LRU's evictions applied),
 and with ``--ttl`` the predictions expiring as the run goes. Each run is a fresh process with ``--root``'s infera
 first on the path (this tree's by default).
@@ -31,8 +32,15 @@ def recorded(self, ctx, workers, policy, name):
     count[0] += 1
     return choice
 pick.Picker.pick = recorded
+from infera.kv import index_tables
+pruned, inner_prune = [0], index_tables.Predictions.prune
+def pruning(self, now, workers):  # the predictions left after each prune, in the digest too
+    inner_prune(self, now, workers)
+    pruned[0] += 1
+    digest.update(f"{{len(self.heap)}} {{len(self.masks)}} {{sum(self.masks.values())}};".encode())
+index_tables.Predictions.prune = pruning
 kv_stages.run_stages("kv-aware", {n}, {warmup}, {kv_blocks}, {workload!r}, True)
-print(count[0], digest.hexdigest()[:16])
+print(count[0], "decisions", pruned[0], "prunes", digest.hexdigest()[:16])
 """
 
 
