@@ -48,8 +48,8 @@ class Predictions:
         # mostly cold by then, and the loop waited on each miss in turn)
         self.map_add = None if native is None else \
             getattr(native, "predict_map_prefetch", None) or getattr(native, "predict_map_add", None)
-        # C: an expired add's loop (predict_expire, issue 15's sixteenth round) where the expiries are U64Maps
-        self._expire = getattr(native, "predict_expire", None) if self.map_add is not None else None
+        # C: an expired add's loop (predict_expire, issue 15's sixteenth round), where the expiries are U64Maps
+        self._expire = getattr(native, "predict_expire", None)
         self.masks: dict[int, int] = {}
         self.heap: list[tuple[float, int, str, list[int]]] = []  # (expiry, seq, worker id, router hashes)
         self.seq = itertools.count(1)  # the heap entries' tie-break, in the order of their adds
@@ -92,7 +92,7 @@ class Predictions:
             worker = workers.get(worker_id)
             if worker is None:
                 continue
-            if self._expire is not None:  # the lines below in one call
+            if self._expire is not None and self.map_add is not None:  # the lines below in one call
                 self._expire(worker.predicted, self.masks, worker.bit, hashes, expiry)
                 continue
             predicted = worker.predicted
