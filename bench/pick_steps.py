@@ -70,7 +70,8 @@ def main() -> None:
         (index_mod.PrefixIndex, "overlaps_and_confirmed",
          timed("pick: - PrefixIndex.overlaps_and_confirmed", index_mod.PrefixIndex.overlaps_and_confirmed)),
         (legs.Legs, "place", timed("legs.place", legs.Legs.place)),
-        (legs.Legs, "hold", timed("legs.place: hold", legs.Legs.hold)),
+        # on the C path a leg's hold is one C call (legs_hold, issue 15's sixteenth round): within legs.place's figure
+        (legs.Legs, "_hold", timed("legs.place: hold (Legs' lines, off the C path)", legs.Legs._hold)),
         (index_mod.PrefixIndex, "predict", timed("legs.place: - PrefixIndex.predict", index_mod.PrefixIndex.predict)),
         (index_tables.Predictions, "add", timed("legs.place: - - Predictions.add", index_tables.Predictions.add)),
         (pick.RouterStats, "observe_overlap",

@@ -1997,6 +1997,7 @@ static int add_load(PyObject *mod); /* the load tracker's cells and tickets: csr
 static int add_clear15(PyObject *mod); /* a worker's clear (PrefixIndex._clear): csrc/index_clear.c, included last */
 static int add_drain16(PyObject *mod); /* a ZMQ socket's batches (PrefixIndex.drain_socket): csrc/zmq_drain.c */
 static int add_stream17(PyObject *mod); /* a ZMTP stream's batches (PrefixIndex.drain_stream): csrc/zmtp_drain.c */
+static int add_hold18(PyObject *mod); /* one leg's hold (Legs.hold) in one call: csrc/hold18.c, included last */
 static int splice_register(PyObject *mod); /* a streamed chunk to the client (infera.server.splice): csrc/splice.c, last */
 static double recency_tail(U64Map *m, long long blocks, double tau, double now);
 
@@ -2015,7 +2016,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     }
     if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0 || add_pick11(mod) < 0 ||
         add_pick14(mod) < 0 || add_prompt_cache(mod) < 0 || add_payload(mod) < 0 || add_load(mod) < 0 ||
-        add_clear15(mod) < 0 || add_drain16(mod) < 0 || add_stream17(mod) < 0 || splice_register(mod) < 0) {
+        add_clear15(mod) < 0 || add_drain16(mod) < 0 || add_stream17(mod) < 0 || add_hold18(mod) < 0 || splice_register(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
@@ -3785,6 +3786,7 @@ static int add_pick14(PyObject *mod) {
 #include "index_clear.c"
 #include "decide16.c"
 #include "decide17.c"
+#include "hold18.c"
 #include "zmq_drain.c"
 #include "zmtp_drain.c"
 #include "splice.c"

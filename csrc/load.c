@@ -222,22 +222,17 @@ static void prefetch_slots(const U64Map *m, PyObject *hashes) {
     }
 }
 
-static PyObject *load_begin(PyObject *self, PyObject *const *given, Py_ssize_t nargs, PyObject *kwnames) {
-    static const char *const names[7] = {"loads", "clock", "maxlen", "worker_id", "prefill_tokens", "hashes",
-                                         "tail_blocks"};
-    PyObject *args[7];
-    if (call_args("load_begin", given, nargs, kwnames, names, 7, args) < 0) return NULL;
-    PyObject *loads = args[0], *clock = args[1], *worker_id = args[3], *hashes = args[5];
+/* load_begin's work with its numbers parsed (also legs_hold's first step, csrc/hold18.c) */
+static PyObject *begin_ticket(PyObject *loads, PyObject *clock, PyObject *maxlen, PyObject *worker_id, long long prefill,
+                              PyObject *hashes, long long tail) {
     if (!PyDict_CheckExact(loads)) {
         PyErr_SetString(PyExc_TypeError, "load_begin: loads must be a dict");
         return NULL;
     }
-    long long prefill = PyLong_AsLongLong(args[4]), tail = PyLong_AsLongLong(args[6]);
-    if ((prefill == -1 || tail == -1) && PyErr_Occurred()) return NULL;
     PyObject *cell = PyDict_GetItemWithError(loads, worker_id);  /* borrowed */
     if (cell == NULL) {
         if (PyErr_Occurred()) return NULL;
-        cell = PyObject_CallOneArg((PyObject *)&LoadCellType, args[2]);
+        cell = PyObject_CallOneArg((PyObject *)&LoadCellType, maxlen);
         if (cell == NULL) return NULL;
         int rc = PyDict_SetItem(loads, worker_id, cell);
         Py_DECREF(cell);  /* the dict holds it */
@@ -281,6 +276,20 @@ static PyObject *load_begin(PyObject *self, PyObject *const *given, Py_ssize_t n
     t->open = 1;
     PyObject_GC_Track(t);
     return (PyObject *)t;
+}
+
+static PyObject *load_begin(PyObject *self, PyObject *const *given, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[7] = {"loads", "clock", "maxlen", "worker_id", "prefill_tokens", "hashes",
+                                         "tail_blocks"};
+    PyObject *args[7];
+    if (call_args("load_begin", given, nargs, kwnames, names, 7, args) < 0) return NULL;
+    if (!PyDict_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "load_begin: loads must be a dict");
+        return NULL;
+    }
+    long long prefill = PyLong_AsLongLong(args[4]), tail = PyLong_AsLongLong(args[6]);
+    if ((prefill == -1 || tail == -1) && PyErr_Occurred()) return NULL;
+    return begin_ticket(args[0], args[1], args[2], args[3], prefill, args[5], tail);
 }
 
 /* a TtftSample's five slots, by their member descriptors' offsets (looked up again for another class) */

@@ -35,6 +35,7 @@ event times in ``cache_view`` are wall-clock seconds.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
@@ -632,6 +633,19 @@ class PrefixIndex:
             worker = self._worker(worker_id)
         if ttl > 0:
             self._guesses.add(worker_id, worker, hashes, now + ttl)
+
+    def predict_parts(self) -> tuple[Any, ...] | None:
+        """What ``_native.legs_hold`` reads to run :meth:`predict` without its Python frames (csrc/hold18.c, issue
+        15's sixteenth round): the expiry heap, the prune, the worker tables and their maker, the prediction masks,
+        the heap's sequence and its push, none of them ever replaced. None where predict's lines are others (the
+        pure path, predictions kept in dicts, a subclass's predict)."""
+        guesses = self._guesses
+        if (self._native is None or guesses.map_add is None or guesses.map_add is not
+                getattr(self._native, "predict_map_prefetch", None) or type(self).predict is not PrefixIndex.predict
+                or type(guesses) is not Predictions):
+            return None
+        return (self._expiry_heap, guesses.prune, self._workers, self._worker, self._predicted, guesses.seq,
+                heapq.heappush)
 
     # -- queries -------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,9 +48,11 @@ class Predictions:
         # mostly cold by then, and the loop waited on each miss in turn)
         self.map_add = None if native is None else \
             getattr(native, "predict_map_prefetch", None) or getattr(native, "predict_map_add", None)
+        # C: an expired add's loop (predict_expire, issue 15's sixteenth round), where the expiries are U64Maps
+        self._expire = getattr(native, "predict_expire", None)
         self.masks: dict[int, int] = {}
         self.heap: list[tuple[float, int, str, list[int]]] = []  # (expiry, seq, worker id, router hashes)
-        self._seq = 0
+        self.seq = itertools.count(1)  # the heap entries' tie-break, in the order of their adds
 
     def add(self, worker_id: str, worker: WorkerTable, hashes: Sequence[int], expiry: float) -> None:
         """Expect ``worker`` to hold ``hashes`` until ``expiry``; a later expiry extends a prediction."""
@@ -70,8 +73,7 @@ class Predictions:
                 predicted[local] = expiry
                 fresh.append(local)
         if fresh:
-            self._seq += 1
-            heapq.heappush(self.heap, (expiry, self._seq, worker_id, fresh))
+            heapq.heappush(self.heap, (expiry, next(self.seq), worker_id, fresh))
 
     def drop(self, worker: WorkerTable, local: int) -> None:
         if worker.predicted.pop(local, None) is None:
@@ -89,6 +91,9 @@ class Predictions:
             expiry, _, worker_id, hashes = heapq.heappop(heap)
             worker = workers.get(worker_id)
             if worker is None:
+                continue
+            if self._expire is not None and self.map_add is not None:  # the lines below in one call
+                self._expire(worker.predicted, self.masks, worker.bit, hashes, expiry)
                 continue
             predicted = worker.predicted
             for local in hashes:

@@ -129,6 +129,11 @@ class LoadTracker:
             self.prefill_done = cast(Callable[[Ticket], None], self._prefill_done)
             self.end = cast(Callable[[Ticket], None], self._end)
 
+    def hold_parts(self) -> tuple[Any, ...] | None:
+        """What ``_native.legs_hold`` reads to run :meth:`begin` within one leg's hold (csrc/hold18.c): the cells by
+        worker, the clock and the TTFT window's length; None off the C path (an extension built before load_begin)."""
+        return (self._load, self._clock, TTFT_SAMPLES) if self._cells else None
+
     def _begin(self, worker_id: str, prefill_tokens: int, hashes: Sequence[int], tail_blocks: int) -> Ticket:
         load = cast(_WorkerLoad | None, self._load.get(worker_id))
         if load is None:

@@ -9,6 +9,7 @@ ticket ends on every failure path and, after success, when the response ends.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import Literal
@@ -23,7 +24,7 @@ from infera.router.connectors import CONNECTORS
 from infera.router.context import RouteRequest
 from infera.router.disagg import DisaggRouter, Leg, LegFailed
 from infera.router.errors import NoWorkers
-from infera.router.pick import RouterStats
+from infera.router.pick import OVERLAP_BUCKETS, RouterStats
 from infera.router.placement import Placement
 from infera.router.response import RoutedResponse
 from infera.telemetry.record import current
@@ -43,8 +44,16 @@ class Legs:
         self._candidates = candidates
         self._disagg = DisaggRouter()
         self._hooks = (self._failed, self._answered, self._moved)  # bound once: every placement holds them
+        # on the C path the hold below is one call (csrc/hold18.c: its lines and the ones it calls, issue 15's sixteenth
+        # round); else, or where a part is not the plain one its C reads, the method
+        self.hold: Callable[[WorkerRecord, str, RoutingContext, int], Ticket] = self._hold
+        held, predicted = load.hold_parts(), feed.index.predict_parts()
+        one_call = getattr(feed.index.native, "legs_hold", None)
+        if held is not None and predicted is not None and one_call is not None and type(stats) is RouterStats:
+            self.hold = functools.partial(one_call, (*held, clock, PREDICTION_TTL, *predicted, stats, OVERLAP_BUCKETS,
+                                                     RoutingContext))
 
-    def hold(self, worker: WorkerRecord, role: str, ctx: RoutingContext, overlap: int) -> Ticket:
+    def _hold(self, worker: WorkerRecord, role: str, ctx: RoutingContext, overlap: int) -> Ticket:
         """Begin the load ticket of one leg and remember the prompt as predicted on the worker.
 
         ``role`` shapes the ticket: a mixed worker computes the uncached prompt and decodes;
@@ -69,8 +78,9 @@ class Legs:
               fallbacks: list[WorkerRecord] | None = None) -> Placement:
         """A placement on ``workers`` (by role) with a load ticket held per worker."""
         tickets = {}
+        hold = self.hold
         for role, w in workers.items():  # a loop, not a comprehension: no frame of its own per placement
-            tickets[role] = self.hold(w, role, ctx, overlap if role != "decode" else 0)
+            tickets[role] = hold(w, role, ctx, overlap if role != "decode" else 0)
         failed, answered, moved = self._hooks
         return Placement(kind, workers.get("decode") or workers["mixed"], workers.get("prefill"), connector, ctx,
                          overlap, tickets, named, room, self._load, failed, answered, moved,

@@ -1,8 +1,11 @@
 """A placement's load through Legs (hold, first byte, move to a fallback, failure, release) on the load tracker's C
-path against its Python lines: the numbers every policy reads, and the predictions, the same after every step."""
+path against its Python lines: the numbers every policy reads, and the predictions, the same after every step. The C
+path twice: with the hold as one C call (``_native.legs_hold``, csrc/hold18.c) and with Legs' own hold lines calling
+the C tracker and index."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -30,7 +33,7 @@ PROMPTS = [[7] * 8 + [k] * 5 for k in range(4)] + [[1, 2, 3]]  # a shared prefix
 
 
 class Side:
-    def __init__(self, native_: bool) -> None:
+    def __init__(self, native_: bool, one_call: bool = True) -> None:
         self.now = 100.0
         fleet = FakeFleet(*ALL)
         self.load = LoadTracker(clock=lambda: self.now, native=native_)
@@ -39,11 +42,14 @@ class Side:
         self.candidates = Candidates(fleet, clock=lambda: self.now)
         self.stats = RouterStats()
         self.legs = Legs(FakeTransport(), self.load, self.feed, self.candidates, self.stats, clock=lambda: self.now)
+        if not one_call:
+            self.legs.hold = self.legs._hold
         self.placements: list[Placement] = []
 
     def reads(self) -> list[Any]:
-        out: list[Any] = [self.stats.overlap_hits, self.stats.overlap_sum, self.candidates.cooling_down(),
-                          sorted(self.index._predicted.items())]
+        out: list[Any] = [self.stats.overlap_hits, self.stats.overlap_sum, self.stats.overlap_count,
+                          self.candidates.cooling_down(), sorted(self.index._predicted.items()),
+                          sorted(self.index._expiry_heap)]
         for w in ALL:
             wid = w.instance_id
             count, samples = self.load.ttft_samples(wid)
@@ -96,13 +102,17 @@ def step(side: Side, o: tuple[Any, ...]) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(op, max_size=80))
 def test_legs_hold_the_same_load_on_either_path(ops: list[tuple[Any, ...]]) -> None:
-    c, py = Side(True), Side(False)
+    c, lines, py = Side(True), Side(True, one_call=False), Side(False)
     assert c.load._cells and not py.load._cells
+    assert isinstance(c.legs.hold, functools.partial) and not isinstance(lines.legs.hold, functools.partial)
     for o in ops:
         step(c, o)
+        step(lines, o)
         step(py, o)
-        assert c.reads() == py.reads()
-    for side in (c, py):  # every path releases everything: no in-flight count leaks
+        assert c.reads() == lines.reads() == py.reads()
+        # the predictions' expiry heap to the entry (expiry, sequence, worker, fresh hashes) and in its order
+        assert c.index._expiry_heap == lines.index._expiry_heap
+    for side in (c, lines, py):  # every path releases everything: no in-flight count leaks
         for placement in side.placements:
             placement.release()
         assert all(side.load.in_flight(w.instance_id) == 0 and side.load.active_blocks(w.instance_id) == 0
