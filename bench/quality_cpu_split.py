@@ -203,6 +203,15 @@ TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, t
         I.PrefixIndex.apply_payload = _seeing(I.PrefixIndex.apply_payload, bool)
         I.PrefixIndex.drain_socket = _seeing(I.PrefixIndex.drain_socket, lambda r: 0 if r is None else r[2])
         I.PrefixIndex.drain_stream = _seeing(I.PrefixIndex.drain_stream, lambda r: 0 if r is None else r[2], 1)
+        if hasattr(I.PrefixIndex, "drain_ready"):  # a catch-up's streams in one call (catchup18): every stream's fd
+            dr = _seeing(I.PrefixIndex.drain_ready, lambda r: sum(n for _, n in r[2]))
+            def drain_ready(self, epfd, streams, *a, **k):
+                if _st["on"]:
+                    for fd in streams:
+                        if fd not in _seen["fds"]:
+                            _seen["fds"][fd] = _tcp_bytes(fd)
+                return dr(self, epfd, streams, *a, **k)
+            I.PrefixIndex.drain_ready = drain_ready
         # the whole intake on the loop thread: the epoll, each socket's reads and applies (a decision's catch-up
         # and the backstop's): a C drain (drain16) applies batches without ``deliver``
         Z.ZmqEventSource._ready = _timed("kv intake (epoll, reads, apply)", Z.ZmqEventSource._ready)

@@ -9,6 +9,11 @@ private epoll's ``poll``, ``IndexFeed.on_stream`` (the feed's part), ``PrefixInd
 alone; medians. Wall time is CPU time here (no call blocks) unless the thread is preempted (medians).
 
     PYTHONPATH=$PWD .venv/bin/python bench/zmtp_catchup_split.py [--rate 60 --blocks 9 --every 0.025 --decisions 400]
+        [--whole]
+
+On a tree whose catch-up is one C call (``PrefixIndex.drain_ready``, helper catchup18) the parts are: ``on_stream``
+the feed's ``on_ready``, ``drain_stream`` the index's ``drain_ready``, ``C`` its C call (the epoll_wait in it: ``poll``
+is 0). ``--whole`` times only ``catch_up`` (wall and thread CPU), nothing patched: the A/B between trees.
 
 ``strace -e trace=recvfrom,epoll_wait`` of it counts the syscalls a catch-up makes.
 """
@@ -76,7 +81,7 @@ def timed(fn: Callable[..., Any], out: list[int]) -> Callable[..., Any]:
     return call
 
 
-async def run(port: int, every: float, decisions: int) -> dict[str, float]:
+async def run(port: int, every: float, decisions: int, whole: bool) -> dict[str, float]:
     index = PrefixIndex(block_size=16)
     source = ZmqEventSource()
     worker = WorkerRecord(instance_id="w1", model="m", http_url="http://w1.invalid", kv_block_size=16,
@@ -85,28 +90,44 @@ async def run(port: int, every: float, decisions: int) -> dict[str, float]:
     await source.start()
     await feed.start()
     parts: dict[str, list[int]] = {k: [] for k in ("catch_up", "poll", "on_stream", "drain_stream", "C")}
+    if whole:
+        parts = {"catch_up": [], "catch_up CPU": []}
     try:
         while sum(feed.batches.values()) < 20:  # connected, the worker known, the stream flowing
             source.catch_up()
             await asyncio.sleep(0.01)
         (link,) = source._subs
-        index._stream = timed(index._stream, parts["C"])  # type: ignore[attr-defined]
-        index.drain_stream = timed(index.drain_stream, parts["drain_stream"])  # type: ignore[method-assign]
-        link._sink = timed(link._sink, parts["on_stream"])  # type: ignore[union-attr]
         assert source._poller is not None
         poller = source._poller
-        source._poller = TimedPoll(poller, parts["poll"])  # type: ignore[assignment]
+        if whole:
+            pass
+        elif getattr(index, "_ready", None) is not None and source._streams:  # type: ignore[attr-defined]
+            index._ready = timed(index._ready, parts["C"])  # type: ignore[attr-defined]
+            index.drain_ready = timed(index.drain_ready, parts["drain_stream"])  # type: ignore[method-assign]
+            source._ready_sink = timed(source._ready_sink, parts["on_stream"])  # type: ignore[attr-defined]
+            parts["poll"].append(0)
+        else:
+            index._stream = timed(index._stream, parts["C"])  # type: ignore[attr-defined]
+            index.drain_stream = timed(index.drain_stream, parts["drain_stream"])  # type: ignore[method-assign]
+            link._sink = timed(link._sink, parts["on_stream"])  # type: ignore[union-attr]
+            source._poller = TimedPoll(poller, parts["poll"])  # type: ignore[assignment]
+        ready_path = not whole and bool(parts["poll"])
         rows: list[dict[str, float]] = []
         batches: list[int] = []
         for _ in range(decisions):
             await asyncio.sleep(every)
             for v in parts.values():
                 v.clear()
+            if ready_path:
+                parts["poll"].append(0)
             b0 = sum(feed.batches.values())
+            c0 = time.thread_time_ns()
             t0 = time.perf_counter_ns()
             source.catch_up()
             parts["catch_up"].append(time.perf_counter_ns() - t0)
-            if sum(feed.batches.values()) > b0 and len(parts["C"]) == 1:
+            if whole:
+                parts["catch_up CPU"].append(time.thread_time_ns() - c0)
+            if sum(feed.batches.values()) > b0 and (whole or len(parts["C"]) == 1):
                 rows.append({k: v[0] / 1e3 for k, v in parts.items()})
                 batches.append(sum(feed.batches.values()) - b0)
         source._poller = poller
@@ -124,12 +145,13 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=9, help="stored blocks a batch")
     ap.add_argument("--every", type=float, default=0.025, help="seconds between two decisions")
     ap.add_argument("--decisions", type=int, default=400)
+    ap.add_argument("--whole", action="store_true", help="time only catch_up (wall and thread CPU)")
     args = ap.parse_args()
     pub = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(args.rate), str(args.blocks)],
                            stdout=subprocess.PIPE, text=True)
     try:
         assert pub.stdout is not None
-        got = asyncio.run(run(int(pub.stdout.readline()), args.every, args.decisions))
+        got = asyncio.run(run(int(pub.stdout.readline()), args.every, args.decisions, args.whole))
     finally:
         pub.kill()
         pub.wait()

@@ -16,6 +16,7 @@
  * connection's end is ZD_BROKEN with an OSError (the peer closed it: ConnectionResetError; a command inside a
  * message: OSError(EPROTO)), after every whole message before it was taken. */
 
+#include <sys/epoll.h>
 #include <sys/socket.h>
 
 #define ZT_MORE 1
@@ -198,8 +199,122 @@ fail:
     return out;
 }
 
+/* drain_ready(epfd, streams, workers, block_size) -> (others, drained)
+ * A decision's catch-up in one call: epoll_wait(epfd, 0), then drain_stream on every ready descriptor that
+ * ``streams`` (descriptor -> the link's state: ``worker_id``, ``buffer``, ``expected``, ``busy``) holds, not busy,
+ * for a worker in ``workers`` (the index's: worker id -> its WorkerTable, whose ``tables`` are drain_stream's ten),
+ * its ``expected`` set to the drain's. ``others``: the ready descriptors it did not drain (the source runs their
+ * readers: a libzmq link, a busy one, a worker the index does not know yet); ``drained``: (state, worker,
+ * drain_stream's answer) for each drain that applied a batch or ended other than ZD_EMPTY, in epoll's order. */
+#define ZT_EVENTS 256
+static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static PyObject *s_worker_id, *s_buffer, *s_expected, *s_busy, *s_tables;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "drain_ready takes 4 arguments");
+        return NULL;
+    }
+    if (s_tables == NULL) {
+        if ((s_worker_id = PyUnicode_InternFromString("worker_id")) == NULL ||
+            (s_buffer = PyUnicode_InternFromString("buffer")) == NULL ||
+            (s_expected = PyUnicode_InternFromString("expected")) == NULL ||
+            (s_busy = PyUnicode_InternFromString("busy")) == NULL ||
+            (s_tables = PyUnicode_InternFromString("tables")) == NULL)
+            return NULL;
+    }
+    long epfd = PyLong_AsLong(args[0]);
+    if (epfd == -1 && PyErr_Occurred()) return NULL;
+    if (epfd < 0 || epfd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "drain_ready: not a descriptor");
+        return NULL;
+    }
+    PyObject *streams = args[1], *workers = args[2];
+    if (!PyDict_CheckExact(streams) || !PyDict_CheckExact(workers)) {
+        PyErr_SetString(PyExc_TypeError, "drain_ready: streams and workers must be dicts");
+        return NULL;
+    }
+    PyObject *others = PyList_New(0), *drained = PyList_New(0), *out = NULL;
+    if (others == NULL || drained == NULL) goto done;
+    struct epoll_event evs[ZT_EVENTS];
+    int r;
+    do {
+        r = epoll_wait((int)epfd, evs, ZT_EVENTS, 0);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto done;
+        }
+        for (int i = 0; i < r; i++) {
+            PyObject *fd = PyLong_FromLong(evs[i].data.fd);
+            if (fd == NULL) goto done;
+            PyObject *st = PyDict_GetItemWithError(streams, fd), *worker = NULL, *wid = NULL, *busy = NULL;
+            int own = 0;
+            if (st == NULL && PyErr_Occurred()) goto fd_fail;
+            if (st != NULL) {
+                if ((busy = PyObject_GetAttr(st, s_busy)) == NULL) goto fd_fail;
+                int is_busy = PyObject_IsTrue(busy);
+                Py_DECREF(busy);
+                if (is_busy < 0) goto fd_fail;
+                if (!is_busy) {
+                    if ((wid = PyObject_GetAttr(st, s_worker_id)) == NULL) goto fd_fail;
+                    worker = PyDict_GetItemWithError(workers, wid);
+                    Py_DECREF(wid);
+                    if (worker == NULL && PyErr_Occurred()) goto fd_fail;
+                    own = worker != NULL;
+                }
+            }
+            if (!own) {
+                int bad = PyList_Append(others, fd);
+                Py_DECREF(fd);
+                if (bad < 0) goto done;
+                continue;
+            }
+            PyObject *tables = PyObject_GetAttr(worker, s_tables), *buf = NULL, *exp = NULL, *ans = NULL;
+            if (tables == NULL) goto fd_fail;
+            if (!PyTuple_CheckExact(tables) || PyTuple_GET_SIZE(tables) != 10) {
+                PyErr_SetString(PyExc_TypeError, "drain_ready: a worker's tables must be a tuple of ten");
+                goto st_fail;
+            }
+            if ((buf = PyObject_GetAttr(st, s_buffer)) == NULL || (exp = PyObject_GetAttr(st, s_expected)) == NULL)
+                goto st_fail;
+            PyObject *a[14] = {fd, buf, exp};
+            for (int k = 0; k < 10; k++) a[3 + k] = PyTuple_GET_ITEM(tables, k);
+            a[13] = args[3];
+            if ((ans = drain_stream(self, a, 14)) == NULL) goto st_fail;
+            if (PyObject_SetAttr(st, s_expected, PyTuple_GET_ITEM(ans, 1)) < 0) goto st_fail;
+            if (PyLong_AsLong(PyTuple_GET_ITEM(ans, 0)) != ZD_EMPTY || PyLong_AsSsize_t(PyTuple_GET_ITEM(ans, 2))) {
+                PyObject *item = PyTuple_Pack(3, st, worker, ans);
+                if (item == NULL || PyList_Append(drained, item) < 0) {
+                    Py_XDECREF(item);
+                    goto st_fail;
+                }
+                Py_DECREF(item);
+            }
+            Py_DECREF(ans);
+            Py_DECREF(exp);
+            Py_DECREF(buf);
+            Py_DECREF(tables);
+            Py_DECREF(fd);
+            continue;
+        st_fail:
+            Py_XDECREF(ans);
+            Py_XDECREF(exp);
+            Py_XDECREF(buf);
+            Py_DECREF(tables);
+        fd_fail:
+            Py_DECREF(fd);
+            goto done;
+        }
+    } while (r == ZT_EVENTS);
+    out = PyTuple_Pack(2, others, drained);
+done:
+    Py_XDECREF(others);
+    Py_XDECREF(drained);
+    return out;
+}
+
 static PyMethodDef stream_methods[] = {
     {"drain_stream", (PyCFunction)(void (*)(void))drain_stream, METH_FASTCALL, NULL},
+    {"drain_ready", (PyCFunction)(void (*)(void))drain_ready, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -192,7 +192,8 @@ class FakeEvents:
         self.sink: Any = None
         self.on_gap: Any = None
 
-    def bind(self, sink: Any, on_gap: Any, raw: Any = None, socket: Any = None, stream: Any = None) -> None:
+    def bind(self, sink: Any, on_gap: Any, raw: Any = None, socket: Any = None, stream: Any = None,
+             ready: Any = None) -> None:
         self.sink, self.on_gap, self.raw = sink, on_gap, raw
 
     async def start(self) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 from infera.discovery.base import FleetChange, FleetView
 from infera.kv.index import PrefixIndex
 from infera.protocols.kv_events import EventBatch
-from infera.transport.base import KvEventSource
+from infera.transport.base import KvEventSource, StreamState
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,8 @@ class IndexFeed:
         if events is not None:  # the index takes vLLM's common batches straight from their bytes, if it can
             events.bind(self.on_batch, self.on_gap, self.on_payload if index.takes_payloads else None,
                         self.on_socket if index.takes_sockets else None,
-                        self.on_stream if index.takes_streams else None)
+                        self.on_stream if index.takes_streams else None,
+                        self.on_ready if index.takes_ready else None)
 
     @property
     def follows_events(self) -> bool:
@@ -131,6 +132,15 @@ class IndexFeed:
         """Feed every batch queued on a ZMTP stream into the index (:data:`infera.transport.base.StreamSink`); the
         same effects as :meth:`on_payload` batch by batch."""
         return self._drained(worker_id, self.index.drain_stream(worker_id, fd, buffer, expected))
+
+    def on_ready(self, epfd: int,
+                 streams: dict[int, StreamState]) -> tuple[list[int], list[tuple[StreamState, int, Any]]]:
+        """A catch-up's ready ZMTP streams into the index in one call (:data:`infera.transport.base.ReadySink`); the
+        same effects as :meth:`on_stream` stream by stream."""
+        others, left, arrived = self.index.drain_ready(epfd, streams)
+        for worker_id, n in arrived:
+            self._arrived(worker_id, n)
+        return others, left
 
     def _drained(self, worker_id: str,
                  got: tuple[int, int | None, int, Any] | None) -> tuple[int, int | None, Any] | None:

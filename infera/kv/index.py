@@ -49,6 +49,7 @@ from infera.kv.index_rows import RowRuns
 from infera.kv.index_tables import Predictions, WorkerTable
 from infera.kv.native import choose
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, TokenIds
+from infera.transport.base import StreamState
 
 CACHE_VIEW_MAX_HASHES = 256
 RUN_MIN_BLOCKS = 64  # a query remembers the walk over a prompt's leading shared blocks from this many on
@@ -110,6 +111,8 @@ class PrefixIndex:
         self._drain = getattr(self._native, "drain_socket", None) if self._apply_payload is not None else None
         # A ZMTP stream's (drain_stream): likewise
         self._stream = getattr(self._native, "drain_stream", None) if self._apply_payload is not None else None
+        # A catch-up's ready ZMTP streams, each drained as by drain_stream, in one call (drain_ready): likewise
+        self._ready = getattr(self._native, "drain_ready", None) if self._stream is not None else None
         self._clear_worker = getattr(self._native, "clear_worker", None)  # _clear in C (an older build: Python's)
         self._guesses = Predictions(self._native)
         self._predicted = self._guesses.masks  # router hash -> mask of workers with a prediction
@@ -261,6 +264,32 @@ class PrefixIndex:
         if n:
             self._applied(worker, now, ts, stored, removed, orphans, unknown, mismatched, touched)
         return status, expected, n, extra
+
+    @property
+    def takes_ready(self) -> bool:
+        """Whether :meth:`drain_ready` can take a catch-up's ZMTP streams (the C path, built with it)."""
+        return self._ready is not None
+
+    def drain_ready(
+        self, epfd: int, streams: dict[int, StreamState], now: float | None = None,
+    ) -> tuple[list[int], list[tuple[StreamState, int, Any]], list[tuple[str, int]]]:
+        """A catch-up's ``epoll_wait(0)`` on ``epfd`` and :meth:`drain_stream` of every ready ZMTP stream of
+        ``streams`` (descriptor -> its link's state) that is not busy, for a worker the index knows, in one C call
+        (csrc/zmtp_drain.c, ``drain_ready``), each state's ``expected`` set to its drain's. Returns (the ready
+        descriptors it did not drain, (state, ``DRAIN_*`` code, what goes with it) for each drain that ended other
+        than with nothing queued, (worker id, batches applied) for each drain that applied any); the tables,
+        counters and times left as :meth:`drain_stream` leaves them stream by stream."""
+        assert self._ready is not None
+        others, drained = self._ready(epfd, streams, self._workers, self._payload_size)
+        left: list[tuple[StreamState, int, Any]] = []
+        arrived: list[tuple[str, int]] = []
+        for state, worker, (status, _, n, ts, stored, removed, orphans, unknown, mismatched, touched, extra) in drained:
+            if n:
+                self._applied(worker, now, ts, stored, removed, orphans, unknown, mismatched, touched)
+                arrived.append((state.worker_id, n))
+            if status:
+                left.append((state, status, extra))
+        return others, left, arrived
 
     def _tables(self, worker: WorkerTable) -> tuple[Any, ...]:
         """What the C loops take: the worker's tables, the index's, and the worker's bit (kept in

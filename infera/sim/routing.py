@@ -24,7 +24,7 @@ from infera.protocols.worker import Capacity, KvEventEndpoint, WorkerRecord
 from infera.router.context import RouteRequest
 from infera.router.placement import Placement
 from infera.router.router import Router, RouterOptions
-from infera.transport.base import EventSink, GapSink, RawSink, SocketSink, StreamSink
+from infera.transport.base import EventSink, GapSink, RawSink, ReadySink, SocketSink, StreamSink
 
 MODEL = "sim"
 
@@ -55,7 +55,7 @@ class _Events:
         self.sink: Callable[[str, EventBatch], None] | None = None
 
     def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None, socket: SocketSink | None = None,
-             stream: StreamSink | None = None) -> None:
+             stream: StreamSink | None = None, ready: ReadySink | None = None) -> None:
         self.sink = sink  # the simulator hands over decoded batches: no payloads for ``raw``
 
     async def start(self) -> None:

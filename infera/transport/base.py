@@ -101,6 +101,29 @@ StreamSink = Callable[[str, int, bytearray, int | None], tuple[int, int | None, 
 socket's descriptor, the bytes read off it and not yet parsed (kept there: a message's start at its head), the next
 expected seq); the same answers, and :data:`DRAIN_COMMAND`."""
 
+
+
+class StreamState:
+    """A ZMTP link's state a :data:`ReadySink` reads and sets: the worker it follows, the bytes read off the socket
+    and not yet parsed (the link's ``buffer``), the next expected seq (None: any) and whether the source's task owns
+    the link (``busy``: a replay, a reconnection; the source's reader takes the signal then)."""
+
+    __slots__ = ("buffer", "busy", "expected", "worker_id")
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.buffer = bytearray()
+        self.expected: int | None = None
+        self.busy = True
+
+
+ReadySink = Callable[[int, dict[int, StreamState]], tuple[list[int], list[tuple[StreamState, int, Any]]]]
+"""A decision's catch-up in one call, tried by a ZMQ source that has ZMTP links: with (the source's epoll descriptor,
+descriptor -> :class:`StreamState` of its ZMTP links): ``epoll_wait(0)`` on it and, for each ready descriptor of
+``streams`` that is not busy, the :data:`StreamSink`'s drain, its ``expected`` set. Returns (the ready descriptors
+it did not drain: the source runs their readers; (state, ``DRAIN_*`` code, what goes with it) for each drain that
+ended other than :data:`DRAIN_EMPTY`: the link's reader goes on from there)."""
+
 DRAIN_EMPTY = 0
 """Nothing more is queued; with None."""
 DRAIN_MESSAGE = 1
@@ -119,11 +142,12 @@ DRAIN_COMMAND = 6
 
 class KvEventSource(Protocol):
     def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None,
-             socket: SocketSink | None = None, stream: StreamSink | None = None) -> None:
+             socket: SocketSink | None = None, stream: StreamSink | None = None,
+             ready: ReadySink | None = None) -> None:
         """Set where batches and unrepairable gaps go; called once, before ``start``. ``raw``, if given, is
         offered each batch's payload before it is decoded (:func:`infera.transport.delivery.deliver`); ``socket``,
-        if given, a ZMQ socket's queued batches, and ``stream`` a ZMTP stream's (a source of another kind ignores
-        them)."""
+        if given, a ZMQ socket's queued batches, ``stream`` a ZMTP stream's and ``ready`` every ready ZMTP stream's
+        at a catch-up (a source of another kind ignores them)."""
         ...
 
     async def start(self) -> None: ...

@@ -24,7 +24,7 @@ from nats.errors import Error as NatsError
 from infera.protocols import nats_wire as wire
 from infera.protocols.kv_events import replay_step, seq_from_bytes, seq_to_bytes
 from infera.protocols.worker import WorkerRecord
-from infera.transport.base import EventSink, GapSink, RawSink, SocketSink, StreamSink
+from infera.transport.base import EventSink, GapSink, RawSink, ReadySink, SocketSink, StreamSink
 from infera.transport.delivery import deliver
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ class NatsEventSource:
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None,
-             socket: SocketSink | None = None, stream: StreamSink | None = None) -> None:
+             socket: SocketSink | None = None, stream: StreamSink | None = None,
+             ready: ReadySink | None = None) -> None:
         self._sink = sink
         self._on_gap = on_gap
         self._raw = raw

@@ -26,6 +26,7 @@ import logging
 import select
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -43,8 +44,10 @@ from infera.transport.base import (
     EventSink,
     GapSink,
     RawSink,
+    ReadySink,
     SocketSink,
     StreamSink,
+    StreamState,
 )
 from infera.transport.delivery import deliver, failed
 from infera.transport.libzmq_link import LibzmqLink
@@ -73,6 +76,7 @@ class ZmqEventSource:
         self._raw: RawSink | None = None
         self._socket: SocketSink | None = None
         self._stream: StreamSink | None = None
+        self._ready_sink: ReadySink | None = None
         self._zmtp = zmtp
         self._replay_timeout = replay_timeout
         self._backstop = backstop
@@ -84,18 +88,24 @@ class ZmqEventSource:
         # the SUB sockets' descriptors -> their readers; the epoll is in the loop's selector while ``_armed``
         self._poller: select.epoll | None = None
         self._readers: dict[int, Callable[[], None]] = {}
+        # the ZMTP links the ready sink drains (descriptor -> the link's state) and how each link's reader goes on
+        # from what a drain left it
+        self._streams: dict[int, StreamState] = {}
+        self._resumes: dict[StreamState, Callable[[int, Any], None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._armed = False
         self._caught_up = 0.0  # the clock's time of the last catch_up
         self._timer: asyncio.TimerHandle | None = None  # the backstop, set while not armed
 
     def bind(self, sink: EventSink, on_gap: GapSink, raw: RawSink | None = None,
-             socket: SocketSink | None = None, stream: StreamSink | None = None) -> None:
+             socket: SocketSink | None = None, stream: StreamSink | None = None,
+             ready: ReadySink | None = None) -> None:
         self._sink = sink
         self._on_gap = on_gap
         self._raw = raw
         self._socket = socket
         self._stream = stream
+        self._ready_sink = ready
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
@@ -122,6 +132,8 @@ class ZmqEventSource:
             self._poller.close()
             self._poller = None
             self._readers.clear()
+            self._streams.clear()
+            self._resumes.clear()
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -141,9 +153,30 @@ class ZmqEventSource:
             self._timer = self._loop.call_later(self._backstop, self._due)
 
     def _ready(self) -> None:
-        """Run the reader of every socket whose descriptor signals (O(signalling sockets), one syscall)."""
+        """Run the reader of every socket whose descriptor signals (O(signalling sockets), one syscall); with ZMTP
+        links and a ready sink, one call reads and applies every ready link's batches, and only what it leaves
+        (another link's signal, a gap, a command, a lost connection, ...) comes back to the links' readers."""
         assert self._poller is not None
         readers = self._readers
+        if self._ready_sink is not None and self._streams:
+            try:
+                others, left = self._ready_sink(self._poller.fileno(), self._streams)
+            except Exception:  # a fault inside the one call (not a socket's: those come back as a lost link)
+                # must not fail the decision that caught up: every link's reader runs (the call's epoll_wait took
+                # the signals, and a libzmq socket's does not come again), each reading what is left on its link
+                log.exception("kv events: the one-call catch-up failed; reading every link by itself")
+                for read_link in list(readers.values()):
+                    read_link()
+                return
+            for fd in others:
+                reader = readers.get(fd)
+                if reader is not None:
+                    reader()
+            for state, status, extra in left:
+                resume = self._resumes.get(state)
+                if resume is not None:
+                    resume(status, extra)
+            return
         for fd, _ in self._poller.poll(0):
             reader = readers.get(fd)
             if reader is not None:
@@ -205,35 +238,36 @@ class ZmqEventSource:
         link = self._link(endpoint, topic)
         self._subs.add(link)
         loop = asyncio.get_running_loop()
-        # the callback's state: the next expected seq, the message past a gap (the task repairs it), whether
-        # the task owns the link (busy), and the future the task waits on
-        expected: int | None = None
+        # the callback's state: the next expected seq and whether the task owns the link (busy) in ``state`` (the
+        # ready sink reads and sets them too), the message past a gap (the task repairs it), and the future the
+        # task waits on
+        state = StreamState(worker_id)
         pending: list[bytes] | None = None
-        busy = True
         wake: asyncio.Future[None] = loop.create_future()
 
         def take(frames: list[bytes]) -> bool:
             """One message off the link: apply it in sequence (True), or hand a gap to the task (False)."""
-            nonlocal expected, pending, busy
+            nonlocal pending
             if len(frames) != 3:
                 _ignored(worker_id, len(frames))
                 return True
             seq = seq_from_bytes(frames[1])
+            expected = state.expected
             if expected is not None:
                 if seq < expected:
                     return True  # already applied from a replay
                 if seq > expected:
-                    pending, busy = frames, True
+                    pending, state.busy = frames, True
                     if not wake.done():
                         wake.set_result(None)
                     return False
             deliver(worker_id, frames[2], self._sink, self._on_gap, self._raw)
-            expected = seq + 1
+            state.expected = seq + 1
             return True
 
-        def drain() -> None:
-            """Apply every queued batch in sequence; stop at a gap and hand it to the task."""
-            nonlocal expected
+        def drain(got: tuple[int, Any] | None = None) -> None:
+            """Apply every queued batch in sequence; stop at a gap and hand it to the task. ``got``: a drain's
+            answer (``DRAIN_*`` code, what goes with it) to go on from (the ready sink's), else the link is read."""
             # The index's C reads the link and applies each payload where it lies, one call for them all
             # (csrc/zmq_drain.c, csrc/zmtp_drain.c); what it leaves (a gap, a payload it does not take, ...) comes
             # back here. It reads nothing for a worker the index does not know yet (None), nor a ZMTP command:
@@ -241,25 +275,28 @@ class ZmqEventSource:
             c = link.drain
             read = link.read
             while True:
-                if c is not None:
-                    got = c(worker_id, expected)
-                    if got is not None:
-                        status, expected, extra = got
-                        if status == DRAIN_EMPTY:
+                if got is None and c is not None:
+                    answer = c(worker_id, state.expected)
+                    if answer is not None:
+                        status, state.expected, extra = answer
+                        got = status, extra
+                if got is not None:
+                    (status, extra), got = got, None
+                    if status == DRAIN_EMPTY:
+                        return
+                    if status == DRAIN_MESSAGE:
+                        if not take(extra):
                             return
-                        if status == DRAIN_MESSAGE:
-                            if not take(extra):
-                                return
-                        elif status == DRAIN_FAILED:
-                            failed(worker_id, extra[1], self._on_gap)
-                        elif status == DRAIN_FRAMES:
-                            _ignored(worker_id, extra)
-                        elif status == DRAIN_BROKEN:
-                            raise extra
-                        elif status == DRAIN_DECLINED:  # the worker's blocks in other tiers: read here, all of them
-                            c = None
-                        if status != DRAIN_COMMAND:
-                            continue
+                    elif status == DRAIN_FAILED:
+                        failed(worker_id, extra[1], self._on_gap)
+                    elif status == DRAIN_FRAMES:
+                        _ignored(worker_id, extra)
+                    elif status == DRAIN_BROKEN:
+                        raise extra
+                    elif status == DRAIN_DECLINED:  # the worker's blocks in other tiers: read here, all of them
+                        c = None
+                    if status != DRAIN_COMMAND:
+                        continue
                 frames = read()
                 if frames is None:
                     return
@@ -269,25 +306,34 @@ class ZmqEventSource:
         poller = self._poller
         assert poller is not None
         fd = -1  # the descriptor in the private epoll (-1: none)
+        # the ready sink drains the link itself (a ZMTP link whose index takes streams)
+        streamed = isinstance(link, ZmtpLink) and link.drain is not None and self._ready_sink is not None
 
-        def readable() -> None:
-            nonlocal busy
+        def readable(got: tuple[int, Any] | None = None) -> None:
             try:
-                if busy:  # the task owns the link (a replay): take the signal, or the loop calls this at every turn
+                if state.busy:  # the task owns the link (a replay): take the signal, or the loop calls this each turn
                     link.absorb()
                     return
-                drain()
+                drain(got)
             except Exception as exc:  # a lost connection (the task reopens it) or a broken stream (the task ends it)
-                busy = True
+                state.busy = True
                 detach()  # it would signal at every turn until then
                 if not wake.done():
                     wake.set_exception(exc)
+
+        def resume(status: int, extra: Any) -> None:
+            readable((status, extra))
 
         def attach() -> None:
             nonlocal fd
             if self._poller is poller:  # still open (stop closes it after the tasks end)
                 fd = link.fd
                 self._readers[fd] = readable
+                if streamed:
+                    assert isinstance(link, ZmtpLink)
+                    state.buffer = link.buffer  # the link's for as long as it is open (read in place)
+                    self._streams[fd] = state
+                    self._resumes[state] = resume
                 poller.register(fd, select.EPOLLIN)
 
         def detach() -> None:
@@ -296,21 +342,23 @@ class ZmqEventSource:
                 with contextlib.suppress(OSError):
                     poller.unregister(fd)
                 self._readers.pop(fd, None)
+                self._streams.pop(fd, None)
+                self._resumes.pop(state, None)
             fd = -1
 
         try:
             await link.open()
             attach()
             if replay:
-                expected = await self._replay(worker_id, replay, 0, None)
+                state.expected = await self._replay(worker_id, replay, 0, None)
             while True:
-                busy = False
+                state.busy = False
                 try:
                     drain()  # what queued while the task owned the link
-                    if not busy:
+                    if not state.busy:
                         await wake  # a gap, or the callback's failure
                 except link.lost as exc:  # the peer went away (ZMTP: libzmq reconnects on its own): reconnect
-                    busy = True
+                    state.busy = True
                     log.info("worker %s: KV-event stream from %s lost (%s); reconnecting", worker_id, endpoint, exc)
                     if wake.done():  # the callback's report of it (or of a gap before it): taken
                         wake.exception()
@@ -322,13 +370,13 @@ class ZmqEventSource:
                 wake = loop.create_future()
                 frames, pending = pending, None
                 assert frames is not None
-                expected = await self._take(worker_id, frames, expected, replay)
+                state.expected = await self._take(worker_id, frames, state.expected, replay)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("worker %s: KV-event stream from %s failed", worker_id, endpoint)
         finally:
-            busy = True
+            state.busy = True
             detach()
             link.close()
             self._subs.discard(link)

@@ -302,3 +302,47 @@ async def test_a_batch_queued_on_its_socket_is_applied_before_the_feed_calls_a_w
         await feed.stop()
         await source.stop()
         engine.pub.close(0)
+
+
+async def test_a_fault_in_the_one_call_catch_up_fails_no_decision_and_the_links_readers_apply_the_batch(
+        renderer: PromptRenderer, zctx: zmq.Context[zmq.Socket[bytes]], caplog: pytest.LogCaptureFixture) -> None:
+    """The one C call that reads every ready ZMTP link raises (a bug's TypeError, a MemoryError): the decision that
+    caught up still places its request, on the worker whose batch reached the socket, applied by that link's own
+    reader, and the fault is logged."""
+    engines = [Engine(zctx, "a"), Engine(zctx, "b")]
+    source = ZmqEventSource(backstop=60.0)
+    router = Router(FakeFleet(*(e.record() for e in engines)), FakeTransport(), source, renderer,
+                    RouterOptions(policy="kv-aware"), rng=random.Random(7))
+    await source.start()
+    await router.start()
+    try:
+        for e in engines:
+            await e.subscribed()
+        await await_until(lambda: len(source._readers) == 2, 5, "both sockets")
+        for e in engines:
+            e.publish(stored(list(range(1000, 1032)), 10**6 * ord(e.wid)))
+        await await_until(lambda: all(router._feed.batches[e.wid] == 1 for e in engines), 5, "the first batches")
+        router.place_now(chat_request("another prompt")).release()
+        assert source._streams, "the links are ZMTP links read by the one call"
+
+        def broken(epfd: int, streams: object) -> tuple[list[int], list[object]]:
+            raise TypeError("a fault inside the one call")
+
+        source._ready_sink = broken
+        req = chat_request("the prompt only b's batch names " * 12)
+        tokens = router.tokens("chat", req.payload)
+        engines[1].publish(stored(tokens, 1))
+        assert source._poller is not None
+        wait_readable(source._poller.fileno())
+        with caplog.at_level(logging.ERROR, logger="infera.transport.zmq_events"):
+            placement = router.place_now(req)
+        assert placement.worker.instance_id == "b"
+        assert placement.overlap == len(tokens) // 16
+        assert router._feed.batches["b"] == 2
+        assert "one-call catch-up failed" in caplog.text
+        placement.release()
+    finally:
+        await router.stop()
+        await source.stop()
+        for e in engines:
+            e.pub.close(0)

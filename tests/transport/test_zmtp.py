@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import select
 import socket
 import struct
 import termios
@@ -17,7 +18,7 @@ import zmq.asyncio
 from harness import await_until, wait_until
 from infera.kv.index import PrefixIndex
 from infera.protocols.kv_events import BlockStored, EventBatch, encode_batch, seq_to_bytes
-from infera.transport.base import DRAIN_COMMAND, DRAIN_EMPTY, DRAIN_FRAMES, DRAIN_MESSAGE
+from infera.transport.base import DRAIN_BROKEN, DRAIN_COMMAND, DRAIN_EMPTY, DRAIN_FRAMES, DRAIN_MESSAGE, StreamState
 from infera.transport.zmtp import MORE, ZmtpClosed, ZmtpLink, command, frame, split, tcp_address
 
 TOPIC = b"kv-events"
@@ -220,3 +221,85 @@ def test_the_c_drain_stops_at_a_command_and_what_it_leaves_python(pair: tuple[so
     status, expected, n, extra = drain(index, ours, link.buffer, 2)
     assert (expected, n) == (3, 1) and isinstance(extra, ConnectionError)
     link.sock = None
+
+
+@native
+def test_one_call_drains_every_ready_stream_as_drain_stream_does_and_leaves_the_rest(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """``PrefixIndex.drain_ready``: one epoll_wait, then every ready stream of a known worker, not busy, drained as
+    ``drain_stream`` drains it (its state's ``expected`` set); a stream it does not own, a busy one, one of a worker
+    the index does not know go back as descriptors; a command, a gap, the peer's end come back with the state, after
+    the messages before them were applied (the same state as ``drain_stream``'s, call by call)."""
+    ours, theirs = pair
+    server = socket.create_server(("127.0.0.1", 0))
+    extra_socks = []
+    for _ in range(3):
+        a = socket.create_connection(server.getsockname())
+        b, _ = server.accept()
+        a.setblocking(False)
+        extra_socks.append((a, b))
+    server.close()
+    busy_ours, busy_theirs = extra_socks[0]  # busy: the source's task owns it
+    new_ours, new_theirs = extra_socks[1]  # a worker the index does not know
+    other_ours, other_theirs = extra_socks[2]  # not a stream the call owns (a libzmq link's, say)
+    index, reference = known(PrefixIndex(block_size=BLOCK)), known(PrefixIndex(block_size=BLOCK))
+    poller = select.epoll()
+    try:
+        states = {}
+        for sock, wid in [(ours, "w1"), (busy_ours, "w1"), (new_ours, "w9")]:
+            state = StreamState(wid)
+            state.busy = sock is busy_ours
+            state.expected = 0
+            states[sock.fileno()] = state
+        for sock in (ours, busy_ours, new_ours, other_ours):
+            poller.register(sock.fileno(), select.EPOLLIN)
+        ref_buffer = bytearray()
+        ref_expected: int | None = 0
+        wire = (message(TOPIC, seq_to_bytes(0), batch(0, 3, 10)) + command(b"PING", b"\x00\x0aab")
+                + message(TOPIC, seq_to_bytes(1), batch(1, 2, 20)))
+        for sock in (busy_theirs, new_theirs, other_theirs):
+            sock.sendall(b"x")
+        theirs.sendall(wire)
+        wait_until(lambda: queued(ours) == len(wire) and queued(other_ours) == 1, 5, "the bytes")
+        # the reference: the same bytes through drain_stream (a copy of the stream, on a second index)
+        r1, r2 = socket.socketpair()
+        r2.setblocking(False)
+        r1.sendall(wire)
+        others, left, arrived = index.drain_ready(poller.fileno(), states)
+        assert sorted(others) == sorted([busy_ours.fileno(), new_ours.fileno(), other_ours.fileno()])
+        state = states[ours.fileno()]
+        ref = reference.drain_stream("w1", r2.fileno(), ref_buffer, ref_expected)
+        assert ref is not None
+        assert left == [(state, DRAIN_COMMAND, None)] and arrived == [("w1", 1)]
+        assert (ref[0], ref[1], ref[2]) == (DRAIN_COMMAND, 1, 1) and state.expected == 1
+        assert state.buffer == ref_buffer and state.buffer.startswith(command(b"PING", b"\x00\x0aab"))
+        # what a link's reader does with a command (answers it) is the source's; here: past it, as Python would
+        link = ZmtpLink("127.0.0.1", 1, TOPIC)
+        link.sock, link.buffer = ours, state.buffer
+        assert link.read() == [TOPIC, seq_to_bytes(1), batch(1, 2, 20)]
+        assert reference.apply_payload("w1", batch(1, 2, 20)) and index.apply_payload("w1", batch(1, 2, 20))
+        assert theirs.recv(100) == command(b"PONG", b"ab")
+        state.expected = 2
+        link.sock = None
+        # a gap, then messages and the peer's end: reported in the call that applied the messages before it
+        theirs.sendall(message(TOPIC, seq_to_bytes(2), batch(2, 1, 30)) + message(TOPIC, seq_to_bytes(5), b"gap"))
+        wait_until(lambda: queued(ours) > 0, 5, "the bytes")
+        others, left, arrived = index.drain_ready(poller.fileno(), {ours.fileno(): state})
+        assert left == [(state, DRAIN_MESSAGE, [TOPIC, seq_to_bytes(5), b"gap"])] and arrived == [("w1", 1)]
+        assert state.expected == 3 and reference.apply_payload("w1", batch(2, 1, 30))
+        theirs.sendall(message(TOPIC, seq_to_bytes(3), batch(3, 1, 40)))
+        theirs.close()
+        wait_until(lambda: queued(ours) > 0, 5, "the bytes")
+        others, left, arrived = index.drain_ready(poller.fileno(), {ours.fileno(): state})
+        assert arrived == [("w1", 1)] and len(left) == 1 and left[0][1] == DRAIN_BROKEN
+        assert isinstance(left[0][2], ConnectionError) and state.expected == 4
+        assert reference.apply_payload("w1", batch(3, 1, 40))
+        assert index.held("w1") == reference.held("w1") and index.counters.as_dict() == reference.counters.as_dict()
+        assert index.cache_view("w1")["blocks"] == reference.cache_view("w1")["blocks"]
+        r1.close()
+        r2.close()
+    finally:
+        poller.close()
+        for a, b in extra_socks:
+            a.close()
+            b.close()
