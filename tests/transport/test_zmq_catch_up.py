@@ -8,6 +8,7 @@ decision came for ``backstop`` seconds are batches applied as they arrive again 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import select
@@ -90,10 +91,11 @@ async def zctx() -> AsyncIterator[zmq.Context[zmq.Socket[bytes]]]:
     ctx.destroy(0)
 
 
-async def test_a_decision_sees_the_batch_that_reached_the_socket_before_it(
-        renderer: PromptRenderer, zctx: zmq.Context[zmq.Socket[bytes]]) -> None:
-    """Publish a batch with real ZMQ, and without letting the loop run, route a request whose prefix only that
-    batch names: it lands on that worker, with the whole prompt cached there."""
+@contextlib.asynccontextmanager
+async def two_workers(renderer: PromptRenderer, zctx: zmq.Context[zmq.Socket[bytes]]
+                      ) -> AsyncIterator[tuple[list[Engine], ZmqEventSource, Router]]:
+    """Engines a and b publishing over real ZMQ to a kv-aware router's source, their first batches applied and one
+    decision made (from then on no wake-up per batch: the next decision catches up)."""
     engines = [Engine(zctx, "a"), Engine(zctx, "b")]
     source = ZmqEventSource(backstop=60.0)
     router = Router(FakeFleet(*(e.record() for e in engines)), FakeTransport(), source, renderer,
@@ -109,24 +111,37 @@ async def test_a_decision_sees_the_batch_that_reached_the_socket_before_it(
         await await_until(lambda: all(router._feed.batches[e.wid] == 1 for e in engines), 5, "the first batches")
         router.place_now(chat_request("another prompt")).release()  # a decision: from now on no wake-up per batch
         assert not source._armed
-        req = chat_request("the prompt only b's batch names " * 12)
-        tokens = router.tokens("chat", req.payload)
-        assert len(tokens) >= 64
-        picked = router.preview(MODEL, tokens)  # without b's batch, nothing is cached: the tie's worker
-        assert picked is not None and picked.instance_id == "a"
-        engines[1].publish(stored(tokens, 1))
-        assert source._poller is not None
-        wait_readable(source._poller.fileno())
-        placement = router.place_now(req)  # no await since the publish: only the decision can have applied it
-        assert placement.worker.instance_id == "b"
-        assert placement.overlap == len(tokens) // 16
-        assert router._feed.batches["b"] == 2
-        placement.release()
+        yield engines, source, router
     finally:
         await router.stop()
         await source.stop()
         for e in engines:
             e.pub.close(0)
+
+
+def publish_and_wait(engine: Engine, source: ZmqEventSource, tokens: list[int]) -> None:
+    """``engine`` publishes the blocks of ``tokens``; returns once the batch reached the source's socket."""
+    engine.publish(stored(tokens, 1))
+    assert source._poller is not None
+    wait_readable(source._poller.fileno())
+
+
+async def test_a_decision_sees_the_batch_that_reached_the_socket_before_it(
+        renderer: PromptRenderer, zctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    """Publish a batch with real ZMQ, and without letting the loop run, route a request whose prefix only that
+    batch names: it lands on that worker, with the whole prompt cached there."""
+    async with two_workers(renderer, zctx) as (engines, source, router):
+        req = chat_request("the prompt only b's batch names " * 12)
+        tokens = router.tokens("chat", req.payload)
+        assert len(tokens) >= 64
+        picked = router.preview(MODEL, tokens)  # without b's batch, nothing is cached: the tie's worker
+        assert picked is not None and picked.instance_id == "a"
+        publish_and_wait(engines[1], source, tokens)
+        placement = router.place_now(req)  # no await since the publish: only the decision can have applied it
+        assert placement.worker.instance_id == "b"
+        assert placement.overlap == len(tokens) // 16
+        assert router._feed.batches["b"] == 2
+        placement.release()
 
 
 class Fed:
@@ -309,20 +324,7 @@ async def test_a_fault_in_the_one_call_catch_up_fails_no_decision_and_the_links_
     """The one C call that reads every ready ZMTP link raises (a bug's TypeError, a MemoryError): the decision that
     caught up still places its request, on the worker whose batch reached the socket, applied by that link's own
     reader, and the fault is logged."""
-    engines = [Engine(zctx, "a"), Engine(zctx, "b")]
-    source = ZmqEventSource(backstop=60.0)
-    router = Router(FakeFleet(*(e.record() for e in engines)), FakeTransport(), source, renderer,
-                    RouterOptions(policy="kv-aware"), rng=random.Random(7))
-    await source.start()
-    await router.start()
-    try:
-        for e in engines:
-            await e.subscribed()
-        await await_until(lambda: len(source._readers) == 2, 5, "both sockets")
-        for e in engines:
-            e.publish(stored(list(range(1000, 1032)), 10**6 * ord(e.wid)))
-        await await_until(lambda: all(router._feed.batches[e.wid] == 1 for e in engines), 5, "the first batches")
-        router.place_now(chat_request("another prompt")).release()
+    async with two_workers(renderer, zctx) as (engines, source, router):
         assert source._streams, "the links are ZMTP links read by the one call"
 
         def broken(epfd: int, streams: object) -> tuple[list[int], list[object]]:
@@ -331,9 +333,7 @@ async def test_a_fault_in_the_one_call_catch_up_fails_no_decision_and_the_links_
         source._ready_sink = broken
         req = chat_request("the prompt only b's batch names " * 12)
         tokens = router.tokens("chat", req.payload)
-        engines[1].publish(stored(tokens, 1))
-        assert source._poller is not None
-        wait_readable(source._poller.fileno())
+        publish_and_wait(engines[1], source, tokens)
         with caplog.at_level(logging.ERROR, logger="infera.transport.zmq_events"):
             placement = router.place_now(req)
         assert placement.worker.instance_id == "b"
@@ -341,8 +341,3 @@ async def test_a_fault_in_the_one_call_catch_up_fails_no_decision_and_the_links_
         assert router._feed.batches["b"] == 2
         assert "one-call catch-up failed" in caplog.text
         placement.release()
-    finally:
-        await router.stop()
-        await source.stop()
-        for e in engines:
-            e.pub.close(0)
