@@ -265,6 +265,15 @@ class PromptRenderer:
         return PlainRecipes.build(self._env, template, prepared.render_vars,
                                   {"tools": None, "documents": None, **self._special})
 
+    def prime_plain_chats(self) -> int:
+        """:meth:`PlainRecipes.prime` for the template a plain chat renders with (a server's start): the shapes
+        learnt, 0 without a template or recipes for it."""
+        try:
+            plain = self._pick(None, None)[3]
+        except ChatTemplateError:
+            return 0
+        return plain.prime() if plain is not None else 0
+
     @property
     def plain_recipes(self) -> dict[str, PlainRecipes]:
         """The named templates' recipes for short chats of plain messages (templates proven to allow them)."""

@@ -112,6 +112,8 @@ def assemble(settings: ServerSettings) -> Assembly:
     )
     # Only a policy that reads the prefix index needs the fleet's KV events (round-robin does not).
     wants_events = POLICIES[settings.router_policy].needs_tokens
+    if renderer is not None and wants_events:
+        renderer.prime_plain_chats()  # the common chats' recipes now, not on their first requests (~0.7 ms each)
     event_factory = KV_EVENT_SOURCES.get(settings.kv_event_transport) if wants_events else None
     events = event_factory(settings) if event_factory else None
     fleet = TransportMatchedFleet(FLEETS[settings.discovery_backend](settings, http), settings.request_transport,

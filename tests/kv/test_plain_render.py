@@ -221,3 +221,37 @@ def test_tools_kwargs_and_long_chats_render_through_jinja() -> None:
     renderer.render_chat(messages * (recipes.max_messages + 1))
     renderer.render_chat(messages, add_generation_prompt=1)  # type: ignore[arg-type]  # not a bool: no key
     assert recipes.learnt == 0
+
+
+@pytest.mark.parametrize("name", list(PROVEN))
+def test_primed_shapes_are_the_recipes_their_requests_learn(name: str) -> None:
+    """A server primes the common chats' shapes at start: each recipe equals the one a first request of that
+    shape learns, a primed shape's requests learn nothing more and render the template's text, others still
+    learn."""
+    template = PROVEN[name]
+    primed = PromptRenderer(ByteCodec(BYTE_LEVEL_SPECIALS), {"default": template}, SPECIAL)
+    lazy = PromptRenderer(ByteCodec(BYTE_LEVEL_SPECIALS), {"default": template}, SPECIAL)
+    recipes = primed.plain_recipes["default"]
+    count = primed.prime_plain_chats()
+    assert count == recipes.learnt == 11  # 1..11 messages without a system message, 2..10 with one
+    assert primed.prime_plain_chats() == 0 and recipes.learnt == 11
+    chats = []
+    for system in (False, True):
+        for n in range(1 + system, recipes.max_messages + 1, 2):
+            turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{name} <{i}> é"}
+                     for i in range(n - system)]
+            chats.append(([{"role": "system", "content": "sys"}] if system else []) + turns)
+    for messages in chats:
+        assert _render(primed, messages, True) == _whole(template, messages, True)
+        assert _render(lazy, messages, True) == _whole(template, messages, True)
+    assert recipes.learnt == 11 and lazy.plain_recipes["default"].learnt == 11
+    assert recipes._recipes == lazy.plain_recipes["default"]._recipes
+    odd = [{"role": "user", "content": "q"}, {"role": "user", "content": ""}]  # not a primed shape: learnt
+    assert _render(primed, odd, True) == _whole(template, odd, True)
+    assert recipes.learnt == 12
+
+
+def test_a_renderer_without_a_template_or_recipes_primes_nothing() -> None:
+    assert PromptRenderer(ByteCodec(BYTE_LEVEL_SPECIALS), {}, SPECIAL).prime_plain_chats() == 0
+    unproven = PromptRenderer(ByteCodec(BYTE_LEVEL_SPECIALS), {"default": UNPROVEN["trim"]}, SPECIAL)
+    assert unproven.prime_plain_chats() == 0
