@@ -24,7 +24,7 @@ from infera.router.connectors import CONNECTORS
 from infera.router.context import RouteRequest
 from infera.router.disagg import DisaggRouter, Leg, LegFailed
 from infera.router.errors import NoWorkers
-from infera.router.pick import OVERLAP_BUCKETS, RouterStats
+from infera.router.pick import RouterStats
 from infera.router.placement import Placement
 from infera.router.response import RoutedResponse
 from infera.telemetry.record import current
@@ -47,10 +47,10 @@ class Legs:
         # on the C path the hold below is one call (csrc/hold18.c: its lines and the ones it calls, issue 15's sixteenth
         # round); else, or where a part is not the plain one its C reads, the method
         self.hold: Callable[[WorkerRecord, str, RoutingContext, int], Ticket] = self._hold
-        held, predicted = load.hold_parts(), feed.index.predict_parts()
+        held, predicted, observed = load.hold_parts(), feed.index.predict_parts(), stats.observe_parts()
         one_call = getattr(feed.index.native, "legs_hold", None)
-        if held is not None and predicted is not None and one_call is not None and type(stats) is RouterStats:
-            self.hold = functools.partial(one_call, (*held, clock, PREDICTION_TTL, *predicted, stats, OVERLAP_BUCKETS,
+        if held is not None and predicted is not None and observed is not None and one_call is not None:
+            self.hold = functools.partial(one_call, (*held, clock, PREDICTION_TTL, *predicted, *observed,
                                                      RoutingContext))
 
     def _hold(self, worker: WorkerRecord, role: str, ctx: RoutingContext, overlap: int) -> Ticket:

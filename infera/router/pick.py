@@ -46,6 +46,12 @@ class RouterStats:
         self.overlap_sum += fraction
         self.overlap_count += 1
 
+    def observe_parts(self) -> tuple[RouterStats, tuple[float, ...]] | None:
+        """What ``_native.legs_hold`` reads to run :meth:`observe_overlap` in C (csrc/hold18.c: the hits, sum and count
+        attributes, the bounds): this object and :data:`OVERLAP_BUCKETS`; None for a subclass, whose
+        ``observe_overlap`` may be another (the hold then calls the method)."""
+        return (self, OVERLAP_BUCKETS) if type(self) is RouterStats else None
+
     @property
     def overlap_buckets(self) -> list[int]:
         """Cumulative counts per :data:`OVERLAP_BUCKETS` bound (observations ``<=`` it)."""
