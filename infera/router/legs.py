@@ -77,14 +77,18 @@ class Legs:
               ctx: RoutingContext, overlap: int, named: frozenset[str], room: int,
               fallbacks: list[WorkerRecord] | None = None) -> Placement:
         """A placement on ``workers`` (by role) with a load ticket held per worker."""
+        failed, answered, moved = self._hooks
+        if kind == "mixed":  # every request of a mixed fleet: one leg, no loop over the roles
+            worker = workers["mixed"]
+            return Placement(kind, worker, None, connector, ctx, overlap, {"mixed": self.hold(worker, "mixed", ctx,
+                             overlap)}, named, room, self._load, failed, answered, moved,
+                             fallbacks if fallbacks is not None else [])
         tickets = {}
         hold = self.hold
         for role, w in workers.items():  # a loop, not a comprehension: no frame of its own per placement
             tickets[role] = hold(w, role, ctx, overlap if role != "decode" else 0)
-        failed, answered, moved = self._hooks
-        return Placement(kind, workers.get("decode") or workers["mixed"], workers.get("prefill"), connector, ctx,
-                         overlap, tickets, named, room, self._load, failed, answered, moved,
-                         fallbacks if fallbacks is not None else [])
+        return Placement(kind, workers["decode"], workers.get("prefill"), connector, ctx, overlap, tickets, named,
+                         room, self._load, failed, answered, moved, fallbacks if fallbacks is not None else [])
 
     def _answered(self, placement: Placement) -> None:
         if placement.prefill is not None:
