@@ -30,6 +30,8 @@ from infera.router.response import RoutedResponse
 from infera.telemetry.record import current
 from infera.transport.base import RequestTransport, UpstreamError, UpstreamResponse
 
+Ender = Callable[[], None]  # ends a leg's ticket (and its span) once its upstream is closed
+
 PREDICTION_TTL = 120.0  # seconds a routing decision is remembered as a predicted cache entry
 
 
@@ -120,10 +122,13 @@ class Legs:
         if placement.prefill is None:
             worker = placement.worker
             try:
-                leg = await self.open(placement, worker, "mixed", req.path, req.body, headers, req.started)
+                upstream, first, end = await self._open(placement, worker, "mixed", req.path, req.body, headers,
+                                                        req.started)
             except UpstreamError as exc:
                 raise LegFailed("mixed", worker, exc) from exc
-            return RoutedResponse(worker.instance_id, leg.upstream, leg.first, leg.release)
+            # the response closes the upstream itself, then ends the ticket: one close a request (a Leg's release
+            # would close it again)
+            return RoutedResponse(worker.instance_id, upstream, first, end)
         connector = CONNECTORS.get(placement.connector or "")
         if connector is None:
             raise NoWorkers(f"no connector {placement.connector!r} (known: {', '.join(sorted(CONNECTORS))})")
@@ -137,6 +142,18 @@ class Legs:
     async def open(self, placement: Placement, worker: WorkerRecord, role: str, path: str, body: bytes,
                    headers: Mapping[str, str], started: float | None = None) -> Leg:
         """Send one leg and wait for its first chunk; its ticket ends here on failure, else on release."""
+        upstream, first, end = await self._open(placement, worker, role, path, body, headers, started)
+
+        def release() -> None:
+            upstream.close()
+            end()
+
+        return Leg(worker, upstream, first, release)
+
+    async def _open(self, placement: Placement, worker: WorkerRecord, role: str, path: str, body: bytes,
+                    headers: Mapping[str, str], started: float | None) -> tuple[UpstreamResponse, bytes, Ender]:
+        """:meth:`open`'s work: the upstream, its first chunk, and what ends the leg's ticket and span once the
+        upstream is closed (the caller closes it first)."""
         ticket = placement.tickets[role]
         wid = worker.instance_id
         upstream: UpstreamResponse | None = None
@@ -166,14 +183,12 @@ class Legs:
             raise
         self._load.prefill_done(ticket)
         self._served(placement, worker, role)
-        opened = upstream
-        if record is not None:
-            record.leg_first_byte(span, wid)
+        if record is None:
+            return upstream, first, functools.partial(self._load.end, ticket)
+        record.leg_first_byte(span, wid)
 
-        def release() -> None:
-            opened.close()
+        def end() -> None:
             self._load.end(ticket)
-            if record is not None:
-                record.leg_done(span)
+            record.leg_done(span)
 
-        return Leg(worker, upstream, first, release)
+        return upstream, first, end
