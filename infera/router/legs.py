@@ -24,11 +24,13 @@ from infera.router.connectors import CONNECTORS
 from infera.router.context import RouteRequest
 from infera.router.disagg import DisaggRouter, Leg, LegFailed
 from infera.router.errors import NoWorkers
-from infera.router.pick import OVERLAP_BUCKETS, RouterStats
+from infera.router.pick import RouterStats
 from infera.router.placement import Placement
 from infera.router.response import RoutedResponse
 from infera.telemetry.record import current
 from infera.transport.base import RequestTransport, UpstreamError, UpstreamResponse
+
+Ender = Callable[[], None]  # ends a leg's ticket (and its span) once its upstream is closed
 
 PREDICTION_TTL = 120.0  # seconds a routing decision is remembered as a predicted cache entry
 
@@ -47,10 +49,10 @@ class Legs:
         # on the C path the hold below is one call (csrc/hold18.c: its lines and the ones it calls, issue 15's sixteenth
         # round); else, or where a part is not the plain one its C reads, the method
         self.hold: Callable[[WorkerRecord, str, RoutingContext, int], Ticket] = self._hold
-        held, predicted = load.hold_parts(), feed.index.predict_parts()
+        held, predicted, observed = load.hold_parts(), feed.index.predict_parts(), stats.observe_parts()
         one_call = getattr(feed.index.native, "legs_hold", None)
-        if held is not None and predicted is not None and one_call is not None and type(stats) is RouterStats:
-            self.hold = functools.partial(one_call, (*held, clock, PREDICTION_TTL, *predicted, stats, OVERLAP_BUCKETS,
+        if held is not None and predicted is not None and observed is not None and one_call is not None:
+            self.hold = functools.partial(one_call, (*held, clock, PREDICTION_TTL, *predicted, *observed,
                                                      RoutingContext))
 
     def _hold(self, worker: WorkerRecord, role: str, ctx: RoutingContext, overlap: int) -> Ticket:
@@ -77,14 +79,18 @@ class Legs:
               ctx: RoutingContext, overlap: int, named: frozenset[str], room: int,
               fallbacks: list[WorkerRecord] | None = None) -> Placement:
         """A placement on ``workers`` (by role) with a load ticket held per worker."""
+        failed, answered, moved = self._hooks
+        if kind == "mixed":  # every request of a mixed fleet: one leg, no loop over the roles
+            worker = workers["mixed"]
+            return Placement(kind, worker, None, connector, ctx, overlap, {"mixed": self.hold(worker, "mixed", ctx,
+                             overlap)}, named, room, self._load, failed, answered, moved,
+                             fallbacks if fallbacks is not None else [])
         tickets = {}
         hold = self.hold
         for role, w in workers.items():  # a loop, not a comprehension: no frame of its own per placement
             tickets[role] = hold(w, role, ctx, overlap if role != "decode" else 0)
-        failed, answered, moved = self._hooks
-        return Placement(kind, workers.get("decode") or workers["mixed"], workers.get("prefill"), connector, ctx,
-                         overlap, tickets, named, room, self._load, failed, answered, moved,
-                         fallbacks if fallbacks is not None else [])
+        return Placement(kind, workers["decode"], workers.get("prefill"), connector, ctx, overlap, tickets, named,
+                         room, self._load, failed, answered, moved, fallbacks if fallbacks is not None else [])
 
     def _answered(self, placement: Placement) -> None:
         if placement.prefill is not None:
@@ -116,10 +122,13 @@ class Legs:
         if placement.prefill is None:
             worker = placement.worker
             try:
-                leg = await self.open(placement, worker, "mixed", req.path, req.body, headers, req.started)
+                upstream, first, end = await self._open(placement, worker, "mixed", req.path, req.body, headers,
+                                                        req.started)
             except UpstreamError as exc:
                 raise LegFailed("mixed", worker, exc) from exc
-            return RoutedResponse(worker.instance_id, leg.upstream, leg.first, leg.release)
+            # the response closes the upstream itself, then ends the ticket: one close a request (a Leg's release
+            # would close it again)
+            return RoutedResponse(worker.instance_id, upstream, first, end)
         connector = CONNECTORS.get(placement.connector or "")
         if connector is None:
             raise NoWorkers(f"no connector {placement.connector!r} (known: {', '.join(sorted(CONNECTORS))})")
@@ -133,6 +142,18 @@ class Legs:
     async def open(self, placement: Placement, worker: WorkerRecord, role: str, path: str, body: bytes,
                    headers: Mapping[str, str], started: float | None = None) -> Leg:
         """Send one leg and wait for its first chunk; its ticket ends here on failure, else on release."""
+        upstream, first, end = await self._open(placement, worker, role, path, body, headers, started)
+
+        def release() -> None:
+            upstream.close()
+            end()
+
+        return Leg(worker, upstream, first, release)
+
+    async def _open(self, placement: Placement, worker: WorkerRecord, role: str, path: str, body: bytes,
+                    headers: Mapping[str, str], started: float | None) -> tuple[UpstreamResponse, bytes, Ender]:
+        """:meth:`open`'s work: the upstream, its first chunk, and what ends the leg's ticket and span once the
+        upstream is closed (the caller closes it first)."""
         ticket = placement.tickets[role]
         wid = worker.instance_id
         upstream: UpstreamResponse | None = None
@@ -162,14 +183,12 @@ class Legs:
             raise
         self._load.prefill_done(ticket)
         self._served(placement, worker, role)
-        opened = upstream
-        if record is not None:
-            record.leg_first_byte(span, wid)
+        if record is None:
+            return upstream, first, functools.partial(self._load.end, ticket)
+        record.leg_first_byte(span, wid)
 
-        def release() -> None:
-            opened.close()
+        def end() -> None:
             self._load.end(ticket)
-            if record is not None:
-                record.leg_done(span)
+            record.leg_done(span)
 
-        return Leg(worker, upstream, first, release)
+        return upstream, first, end

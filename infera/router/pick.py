@@ -46,6 +46,12 @@ class RouterStats:
         self.overlap_sum += fraction
         self.overlap_count += 1
 
+    def observe_parts(self) -> tuple[RouterStats, tuple[float, ...]] | None:
+        """What ``_native.legs_hold`` reads to run :meth:`observe_overlap` in C (csrc/hold18.c: the hits, sum and count
+        attributes, the bounds): this object and :data:`OVERLAP_BUCKETS`; None for a subclass, whose
+        ``observe_overlap`` may be another (the hold then calls the method)."""
+        return (self, OVERLAP_BUCKETS) if type(self) is RouterStats else None
+
     @property
     def overlap_buckets(self) -> list[int]:
         """Cumulative counts per :data:`OVERLAP_BUCKETS` bound (observations ``<=`` it)."""
@@ -94,13 +100,18 @@ class Picker:
             i = self._rng.choices(range(len(costs)), weights=weights)[0]
         else:
             low = min(costs)
-            best = []
-            for j, c in enumerate(costs):  # a loop, not a comprehension: no frame of its own per decision
-                if c - low <= 1e-9:
-                    best.append(j)
-            if len(best) > 1:  # the candidates' in-flight counts: read now if no candidates were built (the same)
-                best = self._least_busy(cands if cands is not None else self._candidates(workers), best)
-            i = best[0] if len(best) == 1 else self._rng.choice(best)
+            # no tie when the second lowest is more than the tolerance above the lowest (c - low grows with c): the
+            # lowest's index, without a Python step per cost
+            if sorted(costs)[1] - low > 1e-9:
+                i = costs.index(low)
+            else:
+                best = []
+                for j, c in enumerate(costs):  # a loop, not a comprehension: no frame of its own per decision
+                    if c - low <= 1e-9:
+                        best.append(j)
+                if len(best) > 1:  # the candidates' in-flight counts: read now if no candidates were built (the same)
+                    best = self._least_busy(cands if cands is not None else self._candidates(workers), best)
+                i = best[0] if len(best) == 1 else self._rng.choice(best)
         self._stats.decisions[(name, scores.reason)] += 1
         overlap = scores.overlap_blocks[i] if scores.overlap_blocks else 0
         return Choice(workers[i], scores.reason, overlap, costs[i], len(costs))

@@ -117,3 +117,25 @@ def test_legs_hold_the_same_load_on_either_path(ops: list[tuple[Any, ...]]) -> N
             placement.release()
         assert all(side.load.in_flight(w.instance_id) == 0 and side.load.active_blocks(w.instance_id) == 0
                    and side.load.prefill_tokens(w.instance_id) == 0 for w in ALL)
+
+
+def test_stats_of_another_class_keep_their_own_observe_overlap() -> None:
+    """The C hold counts the overlap into RouterStats' own fields (its ``observe_parts``); stats of a subclass answer
+    None there, so the hold is Legs' lines and their ``observe_overlap`` is the one called."""
+    seen: list[float] = []
+
+    class Recorded(RouterStats):
+        def observe_overlap(self, fraction: float) -> None:
+            seen.append(fraction)
+            super().observe_overlap(fraction)
+
+    plain, recorded = RouterStats(), Recorded()
+    assert plain.observe_parts() is not None and recorded.observe_parts() is None
+    side = Side(True)
+    assert isinstance(side.legs.hold, functools.partial)
+    legs = Legs(FakeTransport(), side.load, side.feed, side.candidates, recorded, clock=lambda: side.now)
+    assert not isinstance(legs.hold, functools.partial)
+    prompt = PROMPTS[0]
+    ctx = RoutingContext(model="m", token_ids=list(prompt), prompt_tokens=len(prompt), max_tokens=4)
+    legs.place("mixed", {"mixed": MIXED[0]}, None, ctx, 2, frozenset(), 1).release()
+    assert seen == [2 / len(ctx.hashes(BS))] and recorded.overlap_count == 1
