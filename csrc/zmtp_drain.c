@@ -17,6 +17,7 @@
  * message: OSError(EPROTO)), after every whole message before it was taken. */
 
 #include <sys/epoll.h>
+#include <time.h>
 #include <sys/socket.h>
 
 #define ZT_MORE 1
@@ -199,18 +200,95 @@ fail:
     return out;
 }
 
-/* drain_ready(epfd, streams, workers, block_size) -> (others, drained)
+/* ``obj.<name> += n`` (nothing when n is 0): 0, or -1 with an error set. */
+static int zt_add(PyObject *obj, PyObject *name, Py_ssize_t n) {
+    if (n == 0) return 0;
+    PyObject *was = PyObject_GetAttr(obj, name), *sum = NULL;
+    if (was == NULL) return -1;
+    PyObject *add = PyLong_FromSsize_t(n);
+    if (add != NULL) sum = PyNumber_Add(was, add);
+    Py_DECREF(was);
+    Py_XDECREF(add);
+    if (sum == NULL) return -1;
+    int bad = PyObject_SetAttr(obj, name, sum);
+    Py_DECREF(sum);
+    return bad;
+}
+
+/* time.time(): the wall clock in seconds, as a float (NULL with an error set). */
+static PyObject *zt_wall(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    return PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+}
+
+/* What PrefixIndex._applied and the book's arrival do after a drain of ``worker`` (state ``st``) that applied
+ * batches: ``ans`` its answer. 0, or -1 with an error set. */
+static int zt_book(PyObject *ans, PyObject *worker, PyObject *wid, PyObject *counters, PyObject *now, PyObject *book,
+                   PyObject *touched, PyObject *arrived) {
+    static PyObject *s_names[5], *s_orphans, *s_ts, *s_at;
+    if (s_at == NULL) {
+        const char *names[5] = {"block_stored", "block_removed", "orphan_blocks", "unknown_removed",
+                                "block_size_mismatch"};
+        for (int k = 0; k < 5; k++)
+            if ((s_names[k] = PyUnicode_InternFromString(names[k])) == NULL) return -1;
+        if ((s_orphans = PyUnicode_InternFromString("orphan_blocks")) == NULL ||
+            (s_ts = PyUnicode_InternFromString("last_event_ts")) == NULL ||
+            (s_at = PyUnicode_InternFromString("last_applied_at")) == NULL)
+            return -1;
+    }
+    PyObject *n = PyTuple_GET_ITEM(ans, 2);
+    for (int k = 0; k < 5; k++) {
+        Py_ssize_t c = PyLong_AsSsize_t(PyTuple_GET_ITEM(ans, 4 + k));
+        if (c == -1 && PyErr_Occurred()) return -1;
+        if (zt_add(counters, s_names[k], c) < 0) return -1;
+        if (k == 2 && zt_add(worker, s_orphans, c) < 0) return -1;
+    }
+    PyObject *hashes = PyTuple_GET_ITEM(ans, 9);
+    if (PyList_GET_SIZE(hashes) &&
+        PyList_SetSlice(touched, PyList_GET_SIZE(touched), PyList_GET_SIZE(touched), hashes) < 0)
+        return -1;
+    if (PyObject_SetAttr(worker, s_ts, PyTuple_GET_ITEM(ans, 3)) < 0) return -1;
+    PyObject *at = now == Py_None ? zt_wall() : (Py_INCREF(now), now);
+    if (at == NULL) return -1;
+    int bad = PyObject_SetAttr(worker, s_at, at);
+    Py_DECREF(at);
+    if (bad < 0) return -1;
+    PyObject *item = PyTuple_Pack(2, wid, n);
+    if (item == NULL) return -1;
+    bad = PyList_Append(arrived, item);
+    Py_DECREF(item);
+    if (bad < 0 || book == Py_None) return bad;
+    /* the book: (batches per worker, the time of each worker's last batch, the workers owed a batch, that time) */
+    PyObject *batches = PyTuple_GET_ITEM(book, 0), *last = PyTuple_GET_ITEM(book, 1);
+    PyObject *owed = PyTuple_GET_ITEM(book, 2), *when = PyTuple_GET_ITEM(book, 3);
+    PyObject *had = PyDict_GetItemWithError(batches, wid), *sum;
+    if (had == NULL && PyErr_Occurred()) return -1;
+    if ((sum = had == NULL ? (Py_INCREF(n), n) : PyNumber_Add(had, n)) == NULL) return -1;
+    bad = PyDict_SetItem(batches, wid, sum);
+    Py_DECREF(sum);
+    if (bad < 0 || PyDict_SetItem(last, wid, when) < 0) return -1;
+    int in = PyDict_Contains(owed, wid);
+    return in < 0 ? -1 : in ? PyDict_DelItem(owed, wid) : 0;
+}
+
+/* drain_ready(epfd, streams, workers, block_size, counters, now, book) -> (others, drained, arrived, touched)
  * A decision's catch-up in one call: epoll_wait(epfd, 0), then drain_stream on every ready descriptor that
  * ``streams`` (descriptor -> the link's state: ``worker_id``, ``buffer``, ``expected``, ``busy``) holds, not busy,
  * for a worker in ``workers`` (the index's: worker id -> its WorkerTable, whose ``tables`` are drain_stream's ten),
- * its ``expected`` set to the drain's. ``others``: the ready descriptors it did not drain (the source runs their
- * readers: a libzmq link, a busy one, a worker the index does not know yet); ``drained``: (state, worker,
- * drain_stream's answer) for each drain that applied a batch or ended other than ZD_EMPTY, in epoll's order. */
+ * its ``expected`` set to the drain's. A drain that applied batches is booked here as PrefixIndex._applied books
+ * one: its counts added to ``counters`` (the index's IndexCounters) and its orphans to the worker's, its
+ * ``last_event_ts`` and ``last_applied_at`` set (``now``, or time.time() after the drain when None), its touched
+ * router hashes added to ``touched``; and, unless ``book`` is None, in ``book`` = (batches, last, owed, when),
+ * dicts by worker id: its batches added to ``batches``, ``last`` set to ``when``, its entry in ``owed`` dropped.
+ * ``others``: the ready descriptors it did not drain (the source runs their readers: a libzmq link, a busy one, a
+ * worker the index does not know yet); ``drained``: (state, status, extra) of each drain that ended other than
+ * ZD_EMPTY; ``arrived``: (worker id, batches) of each drain that applied any; all three in epoll's order. */
 #define ZT_EVENTS 256
 static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static PyObject *s_worker_id, *s_buffer, *s_expected, *s_busy, *s_tables;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "drain_ready takes 4 arguments");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "drain_ready takes 7 arguments");
         return NULL;
     }
     if (s_tables == NULL) {
@@ -227,13 +305,25 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_ValueError, "drain_ready: not a descriptor");
         return NULL;
     }
-    PyObject *streams = args[1], *workers = args[2];
+    PyObject *streams = args[1], *workers = args[2], *counters = args[4], *now = args[5], *book = args[6];
     if (!PyDict_CheckExact(streams) || !PyDict_CheckExact(workers)) {
         PyErr_SetString(PyExc_TypeError, "drain_ready: streams and workers must be dicts");
         return NULL;
     }
-    PyObject *others = PyList_New(0), *drained = PyList_New(0), *out = NULL;
-    if (others == NULL || drained == NULL) goto done;
+    if (now != Py_None && !PyFloat_Check(now)) {
+        PyErr_SetString(PyExc_TypeError, "drain_ready: now must be a float or None");
+        return NULL;
+    }
+    if (book != Py_None) {
+        if (!PyTuple_CheckExact(book) || PyTuple_GET_SIZE(book) != 4 || !PyDict_Check(PyTuple_GET_ITEM(book, 0)) ||
+            !PyDict_Check(PyTuple_GET_ITEM(book, 1)) || !PyDict_Check(PyTuple_GET_ITEM(book, 2))) {
+            PyErr_SetString(PyExc_TypeError, "drain_ready: book must be (dict, dict, dict, when) or None");
+            return NULL;
+        }
+    }
+    PyObject *others = PyList_New(0), *drained = PyList_New(0), *arrived = PyList_New(0), *touched = PyList_New(0);
+    PyObject *out = NULL;
+    if (others == NULL || drained == NULL || arrived == NULL || touched == NULL) goto done;
     struct epoll_event evs[ZT_EVENTS];
     int r;
     do {
@@ -247,7 +337,6 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
             PyObject *fd = PyLong_FromLong(evs[i].data.fd);
             if (fd == NULL) goto done;
             PyObject *st = PyDict_GetItemWithError(streams, fd), *worker = NULL, *wid = NULL, *busy = NULL;
-            int own = 0;
             if (st == NULL && PyErr_Occurred()) goto fd_fail;
             if (st != NULL) {
                 if ((busy = PyObject_GetAttr(st, s_busy)) == NULL) goto fd_fail;
@@ -257,12 +346,11 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
                 if (!is_busy) {
                     if ((wid = PyObject_GetAttr(st, s_worker_id)) == NULL) goto fd_fail;
                     worker = PyDict_GetItemWithError(workers, wid);
-                    Py_DECREF(wid);
                     if (worker == NULL && PyErr_Occurred()) goto fd_fail;
-                    own = worker != NULL;
                 }
             }
-            if (!own) {
+            if (worker == NULL) {
+                Py_XDECREF(wid);
                 int bad = PyList_Append(others, fd);
                 Py_DECREF(fd);
                 if (bad < 0) goto done;
@@ -281,8 +369,10 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
             a[13] = args[3];
             if ((ans = drain_stream(self, a, 14)) == NULL) goto st_fail;
             if (PyObject_SetAttr(st, s_expected, PyTuple_GET_ITEM(ans, 1)) < 0) goto st_fail;
-            if (PyLong_AsLong(PyTuple_GET_ITEM(ans, 0)) != ZD_EMPTY || PyLong_AsSsize_t(PyTuple_GET_ITEM(ans, 2))) {
-                PyObject *item = PyTuple_Pack(3, st, worker, ans);
+            Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(ans, 2));
+            if (n && zt_book(ans, worker, wid, counters, now, book, touched, arrived) < 0) goto st_fail;
+            if (PyLong_AsLong(PyTuple_GET_ITEM(ans, 0)) != ZD_EMPTY) {
+                PyObject *item = PyTuple_Pack(3, st, PyTuple_GET_ITEM(ans, 0), PyTuple_GET_ITEM(ans, 10));
                 if (item == NULL || PyList_Append(drained, item) < 0) {
                     Py_XDECREF(item);
                     goto st_fail;
@@ -293,6 +383,7 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
             Py_DECREF(exp);
             Py_DECREF(buf);
             Py_DECREF(tables);
+            Py_DECREF(wid);
             Py_DECREF(fd);
             continue;
         st_fail:
@@ -301,14 +392,17 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
             Py_XDECREF(buf);
             Py_DECREF(tables);
         fd_fail:
+            Py_XDECREF(wid);
             Py_DECREF(fd);
             goto done;
         }
     } while (r == ZT_EVENTS);
-    out = PyTuple_Pack(2, others, drained);
+    out = PyTuple_Pack(4, others, drained, arrived, touched);
 done:
     Py_XDECREF(others);
     Py_XDECREF(drained);
+    Py_XDECREF(arrived);
+    Py_XDECREF(touched);
     return out;
 }
 

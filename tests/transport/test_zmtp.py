@@ -5,21 +5,35 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import select
 import socket
 import struct
 import termios
+import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 import zmq
 import zmq.asyncio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from harness import await_until, wait_until
 from infera.kv.index import PrefixIndex
 from infera.protocols.kv_events import BlockStored, EventBatch, encode_batch, seq_to_bytes
-from infera.transport.base import DRAIN_BROKEN, DRAIN_COMMAND, DRAIN_EMPTY, DRAIN_FRAMES, DRAIN_MESSAGE, StreamState
+from infera.transport.base import (
+    DRAIN_BROKEN,
+    DRAIN_COMMAND,
+    DRAIN_EMPTY,
+    DRAIN_FAILED,
+    DRAIN_FRAMES,
+    DRAIN_MESSAGE,
+    StreamState,
+)
 from infera.transport.zmtp import MORE, ZmtpClosed, ZmtpLink, command, frame, split, tcp_address
+from tests.kv.test_index_payload import PREFIX, _start, _state, payloads
 
 TOPIC = b"kv-events"
 BLOCK = 4
@@ -301,5 +315,71 @@ def test_one_call_drains_every_ready_stream_as_drain_stream_does_and_leaves_the_
     finally:
         poller.close()
         for a, b in extra_socks:
+            a.close()
+            b.close()
+
+
+@native
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["a", "a", "b"]), payloads()), min_size=1, max_size=10),
+       st.sampled_from([None, 4]))
+def test_one_call_books_each_drain_as_the_index_and_the_feed_book_a_payload(
+        sends: list[tuple[str, bytes]], block_size: int | None) -> None:
+    """``drain_ready`` books what each drain applied in the same C call (the counters, the orphans, the worker's
+    times, the touched rows of remembered walks; the caller's ``book`` of arrivals): the index ends as
+    ``apply_payload`` (Python's ``_applied``) leaves it payload by payload, and the book as ``IndexFeed._arrived``
+    leaves its tables; a payload it declines or whose apply raises comes back, booked by nobody."""
+    logging.disable(logging.CRITICAL)
+    ends = {wid: socket.socketpair() for wid in ("a", "b")}
+    poller = select.epoll()
+    try:
+        index, reference = _start(block_size), _start(block_size)
+        states = {}
+        for wid, (ours, _) in ends.items():
+            ours.setblocking(False)
+            states[ours.fileno()] = state = StreamState(wid)
+            state.busy = False
+            poller.register(ours.fileno(), select.EPOLLIN)
+        batches: Counter[str] = Counter({"a": 3})
+        last: dict[str, float] = {"b": 0.5}
+        owed = {"a": 0.25, "b": 0.25, "z": 0.25}
+        ref_batches, ref_last, ref_owed = Counter(batches), dict(last), dict(owed)
+        for seq, (wid, payload) in enumerate(sends):
+            try:
+                took: bool | None = reference.apply_payload(wid, payload, now=2.0)
+            except Exception:
+                took = None  # its apply raised: the C's apply raises too (the drain's DRAIN_FAILED)
+            if took:
+                ref_batches[wid] += 1
+                ref_last[wid] = 9.0
+                ref_owed.pop(wid, None)
+            theirs = ends[wid][1]
+            theirs.sendall(message(TOPIC, seq_to_bytes(seq), payload))
+            ours = ends[wid][0]
+            wait_until(lambda: queued(ours) > 0, 5, "the bytes")  # noqa: B023
+            for state in states.values():
+                state.expected = None
+            others, left, arrived = index.drain_ready(poller.fileno(), states, now=2.0,
+                                                      book=(batches, last, owed, 9.0))
+            assert others == []
+            assert arrived == ([(wid, 1)] if took else [])
+            assert [status for _, status, _ in left] == ([] if took else [DRAIN_MESSAGE] if took is False
+                                                         else [DRAIN_FAILED])
+            assert _state(index) == _state(reference), payload
+            assert (batches, last, owed) == (ref_batches, ref_last, ref_owed)
+        walk = list(reference._holders.keys())[:PREFIX]
+        assert index.overlaps(walk) == reference.overlaps(walk)  # the remembered walks, settled from touched rows
+        # without ``now``, each worker's last_applied_at is the wall clock after its drain, as time.time() would say
+        ends["b"][1].sendall(message(TOPIC, seq_to_bytes(99), batch(0, 1, 123456)))
+        wait_until(lambda: queued(ends["b"][0]) > 0, 5, "the bytes")
+        for state in states.values():
+            state.expected = None
+        before = time.time()
+        others, left, arrived = index.drain_ready(poller.fileno(), states)
+        assert arrived == [("b", 1)] and left == [] and before <= index._workers["b"].last_applied_at <= time.time()
+    finally:
+        logging.disable(logging.NOTSET)
+        poller.close()
+        for a, b in ends.values():
             a.close()
             b.close()
