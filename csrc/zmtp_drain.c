@@ -96,12 +96,22 @@ static PyObject *zt_oserror(int e, const char *text) {
  *   -> (status, expected, n, ts, stored, removed, orphans, unknown, mismatched, touched, extra)
  * drain_socket's answer (zmq_drain.c) for the ZMTP stream on ``fd`` with ``buffer`` (a bytearray) holding what was
  * read of it and not parsed; ZD_COMMAND: a command is at the head, nothing taken of it (extra None). */
+static PyObject *zt_drain(PyObject *const *args, int settled);
+
 static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Tables t;
     if (nargs != 14) {
         PyErr_SetString(PyExc_TypeError, "drain_stream takes 14 arguments");
         return NULL;
     }
+    return zt_drain(args, 0);
+}
+
+/* drain_stream's drain; ``settled``: the caller's epoll_wait saw no end of the peer (no EPOLLRDHUP, EPOLLHUP or
+ * EPOLLERR), so a read that returns less than it asked for ends the drain (ZD_EMPTY) without the read that would
+ * answer EAGAIN: the socket's queue was empty when that read ran, and what arrives after it signals the epoll again
+ * (a peer's end that came before the epoll_wait is still read in this call, after the bytes before it). */
+static PyObject *zt_drain(PyObject *const *args, int settled) {
+    Tables t;
     long fd = PyLong_AsLong(args[0]);
     if (fd == -1 && PyErr_Occurred()) return NULL;
     if (fd < 0 || fd > INT_MAX) {
@@ -125,7 +135,7 @@ static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t 
     unsigned char chunk[ZT_CHUNK];
     const unsigned char *data = (const unsigned char *)PyByteArray_AS_STRING(buf);
     size_t len = (size_t)PyByteArray_GET_SIZE(buf), pos = 0;
-    int in_chunk = 0;
+    int in_chunk = 0, short_read = 0;
     for (;;) {
         zt_unit u;
         int got = zt_split(data + pos, len - pos, &u);
@@ -140,6 +150,7 @@ static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t 
             len = (size_t)PyByteArray_GET_SIZE(buf);
             pos = 0;
             in_chunk = 0;
+            if (settled && short_read) break; /* ZD_EMPTY: the queue was empty at the last read */
             ssize_t r = recv((int)fd, chunk, sizeof chunk, MSG_DONTWAIT);
             if (r < 0 && errno == EINTR) continue;
             if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break; /* ZD_EMPTY */
@@ -149,6 +160,7 @@ static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t 
                 if (extra == NULL) goto fail;
                 break;
             }
+            short_read = (size_t)r < sizeof chunk;
             if (len == 0) { /* parsed where it was read; only a partial message at the end is copied */
                 data = chunk;
                 len = (size_t)r;
@@ -283,7 +295,10 @@ static int zt_book(PyObject *ans, PyObject *worker, PyObject *wid, PyObject *cou
  * dicts by worker id: its batches added to ``batches``, ``last`` set to ``when``, its entry in ``owed`` dropped.
  * ``others``: the ready descriptors it did not drain (the source runs their readers: a libzmq link, a busy one, a
  * worker the index does not know yet); ``drained``: (state, status, extra) of each drain that ended other than
- * ZD_EMPTY; ``arrived``: (worker id, batches) of each drain that applied any; all three in epoll's order. */
+ * ZD_EMPTY; ``arrived``: (worker id, batches) of each drain that applied any; all three in epoll's order. A drain
+ * ends without the read that answers EAGAIN when its epoll event says nothing of the peer's end (zt_drain's
+ * ``settled``): a stream registered with EPOLLRDHUP has a peer's end that came before the epoll_wait reported in
+ * this call, after the bytes before it; one that comes later, at the next. */
 #define ZT_EVENTS 256
 static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static PyObject *s_worker_id, *s_buffer, *s_expected, *s_busy, *s_tables;
@@ -367,7 +382,7 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
             PyObject *a[14] = {fd, buf, exp};
             for (int k = 0; k < 10; k++) a[3 + k] = PyTuple_GET_ITEM(tables, k);
             a[13] = args[3];
-            if ((ans = drain_stream(self, a, 14)) == NULL) goto st_fail;
+            if ((ans = zt_drain(a, !(evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)))) == NULL) goto st_fail;
             if (PyObject_SetAttr(st, s_expected, PyTuple_GET_ITEM(ans, 1)) < 0) goto st_fail;
             Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(ans, 2));
             if (n && zt_book(ans, worker, wid, counters, now, book, touched, arrived) < 0) goto st_fail;

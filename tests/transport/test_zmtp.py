@@ -156,6 +156,13 @@ async def test_a_pub_with_heartbeats_gets_its_pongs_and_keeps_the_connection() -
         ctx.destroy(0)
 
 
+def peer_ended(sock: socket.socket) -> bool:
+    """Whether the peer's end (its FIN) has reached ``sock``."""
+    probe = select.poll()
+    probe.register(sock.fileno(), select.POLLRDHUP)
+    return bool(probe.poll(0))
+
+
 def queued(sock: socket.socket) -> int:
     """Bytes waiting in ``sock``'s receive buffer."""
     return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
@@ -265,8 +272,8 @@ def test_one_call_drains_every_ready_stream_as_drain_stream_does_and_leaves_the_
             state.busy = sock is busy_ours
             state.expected = 0
             states[sock.fileno()] = state
-        for sock in (ours, busy_ours, new_ours, other_ours):
-            poller.register(sock.fileno(), select.EPOLLIN)
+        for sock in (ours, busy_ours, new_ours, other_ours):  # as the source registers its streams
+            poller.register(sock.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
         ref_buffer = bytearray()
         ref_expected: int | None = 0
         wire = (message(TOPIC, seq_to_bytes(0), batch(0, 3, 10)) + command(b"PING", b"\x00\x0aab")
@@ -303,7 +310,7 @@ def test_one_call_drains_every_ready_stream_as_drain_stream_does_and_leaves_the_
         assert state.expected == 3 and reference.apply_payload("w1", batch(2, 1, 30))
         theirs.sendall(message(TOPIC, seq_to_bytes(3), batch(3, 1, 40)))
         theirs.close()
-        wait_until(lambda: queued(ours) > 0, 5, "the bytes")
+        wait_until(lambda: peer_ended(ours), 5, "the peer's end")
         others, left, arrived = index.drain_ready(poller.fileno(), {ours.fileno(): state})
         assert arrived == [("w1", 1)] and len(left) == 1 and left[0][1] == DRAIN_BROKEN
         assert isinstance(left[0][2], ConnectionError) and state.expected == 4
@@ -383,3 +390,54 @@ def test_one_call_books_each_drain_as_the_index_and_the_feed_book_a_payload(
         for a, b in ends.values():
             a.close()
             b.close()
+
+
+@native
+def test_one_call_stops_at_a_short_read_unless_the_epoll_saw_the_peers_end(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """A ready stream whose epoll event says nothing of the peer's end is read until a read returns less than it
+    asked for, not once more for EAGAIN: what arrives after that read (a message's rest, the peer's end) is taken
+    at the next call, in order; a peer's end the epoll_wait saw is read in the same call, after the bytes before it."""
+    ours, theirs = pair
+    index = known(PrefixIndex(block_size=BLOCK))
+    poller = select.epoll()
+    try:
+        poller.register(ours.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
+        state = StreamState("w1")
+        state.busy, state.expected = False, 0
+        streams = {ours.fileno(): state}
+        whole = message(TOPIC, seq_to_bytes(1), batch(1, 2, 20))
+        theirs.sendall(message(TOPIC, seq_to_bytes(0), batch(0, 3, 10)) + whole[:7])
+        wait_until(lambda: queued(ours) > 0, 5, "the bytes")
+        assert index.drain_ready(poller.fileno(), streams)[1:] == ([], [("w1", 1)])
+        assert state.expected == 1 and state.buffer == whole[:7]
+        theirs.sendall(whole[7:])
+        wait_until(lambda: queued(ours) > 0, 5, "the bytes")
+        assert index.drain_ready(poller.fileno(), streams)[1:] == ([], [("w1", 1)])
+        assert state.expected == 2 and state.buffer == bytearray()
+        assert index.drain_ready(poller.fileno(), streams) == ([], [], [])  # nothing signals: nothing read
+        theirs.sendall(message(TOPIC, seq_to_bytes(2), batch(2, 1, 30)))
+        theirs.close()
+        wait_until(lambda: peer_ended(ours), 5, "the peer's end")
+        _, left, arrived = index.drain_ready(poller.fileno(), streams)
+        assert arrived == [("w1", 1)] and [status for _, status, _ in left] == [DRAIN_BROKEN]
+        assert isinstance(left[0][2], ConnectionError) and state.expected == 3
+        # registered without EPOLLRDHUP the event cannot tell, so the call stops at the short read: the peer's end,
+        # there already, comes at the next call (which is why the source registers its streams with it)
+        poller.unregister(ours.fileno())
+        server = socket.create_server(("127.0.0.1", 0))
+        plain, plain_theirs = socket.create_connection(server.getsockname()), server.accept()[0]
+        server.close()
+        with plain, plain_theirs:
+            plain.setblocking(False)
+            poller.register(plain.fileno(), select.EPOLLIN)
+            state.buffer = bytearray()
+            streams = {plain.fileno(): state}
+            plain_theirs.sendall(message(TOPIC, seq_to_bytes(3), batch(3, 1, 40)))
+            plain_theirs.close()
+            wait_until(lambda: peer_ended(plain), 5, "the peer's end")
+            assert index.drain_ready(poller.fileno(), streams)[1:] == ([], [("w1", 1)])
+            _, left, arrived = index.drain_ready(poller.fileno(), streams)
+            assert arrived == [] and [status for _, status, _ in left] == [DRAIN_BROKEN] and state.expected == 4
+    finally:
+        poller.close()
