@@ -72,10 +72,10 @@ class TimedPoll:
 
 
 def timed(fn: Callable[..., Any], out: list[int]) -> Callable[..., Any]:
-    def call(*args: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         finally:
             out.append(time.perf_counter_ns() - t0)
     return call

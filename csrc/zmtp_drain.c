@@ -17,6 +17,7 @@
  * message: OSError(EPROTO)), after every whole message before it was taken. */
 
 #include <sys/epoll.h>
+#include <time.h>
 #include <sys/socket.h>
 
 #define ZT_MORE 1
@@ -95,12 +96,22 @@ static PyObject *zt_oserror(int e, const char *text) {
  *   -> (status, expected, n, ts, stored, removed, orphans, unknown, mismatched, touched, extra)
  * drain_socket's answer (zmq_drain.c) for the ZMTP stream on ``fd`` with ``buffer`` (a bytearray) holding what was
  * read of it and not parsed; ZD_COMMAND: a command is at the head, nothing taken of it (extra None). */
+static PyObject *zt_drain(PyObject *const *args, int settled);
+
 static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Tables t;
     if (nargs != 14) {
         PyErr_SetString(PyExc_TypeError, "drain_stream takes 14 arguments");
         return NULL;
     }
+    return zt_drain(args, 0);
+}
+
+/* drain_stream's drain; ``settled``: the caller's epoll_wait saw no end of the peer (no EPOLLRDHUP, EPOLLHUP or
+ * EPOLLERR), so a read that returns less than it asked for ends the drain (ZD_EMPTY) without the read that would
+ * answer EAGAIN: the socket's queue was empty when that read ran, and what arrives after it signals the epoll again
+ * (a peer's end that came before the epoll_wait is still read in this call, after the bytes before it). */
+static PyObject *zt_drain(PyObject *const *args, int settled) {
+    Tables t;
     long fd = PyLong_AsLong(args[0]);
     if (fd == -1 && PyErr_Occurred()) return NULL;
     if (fd < 0 || fd > INT_MAX) {
@@ -124,7 +135,7 @@ static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t 
     unsigned char chunk[ZT_CHUNK];
     const unsigned char *data = (const unsigned char *)PyByteArray_AS_STRING(buf);
     size_t len = (size_t)PyByteArray_GET_SIZE(buf), pos = 0;
-    int in_chunk = 0;
+    int in_chunk = 0, short_read = 0;
     for (;;) {
         zt_unit u;
         int got = zt_split(data + pos, len - pos, &u);
@@ -139,6 +150,7 @@ static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t 
             len = (size_t)PyByteArray_GET_SIZE(buf);
             pos = 0;
             in_chunk = 0;
+            if (settled && short_read) break; /* ZD_EMPTY: the queue was empty at the last read */
             ssize_t r = recv((int)fd, chunk, sizeof chunk, MSG_DONTWAIT);
             if (r < 0 && errno == EINTR) continue;
             if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break; /* ZD_EMPTY */
@@ -148,6 +160,7 @@ static PyObject *drain_stream(PyObject *self, PyObject *const *args, Py_ssize_t 
                 if (extra == NULL) goto fail;
                 break;
             }
+            short_read = (size_t)r < sizeof chunk;
             if (len == 0) { /* parsed where it was read; only a partial message at the end is copied */
                 data = chunk;
                 len = (size_t)r;
@@ -199,18 +212,98 @@ fail:
     return out;
 }
 
-/* drain_ready(epfd, streams, workers, block_size) -> (others, drained)
+/* ``obj.<name> += n`` (nothing when n is 0): 0, or -1 with an error set. */
+static int zt_add(PyObject *obj, PyObject *name, Py_ssize_t n) {
+    if (n == 0) return 0;
+    PyObject *was = PyObject_GetAttr(obj, name), *sum = NULL;
+    if (was == NULL) return -1;
+    PyObject *add = PyLong_FromSsize_t(n);
+    if (add != NULL) sum = PyNumber_Add(was, add);
+    Py_DECREF(was);
+    Py_XDECREF(add);
+    if (sum == NULL) return -1;
+    int bad = PyObject_SetAttr(obj, name, sum);
+    Py_DECREF(sum);
+    return bad;
+}
+
+/* time.time(): the wall clock in seconds, as a float (NULL with an error set). */
+static PyObject *zt_wall(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    return PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+}
+
+/* What PrefixIndex._applied and the book's arrival do after a drain of ``worker`` (state ``st``) that applied
+ * batches: ``ans`` its answer. 0, or -1 with an error set. */
+static int zt_book(PyObject *ans, PyObject *worker, PyObject *wid, PyObject *counters, PyObject *now, PyObject *book,
+                   PyObject *touched, PyObject *arrived) {
+    static PyObject *s_names[5], *s_orphans, *s_ts, *s_at;
+    if (s_at == NULL) {
+        const char *names[5] = {"block_stored", "block_removed", "orphan_blocks", "unknown_removed",
+                                "block_size_mismatch"};
+        for (int k = 0; k < 5; k++)
+            if ((s_names[k] = PyUnicode_InternFromString(names[k])) == NULL) return -1;
+        if ((s_orphans = PyUnicode_InternFromString("orphan_blocks")) == NULL ||
+            (s_ts = PyUnicode_InternFromString("last_event_ts")) == NULL ||
+            (s_at = PyUnicode_InternFromString("last_applied_at")) == NULL)
+            return -1;
+    }
+    PyObject *n = PyTuple_GET_ITEM(ans, 2);
+    for (int k = 0; k < 5; k++) {
+        Py_ssize_t c = PyLong_AsSsize_t(PyTuple_GET_ITEM(ans, 4 + k));
+        if (c == -1 && PyErr_Occurred()) return -1;
+        if (zt_add(counters, s_names[k], c) < 0) return -1;
+        if (k == 2 && zt_add(worker, s_orphans, c) < 0) return -1;
+    }
+    PyObject *hashes = PyTuple_GET_ITEM(ans, 9);
+    if (PyList_GET_SIZE(hashes) &&
+        PyList_SetSlice(touched, PyList_GET_SIZE(touched), PyList_GET_SIZE(touched), hashes) < 0)
+        return -1;
+    if (PyObject_SetAttr(worker, s_ts, PyTuple_GET_ITEM(ans, 3)) < 0) return -1;
+    PyObject *at = now == Py_None ? zt_wall() : (Py_INCREF(now), now);
+    if (at == NULL) return -1;
+    int bad = PyObject_SetAttr(worker, s_at, at);
+    Py_DECREF(at);
+    if (bad < 0) return -1;
+    PyObject *item = PyTuple_Pack(2, wid, n);
+    if (item == NULL) return -1;
+    bad = PyList_Append(arrived, item);
+    Py_DECREF(item);
+    if (bad < 0 || book == Py_None) return bad;
+    /* the book: (batches per worker, the time of each worker's last batch, the workers owed a batch, that time) */
+    PyObject *batches = PyTuple_GET_ITEM(book, 0), *last = PyTuple_GET_ITEM(book, 1);
+    PyObject *owed = PyTuple_GET_ITEM(book, 2), *when = PyTuple_GET_ITEM(book, 3);
+    PyObject *had = PyDict_GetItemWithError(batches, wid), *sum;
+    if (had == NULL && PyErr_Occurred()) return -1;
+    if ((sum = had == NULL ? (Py_INCREF(n), n) : PyNumber_Add(had, n)) == NULL) return -1;
+    bad = PyDict_SetItem(batches, wid, sum);
+    Py_DECREF(sum);
+    if (bad < 0 || PyDict_SetItem(last, wid, when) < 0) return -1;
+    int in = PyDict_Contains(owed, wid);
+    return in < 0 ? -1 : in ? PyDict_DelItem(owed, wid) : 0;
+}
+
+/* drain_ready(epfd, streams, workers, block_size, counters, now, book) -> (others, drained, arrived, touched)
  * A decision's catch-up in one call: epoll_wait(epfd, 0), then drain_stream on every ready descriptor that
  * ``streams`` (descriptor -> the link's state: ``worker_id``, ``buffer``, ``expected``, ``busy``) holds, not busy,
  * for a worker in ``workers`` (the index's: worker id -> its WorkerTable, whose ``tables`` are drain_stream's ten),
- * its ``expected`` set to the drain's. ``others``: the ready descriptors it did not drain (the source runs their
- * readers: a libzmq link, a busy one, a worker the index does not know yet); ``drained``: (state, worker,
- * drain_stream's answer) for each drain that applied a batch or ended other than ZD_EMPTY, in epoll's order. */
+ * its ``expected`` set to the drain's. A drain that applied batches is booked here as PrefixIndex._applied books
+ * one: its counts added to ``counters`` (the index's IndexCounters) and its orphans to the worker's, its
+ * ``last_event_ts`` and ``last_applied_at`` set (``now``, or time.time() after the drain when None), its touched
+ * router hashes added to ``touched``; and, unless ``book`` is None, in ``book`` = (batches, last, owed, when),
+ * dicts by worker id: its batches added to ``batches``, ``last`` set to ``when``, its entry in ``owed`` dropped.
+ * ``others``: the ready descriptors it did not drain (the source runs their readers: a libzmq link, a busy one, a
+ * worker the index does not know yet); ``drained``: (state, status, extra) of each drain that ended other than
+ * ZD_EMPTY; ``arrived``: (worker id, batches) of each drain that applied any; all three in epoll's order. A drain
+ * ends without the read that answers EAGAIN when its epoll event says nothing of the peer's end (zt_drain's
+ * ``settled``): a stream registered with EPOLLRDHUP has a peer's end that came before the epoll_wait reported in
+ * this call, after the bytes before it; one that comes later, at the next. */
 #define ZT_EVENTS 256
 static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static PyObject *s_worker_id, *s_buffer, *s_expected, *s_busy, *s_tables;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "drain_ready takes 4 arguments");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "drain_ready takes 7 arguments");
         return NULL;
     }
     if (s_tables == NULL) {
@@ -227,13 +320,25 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_ValueError, "drain_ready: not a descriptor");
         return NULL;
     }
-    PyObject *streams = args[1], *workers = args[2];
+    PyObject *streams = args[1], *workers = args[2], *counters = args[4], *now = args[5], *book = args[6];
     if (!PyDict_CheckExact(streams) || !PyDict_CheckExact(workers)) {
         PyErr_SetString(PyExc_TypeError, "drain_ready: streams and workers must be dicts");
         return NULL;
     }
-    PyObject *others = PyList_New(0), *drained = PyList_New(0), *out = NULL;
-    if (others == NULL || drained == NULL) goto done;
+    if (now != Py_None && !PyFloat_Check(now)) {
+        PyErr_SetString(PyExc_TypeError, "drain_ready: now must be a float or None");
+        return NULL;
+    }
+    if (book != Py_None) {
+        if (!PyTuple_CheckExact(book) || PyTuple_GET_SIZE(book) != 4 || !PyDict_Check(PyTuple_GET_ITEM(book, 0)) ||
+            !PyDict_Check(PyTuple_GET_ITEM(book, 1)) || !PyDict_Check(PyTuple_GET_ITEM(book, 2))) {
+            PyErr_SetString(PyExc_TypeError, "drain_ready: book must be (dict, dict, dict, when) or None");
+            return NULL;
+        }
+    }
+    PyObject *others = PyList_New(0), *drained = PyList_New(0), *arrived = PyList_New(0), *touched = PyList_New(0);
+    PyObject *out = NULL;
+    if (others == NULL || drained == NULL || arrived == NULL || touched == NULL) goto done;
     struct epoll_event evs[ZT_EVENTS];
     int r;
     do {
@@ -247,7 +352,6 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
             PyObject *fd = PyLong_FromLong(evs[i].data.fd);
             if (fd == NULL) goto done;
             PyObject *st = PyDict_GetItemWithError(streams, fd), *worker = NULL, *wid = NULL, *busy = NULL;
-            int own = 0;
             if (st == NULL && PyErr_Occurred()) goto fd_fail;
             if (st != NULL) {
                 if ((busy = PyObject_GetAttr(st, s_busy)) == NULL) goto fd_fail;
@@ -257,12 +361,11 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
                 if (!is_busy) {
                     if ((wid = PyObject_GetAttr(st, s_worker_id)) == NULL) goto fd_fail;
                     worker = PyDict_GetItemWithError(workers, wid);
-                    Py_DECREF(wid);
                     if (worker == NULL && PyErr_Occurred()) goto fd_fail;
-                    own = worker != NULL;
                 }
             }
-            if (!own) {
+            if (worker == NULL) {
+                Py_XDECREF(wid);
                 int bad = PyList_Append(others, fd);
                 Py_DECREF(fd);
                 if (bad < 0) goto done;
@@ -279,10 +382,12 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
             PyObject *a[14] = {fd, buf, exp};
             for (int k = 0; k < 10; k++) a[3 + k] = PyTuple_GET_ITEM(tables, k);
             a[13] = args[3];
-            if ((ans = drain_stream(self, a, 14)) == NULL) goto st_fail;
+            if ((ans = zt_drain(a, !(evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)))) == NULL) goto st_fail;
             if (PyObject_SetAttr(st, s_expected, PyTuple_GET_ITEM(ans, 1)) < 0) goto st_fail;
-            if (PyLong_AsLong(PyTuple_GET_ITEM(ans, 0)) != ZD_EMPTY || PyLong_AsSsize_t(PyTuple_GET_ITEM(ans, 2))) {
-                PyObject *item = PyTuple_Pack(3, st, worker, ans);
+            Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(ans, 2));
+            if (n && zt_book(ans, worker, wid, counters, now, book, touched, arrived) < 0) goto st_fail;
+            if (PyLong_AsLong(PyTuple_GET_ITEM(ans, 0)) != ZD_EMPTY) {
+                PyObject *item = PyTuple_Pack(3, st, PyTuple_GET_ITEM(ans, 0), PyTuple_GET_ITEM(ans, 10));
                 if (item == NULL || PyList_Append(drained, item) < 0) {
                     Py_XDECREF(item);
                     goto st_fail;
@@ -293,6 +398,7 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
             Py_DECREF(exp);
             Py_DECREF(buf);
             Py_DECREF(tables);
+            Py_DECREF(wid);
             Py_DECREF(fd);
             continue;
         st_fail:
@@ -301,14 +407,17 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
             Py_XDECREF(buf);
             Py_DECREF(tables);
         fd_fail:
+            Py_XDECREF(wid);
             Py_DECREF(fd);
             goto done;
         }
     } while (r == ZT_EVENTS);
-    out = PyTuple_Pack(2, others, drained);
+    out = PyTuple_Pack(4, others, drained, arrived, touched);
 done:
     Py_XDECREF(others);
     Py_XDECREF(drained);
+    Py_XDECREF(arrived);
+    Py_XDECREF(touched);
     return out;
 }
 

@@ -137,9 +137,13 @@ class IndexFeed:
                  streams: dict[int, StreamState]) -> tuple[list[int], list[tuple[StreamState, int, Any]]]:
         """A catch-up's ready ZMTP streams into the index in one call (:data:`infera.transport.base.ReadySink`); the
         same effects as :meth:`on_stream` stream by stream."""
-        others, left, arrived = self.index.drain_ready(epfd, streams)
-        for worker_id, n in arrived:
-            self._arrived(worker_id, n)
+        others, left, arrived = self.index.drain_ready(
+            epfd, streams, book=(self.batches, self._last_batch, self._expect_since, self._clock()))
+        if self._blind_logged:  # the rest of _arrived, booked by the call: the log line of events that flow again
+            for worker_id, _ in arrived:
+                if worker_id in self._blind_logged:
+                    self._blind_logged.discard(worker_id)
+                    log.info("worker %s: KV events flow again", worker_id)
         return others, left
 
     def _drained(self, worker_id: str,
@@ -153,7 +157,8 @@ class IndexFeed:
         return status, expected, extra
 
     def _arrived(self, worker_id: str, n: int = 1) -> None:
-        """``n`` batches of ``worker_id``'s were applied: its events flow."""
+        """``n`` batches of ``worker_id``'s were applied: its events flow (:meth:`on_ready`'s one call keeps the same
+        tables itself, :data:`infera.kv.index.Book`)."""
         self.batches[worker_id] += n
         self._last_batch[worker_id] = self._clock()
         self._expect_since.pop(worker_id, None)

@@ -59,6 +59,11 @@ TOP_MEDIA = frozenset({"GPU", None})  # the device tier (None: an engine that do
 _PLAIN = "GPU"  # a block held in this medium only has no entry in WorkerTable.media
 _HASHES = attrgetter("block_hashes")
 
+Book = tuple[dict[str, int], dict[str, float], dict[str, float], float]
+"""A reader's record of arrivals that :meth:`PrefixIndex.drain_ready` keeps in the same C call (batches, last, owed,
+when), dicts by worker id: for a worker whose drain applied ``n`` batches, ``batches[worker] += n``, ``last[worker] =
+when`` and its entry in ``owed`` dropped (:class:`infera.kv.feed.IndexFeed`'s ``_arrived``, less the log line)."""
+
 
 @dataclasses.dataclass(slots=True)
 class IndexCounters:
@@ -271,24 +276,20 @@ class PrefixIndex:
         return self._ready is not None
 
     def drain_ready(
-        self, epfd: int, streams: dict[int, StreamState], now: float | None = None,
+        self, epfd: int, streams: dict[int, StreamState], now: float | None = None, book: Book | None = None,
     ) -> tuple[list[int], list[tuple[StreamState, int, Any]], list[tuple[str, int]]]:
         """A catch-up's ``epoll_wait(0)`` on ``epfd`` and :meth:`drain_stream` of every ready ZMTP stream of
         ``streams`` (descriptor -> its link's state) that is not busy, for a worker the index knows, in one C call
         (csrc/zmtp_drain.c, ``drain_ready``), each state's ``expected`` set to its drain's. Returns (the ready
         descriptors it did not drain, (state, ``DRAIN_*`` code, what goes with it) for each drain that ended other
         than with nothing queued, (worker id, batches applied) for each drain that applied any); the tables,
-        counters and times left as :meth:`drain_stream` leaves them stream by stream."""
+        counters and times left as :meth:`drain_stream` leaves them stream by stream. ``book``: the caller's
+        record of arrivals, kept by the same call for each drain that applied batches (:data:`Book` says how)."""
         assert self._ready is not None
-        others, drained = self._ready(epfd, streams, self._workers, self._payload_size)
-        left: list[tuple[StreamState, int, Any]] = []
-        arrived: list[tuple[str, int]] = []
-        for state, worker, (status, _, n, ts, stored, removed, orphans, unknown, mismatched, touched, extra) in drained:
-            if n:
-                self._applied(worker, now, ts, stored, removed, orphans, unknown, mismatched, touched)
-                arrived.append((state.worker_id, n))
-            if status:
-                left.append((state, status, extra))
+        others, left, arrived, touched = self._ready(epfd, streams, self._workers, self._payload_size,
+                                                     self.counters, now, book)
+        if touched:
+            self._touch(touched)
         return others, left, arrived
 
     def _tables(self, worker: WorkerTable) -> tuple[Any, ...]:

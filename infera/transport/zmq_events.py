@@ -334,7 +334,9 @@ class ZmqEventSource:
                     state.buffer = link.buffer  # the link's for as long as it is open (read in place)
                     self._streams[fd] = state
                     self._resumes[state] = resume
-                poller.register(fd, select.EPOLLIN)
+                # a stream's peer's end is in the epoll's event, so the one call reads it after the bytes before it
+                # and otherwise stops at a short read (csrc/zmtp_drain.c, drain_ready)
+                poller.register(fd, select.EPOLLIN | select.EPOLLRDHUP if streamed else select.EPOLLIN)
 
         def detach() -> None:
             nonlocal fd

@@ -173,6 +173,8 @@ class Stack:
             "views": {w: {k: v for k, v in index.cache_view(w).items() if k != "last_event_at"} for w in workers},
             "ts": {w: index._workers[w].last_event_ts for w in workers},
             "batches": dict(self.feed.batches),
+            "fed": sorted(self.feed._last_batch),  # the workers a batch came from, and those still owed one
+            "owed": sorted(self.feed._expect_since),
             "gaps": dict(self.feed.gaps),
             "probes": [str(index.overlaps(p)) for p in probes],
         }
@@ -189,6 +191,7 @@ OP = st.one_of(
     st.tuples(st.sampled_from(["store", "store", "store", "remove", "cpu", "clear", "array", "bad", "skip", "dup",
                                "frames"]), st.integers(0, 2), st.integers(1, 3)),
     st.tuples(st.just("decide"), st.just(0), st.just(0)),
+    st.tuples(st.just("expect"), st.integers(0, 2), st.just(0)),  # the worker computed an uncached prompt
 )
 
 
@@ -231,6 +234,9 @@ async def test_the_c_drain_leaves_what_the_python_loop_leaves(
             if op == "decide":
                 for s in stacks:
                     s.feed.tick()
+            elif op == "expect":  # owed a batch until one arrives (the last batches below pay every debt)
+                for s in stacks:
+                    s.feed.expect_events(engines[i].wid)
             else:
                 engines[i].publish(op, k)
         # a last batch from each engine, its ts its seq: a feed that applied it has taken every message before it

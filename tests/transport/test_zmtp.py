@@ -5,21 +5,35 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import select
 import socket
 import struct
 import termios
+import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 import zmq
 import zmq.asyncio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from harness import await_until, wait_until
 from infera.kv.index import PrefixIndex
 from infera.protocols.kv_events import BlockStored, EventBatch, encode_batch, seq_to_bytes
-from infera.transport.base import DRAIN_BROKEN, DRAIN_COMMAND, DRAIN_EMPTY, DRAIN_FRAMES, DRAIN_MESSAGE, StreamState
+from infera.transport.base import (
+    DRAIN_BROKEN,
+    DRAIN_COMMAND,
+    DRAIN_EMPTY,
+    DRAIN_FAILED,
+    DRAIN_FRAMES,
+    DRAIN_MESSAGE,
+    StreamState,
+)
 from infera.transport.zmtp import MORE, ZmtpClosed, ZmtpLink, command, frame, split, tcp_address
+from tests.kv.test_index_payload import PREFIX, _start, _state, payloads
 
 TOPIC = b"kv-events"
 BLOCK = 4
@@ -142,6 +156,13 @@ async def test_a_pub_with_heartbeats_gets_its_pongs_and_keeps_the_connection() -
         ctx.destroy(0)
 
 
+def peer_ended(sock: socket.socket) -> bool:
+    """Whether the peer's end (its FIN) has reached ``sock``."""
+    probe = select.poll()
+    probe.register(sock.fileno(), select.POLLRDHUP)
+    return bool(probe.poll(0))
+
+
 def queued(sock: socket.socket) -> int:
     """Bytes waiting in ``sock``'s receive buffer."""
     return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
@@ -251,8 +272,8 @@ def test_one_call_drains_every_ready_stream_as_drain_stream_does_and_leaves_the_
             state.busy = sock is busy_ours
             state.expected = 0
             states[sock.fileno()] = state
-        for sock in (ours, busy_ours, new_ours, other_ours):
-            poller.register(sock.fileno(), select.EPOLLIN)
+        for sock in (ours, busy_ours, new_ours, other_ours):  # as the source registers its streams
+            poller.register(sock.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
         ref_buffer = bytearray()
         ref_expected: int | None = 0
         wire = (message(TOPIC, seq_to_bytes(0), batch(0, 3, 10)) + command(b"PING", b"\x00\x0aab")
@@ -289,7 +310,7 @@ def test_one_call_drains_every_ready_stream_as_drain_stream_does_and_leaves_the_
         assert state.expected == 3 and reference.apply_payload("w1", batch(2, 1, 30))
         theirs.sendall(message(TOPIC, seq_to_bytes(3), batch(3, 1, 40)))
         theirs.close()
-        wait_until(lambda: queued(ours) > 0, 5, "the bytes")
+        wait_until(lambda: peer_ended(ours), 5, "the peer's end")
         others, left, arrived = index.drain_ready(poller.fileno(), {ours.fileno(): state})
         assert arrived == [("w1", 1)] and len(left) == 1 and left[0][1] == DRAIN_BROKEN
         assert isinstance(left[0][2], ConnectionError) and state.expected == 4
@@ -303,3 +324,120 @@ def test_one_call_drains_every_ready_stream_as_drain_stream_does_and_leaves_the_
         for a, b in extra_socks:
             a.close()
             b.close()
+
+
+@native
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["a", "a", "b"]), payloads()), min_size=1, max_size=10),
+       st.sampled_from([None, 4]))
+def test_one_call_books_each_drain_as_the_index_and_the_feed_book_a_payload(
+        sends: list[tuple[str, bytes]], block_size: int | None) -> None:
+    """``drain_ready`` books what each drain applied in the same C call (the counters, the orphans, the worker's
+    times, the touched rows of remembered walks; the caller's ``book`` of arrivals): the index ends as
+    ``apply_payload`` (Python's ``_applied``) leaves it payload by payload, and the book as ``IndexFeed._arrived``
+    leaves its tables; a payload it declines or whose apply raises comes back, booked by nobody."""
+    logging.disable(logging.CRITICAL)
+    ends = {wid: socket.socketpair() for wid in ("a", "b")}
+    poller = select.epoll()
+    try:
+        index, reference = _start(block_size), _start(block_size)
+        states = {}
+        for wid, (ours, _) in ends.items():
+            ours.setblocking(False)
+            states[ours.fileno()] = state = StreamState(wid)
+            state.busy = False
+            poller.register(ours.fileno(), select.EPOLLIN)
+        batches: Counter[str] = Counter({"a": 3})
+        last: dict[str, float] = {"b": 0.5}
+        owed = {"a": 0.25, "b": 0.25, "z": 0.25}
+        ref_batches, ref_last, ref_owed = Counter(batches), dict(last), dict(owed)
+        for seq, (wid, payload) in enumerate(sends):
+            try:
+                took: bool | None = reference.apply_payload(wid, payload, now=2.0)
+            except Exception:
+                took = None  # its apply raised: the C's apply raises too (the drain's DRAIN_FAILED)
+            if took:
+                ref_batches[wid] += 1
+                ref_last[wid] = 9.0
+                ref_owed.pop(wid, None)
+            theirs = ends[wid][1]
+            theirs.sendall(message(TOPIC, seq_to_bytes(seq), payload))
+            ours = ends[wid][0]
+            wait_until(lambda: queued(ours) > 0, 5, "the bytes")  # noqa: B023
+            for state in states.values():
+                state.expected = None
+            others, left, arrived = index.drain_ready(poller.fileno(), states, now=2.0,
+                                                      book=(batches, last, owed, 9.0))
+            assert others == []
+            assert arrived == ([(wid, 1)] if took else [])
+            assert [status for _, status, _ in left] == ([] if took else [DRAIN_MESSAGE] if took is False
+                                                         else [DRAIN_FAILED])
+            assert _state(index) == _state(reference), payload
+            assert (batches, last, owed) == (ref_batches, ref_last, ref_owed)
+        walk = list(reference._holders.keys())[:PREFIX]
+        assert index.overlaps(walk) == reference.overlaps(walk)  # the remembered walks, settled from touched rows
+        # without ``now``, each worker's last_applied_at is the wall clock after its drain, as time.time() would say
+        ends["b"][1].sendall(message(TOPIC, seq_to_bytes(99), batch(0, 1, 123456)))
+        wait_until(lambda: queued(ends["b"][0]) > 0, 5, "the bytes")
+        for state in states.values():
+            state.expected = None
+        before = time.time()
+        others, left, arrived = index.drain_ready(poller.fileno(), states)
+        assert arrived == [("b", 1)] and left == [] and before <= index._workers["b"].last_applied_at <= time.time()
+    finally:
+        logging.disable(logging.NOTSET)
+        poller.close()
+        for a, b in ends.values():
+            a.close()
+            b.close()
+
+
+@native
+def test_one_call_stops_at_a_short_read_unless_the_epoll_saw_the_peers_end(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """A ready stream whose epoll event says nothing of the peer's end is read until a read returns less than it
+    asked for, not once more for EAGAIN: what arrives after that read (a message's rest, the peer's end) is taken
+    at the next call, in order; a peer's end the epoll_wait saw is read in the same call, after the bytes before it."""
+    ours, theirs = pair
+    index = known(PrefixIndex(block_size=BLOCK))
+    poller = select.epoll()
+    try:
+        poller.register(ours.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
+        state = StreamState("w1")
+        state.busy, state.expected = False, 0
+        streams = {ours.fileno(): state}
+        whole = message(TOPIC, seq_to_bytes(1), batch(1, 2, 20))
+        theirs.sendall(message(TOPIC, seq_to_bytes(0), batch(0, 3, 10)) + whole[:7])
+        wait_until(lambda: queued(ours) > 0, 5, "the bytes")
+        assert index.drain_ready(poller.fileno(), streams)[1:] == ([], [("w1", 1)])
+        assert state.expected == 1 and state.buffer == whole[:7]
+        theirs.sendall(whole[7:])
+        wait_until(lambda: queued(ours) > 0, 5, "the bytes")
+        assert index.drain_ready(poller.fileno(), streams)[1:] == ([], [("w1", 1)])
+        assert state.expected == 2 and state.buffer == bytearray()
+        assert index.drain_ready(poller.fileno(), streams) == ([], [], [])  # nothing signals: nothing read
+        theirs.sendall(message(TOPIC, seq_to_bytes(2), batch(2, 1, 30)))
+        theirs.close()
+        wait_until(lambda: peer_ended(ours), 5, "the peer's end")
+        _, left, arrived = index.drain_ready(poller.fileno(), streams)
+        assert arrived == [("w1", 1)] and [status for _, status, _ in left] == [DRAIN_BROKEN]
+        assert isinstance(left[0][2], ConnectionError) and state.expected == 3
+        # registered without EPOLLRDHUP the event cannot tell, so the call stops at the short read: the peer's end,
+        # there already, comes at the next call (which is why the source registers its streams with it)
+        poller.unregister(ours.fileno())
+        server = socket.create_server(("127.0.0.1", 0))
+        plain, plain_theirs = socket.create_connection(server.getsockname()), server.accept()[0]
+        server.close()
+        with plain, plain_theirs:
+            plain.setblocking(False)
+            poller.register(plain.fileno(), select.EPOLLIN)
+            state.buffer = bytearray()
+            streams = {plain.fileno(): state}
+            plain_theirs.sendall(message(TOPIC, seq_to_bytes(3), batch(3, 1, 40)))
+            plain_theirs.close()
+            wait_until(lambda: peer_ended(plain), 5, "the peer's end")
+            assert index.drain_ready(poller.fileno(), streams)[1:] == ([], [("w1", 1)])
+            _, left, arrived = index.drain_ready(poller.fileno(), streams)
+            assert arrived == [] and [status for _, status, _ in left] == [DRAIN_BROKEN] and state.expected == 4
+    finally:
+        poller.close()
