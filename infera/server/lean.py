@@ -43,6 +43,7 @@ from starlette.types import Message, Receive, Send
 from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
+from infera.server.arrival import ArrivalHttpToolsProtocol
 from infera.server.auth import AdminTokenMiddleware, is_admin_path
 from infera.server.coalesce import HeadHold, hold_heads
 from infera.server.deadlines import DeadlineHttpToolsProtocol
@@ -293,7 +294,7 @@ def _observed(send: Send, observation: Observation) -> Send:
     return observe
 
 
-class LeanHttpToolsProtocol(DeadlineHttpToolsProtocol):
+class LeanHttpToolsProtocol(ArrivalHttpToolsProtocol):
     """The server's protocol with the lean path (set ``lean`` with :func:`with_lean`)."""
 
     lean: LeanPath | None = None
