@@ -23,10 +23,11 @@ instead, which does what those layers did, in one place:
 The protocol starts such a request where its headers end: for a request target that is exactly a hot route's
 path (no query, no escapes; no upgrade, root path or concurrency limit) it sets the scope's path fields and makes
 the cycle itself, without uvicorn's URL parse and checks (every other request goes through uvicorn's
-``on_headers_complete`` as before). What stays uvicorn's: parsing (httptools), the request's cycle and its ``receive`` (a body still
-arriving, chunked or not, ``Expect: 100-continue``, the body deadline's 408, disconnects), keep-alive and
-pipelining. A body already whole when the request's task starts (the usual request, read in one piece) is
-handed to the handler's intake in the scope (``intake.WHOLE_BODY``), without a ``receive()`` round trip.
+``on_headers_complete`` as before; the parse callbacks are ``infera.server.arrival``'s). What stays uvicorn's:
+parsing (httptools), the request's cycle and its ``receive`` (a body still arriving, chunked or not, ``Expect:
+100-continue``, the body deadline's 408, disconnects), keep-alive and pipelining. A body already whole when the
+request's task starts (the usual request, read in one piece) is handed to the handler's intake in the scope
+(``intake.WHOLE_BODY``), without a ``receive()`` round trip.
 The client watch needs no task here: the protocol tells the request's :class:`Disconnects`.
 An app with a middleware this module does not know gets no lean path (:meth:`LeanPath.of`), so
 it cannot skip a behaviour silently; nor does a request the concurrency limit refuses.
