@@ -17,7 +17,7 @@ setup(
             sources=["csrc/index.c"],
             depends=["csrc/xxhash.h", "csrc/prompt_cache.c", "csrc/prompt_extend.c", "csrc/index_payload.c",
                      "csrc/load.c", "csrc/index_clear.c", "csrc/decide16.c", "csrc/decide17.c", "csrc/hold18.c",
-                     "csrc/zmq_drain.c", "csrc/zmtp_drain.c", "csrc/splice.c"],
+                     "csrc/zmq_drain.c", "csrc/zmtp_drain.c", "csrc/splice.c", "csrc/headers.c"],
             include_dirs=["csrc"],
             extra_compile_args=["-O3"],
             optional=True,

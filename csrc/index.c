@@ -1999,6 +1999,7 @@ static int add_drain16(PyObject *mod); /* a ZMQ socket's batches (PrefixIndex.dr
 static int add_stream17(PyObject *mod); /* a ZMTP stream's batches (PrefixIndex.drain_stream): csrc/zmtp_drain.c */
 static int add_hold18(PyObject *mod); /* one leg's hold (Legs.hold) in one call: csrc/hold18.c, included last */
 static int splice_register(PyObject *mod); /* a streamed chunk to the client (infera.server.splice): csrc/splice.c, last */
+static int headers_register(PyObject *mod); /* a request's header fields (infera.server.arrival): csrc/headers.c */
 static double recency_tail(U64Map *m, long long blocks, double tau, double now);
 
 PyMODINIT_FUNC PyInit__native(void) {
@@ -2016,7 +2017,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     }
     if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0 || add_pick11(mod) < 0 ||
         add_pick14(mod) < 0 || add_prompt_cache(mod) < 0 || add_payload(mod) < 0 || add_load(mod) < 0 ||
-        add_clear15(mod) < 0 || add_drain16(mod) < 0 || add_stream17(mod) < 0 || add_hold18(mod) < 0 || splice_register(mod) < 0) {
+        add_clear15(mod) < 0 || add_drain16(mod) < 0 || add_stream17(mod) < 0 || add_hold18(mod) < 0 || splice_register(mod) < 0 ||
+        headers_register(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }
@@ -3790,3 +3792,4 @@ static int add_pick14(PyObject *mod) {
 #include "zmq_drain.c"
 #include "zmtp_drain.c"
 #include "splice.c"
+#include "headers.c"

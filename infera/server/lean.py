@@ -20,10 +20,14 @@ instead, which does what those layers did, in one place:
   response's state kept on uvicorn's cycle (keep-alive, pipelining, flow control, the access log);
   a stream goes through the cycle's ``send`` with the same header and body effects.
 
-What stays uvicorn's: parsing (httptools), the request's cycle and its ``receive`` (a body still
-arriving, chunked or not, ``Expect: 100-continue``, the body deadline's 408, disconnects), keep-alive and
-pipelining. A body already whole when the request's task starts (the usual request, read in one piece) is
-handed to the handler's intake in the scope (``intake.WHOLE_BODY``), without a ``receive()`` round trip.
+The protocol starts such a request where its headers end: for a request target that is exactly a hot route's
+path (no query, no escapes; no upgrade, root path or concurrency limit) it sets the scope's path fields and makes
+the cycle itself, without uvicorn's URL parse and checks (every other request goes through uvicorn's
+``on_headers_complete`` as before; the parse callbacks are ``infera.server.arrival``'s). What stays uvicorn's:
+parsing (httptools), the request's cycle and its ``receive`` (a body still arriving, chunked or not, ``Expect:
+100-continue``, the body deadline's 408, disconnects), keep-alive and pipelining. A body already whole when the
+request's task starts (the usual request, read in one piece) is handed to the handler's intake in the scope
+(``intake.WHOLE_BODY``), without a ``receive()`` round trip.
 The client watch needs no task here: the protocol tells the request's :class:`Disconnects`.
 An app with a middleware this module does not know gets no lean path (:meth:`LeanPath.of`), so
 it cannot skip a behaviour silently; nor does a request the concurrency limit refuses.
@@ -40,9 +44,10 @@ from typing import Any, cast
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Send
-from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
+from infera.server.arrival import ArrivalHttpToolsProtocol
 from infera.server.auth import AdminTokenMiddleware, is_admin_path
 from infera.server.coalesce import HeadHold, hold_heads
 from infera.server.deadlines import DeadlineHttpToolsProtocol
@@ -293,10 +298,55 @@ def _observed(send: Send, observation: Observation) -> Send:
     return observe
 
 
-class LeanHttpToolsProtocol(DeadlineHttpToolsProtocol):
+class LeanHttpToolsProtocol(ArrivalHttpToolsProtocol):
     """The server's protocol with the lean path (set ``lean`` with :func:`with_lean`)."""
 
     lean: LeanPath | None = None
+    hot: dict[bytes, str] = {}  # noqa: RUF012 (read only) the lean path's routes by their exact request target
+
+    def on_headers_complete(self) -> None:
+        # the deadlines' and the arrival's part (DeadlineHttpToolsProtocol's, ArrivalHttpToolsProtocol's)
+        self._in_headers = False
+        self._in_body = True
+        timer = self._header_timer
+        if timer is not None:
+            timer.cancel()
+            self._header_timer = None
+        sink = self._sink
+        if sink is not None:
+            self.expect_100_continue = sink.expect
+        parser = self.parser
+        path = self.hot.get(self.url)
+        if (path is None or parser.get_method() != b"POST" or parser.should_upgrade() or self.root_path
+                or self.limit_concurrency is not None):
+            HttpToolsProtocol.on_headers_complete(self)  # uvicorn's: every other request as it was
+            return
+        # uvicorn's on_headers_complete for a POST to a hot route's exact path (its parse_url gives the path
+        # itself and no query; no upgrade, no root path, no concurrency limit), and the lean request's task
+        http_version = parser.get_http_version()
+        scope = self.scope
+        scope["method"] = "POST"
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        scope["path"] = path
+        scope["raw_path"] = self.url
+        scope["query_string"] = b""
+        existing = self.cycle
+        self.cycle = cycle = RequestResponseCycle(
+            scope=scope, transport=self.transport, flow=self.flow, logger=self.logger,
+            access_logger=self.access_logger, access_log=self.access_log,
+            default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=http_version != "1.0" and parser.should_keep_alive(), on_response=self.on_response_complete)
+        if existing is None or existing.response_complete:
+            lean: Any = self.lean
+            disconnects = scope[DISCONNECTS] = Disconnects()  # type: ignore[literal-required]
+            task = disconnects.task = self.loop.create_task(lean.run(cycle))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+        else:  # pipelined: started by on_response_complete, through _start_asgi_task
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, self.app))
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         lean = self.lean
@@ -329,4 +379,12 @@ def _tell(cycle: RequestResponseCycle | None) -> None:
 
 def with_lean(protocol: type[DeadlineHttpToolsProtocol], lean: LeanPath | None) -> type[DeadlineHttpToolsProtocol]:
     """``protocol`` (from :func:`infera.server.deadlines.with_deadlines`) with ``lean``'s hot path."""
-    return type("LeanHttpToolsProtocol", (LeanHttpToolsProtocol, protocol), {"lean": lean})
+    return type("LeanHttpToolsProtocol", (LeanHttpToolsProtocol, protocol), {"lean": lean, "hot": _hot(lean)})
+
+
+def _hot(lean: LeanPath | None) -> dict[bytes, str]:
+    """The request targets that are exactly a hot route's path (uvicorn's parse_url of them is the path itself)."""
+    if lean is None:
+        return {}
+    return {path.encode(): path for path in lean.endpoints
+            if path.isascii() and path.startswith("/") and not any(c in path for c in "%?#")}
