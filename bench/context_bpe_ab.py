@@ -37,11 +37,11 @@ from infera.kv.tokenizer import PromptRenderer
 from infera.router.context import ContextBuilder, RouteRequest
 
 
-def _ref_bpe(ref: Path) -> Any:
-    """The ref tree's built ``infera.kv._bpe`` as a module of its own."""
-    path = next((ref / "infera/kv").glob("_bpe.*.so"))
-    loader = importlib.machinery.ExtensionFileLoader("ref_kv._bpe", str(path))
-    spec = importlib.util.spec_from_loader("ref_kv._bpe", loader)
+def ref_module(ref: Path, name: str) -> Any:
+    """The ref tree's built ``infera.kv.<name>`` (``_bpe``, ``_native``) as a module of its own."""
+    path = next((ref / "infera/kv").glob(f"{name}.*.so"))
+    loader = importlib.machinery.ExtensionFileLoader(f"ref_kv.{name}", str(path))
+    spec = importlib.util.spec_from_loader(f"ref_kv.{name}", loader)
     assert spec is not None
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
@@ -53,7 +53,7 @@ def _ref_renderer(ref: Path) -> PromptRenderer:
     r = PromptRenderer.from_dir(default_tokenizer_dir())
     codec = next(v for v in vars(r).values() if isinstance(v, TiktokenCodec))
     enc = codec._enc
-    table = _ref_bpe(ref).Bpe(enc._mergeable_ranks, PATTERN_DIGITS[enc._pat_str], enc.encode_ordinary)
+    table = ref_module(ref, "_bpe").Bpe(enc._mergeable_ranks, PATTERN_DIGITS[enc._pat_str], enc.encode_ordinary)
     codec._table = table
     codec._ordinary = table.encode
     codec._packed = table.encode_chat
@@ -61,8 +61,13 @@ def _ref_renderer(ref: Path) -> PromptRenderer:
 
 
 def main(ref: Path, workload: str, rounds: int) -> None:
-    trees: dict[str, PromptRenderer] = {"ref": _ref_renderer(ref),
-                                        "this": PromptRenderer.from_dir(default_tokenizer_dir())}
+    compare(_ref_renderer(ref), workload, rounds)
+
+
+def compare(ref_renderer: PromptRenderer, workload: str, rounds: int) -> None:
+    """``ref_renderer`` against this tree's renderer on ``workload``'s requests, ``rounds`` counted rounds (the
+    module docstring says how)."""
+    trees: dict[str, PromptRenderer] = {"ref": ref_renderer, "this": PromptRenderer.from_dir(default_tokenizer_dir())}
     builders = {k: ContextBuilder(r, True) for k, r in trees.items()}
     bodies, _, _, max_tokens = workload_bodies(workload)
     junk = bytearray(int(os.environ.get("JUNK_MB", "48")) << 20)

@@ -1,6 +1,6 @@
 """kv-aware's context stage as a live frontend meets it, this tree's ``infera.kv._native`` (the prompt cache's C)
 against a ref tree's, request by request in one process (bench/README.md, "Issue 15, seventeenth round ... ctx19";
-bench/context_bpe_ab.py's harness, the other C module swapped).
+bench/context_bpe_ab.py's harness, ``compare``, the other C module swapped).
 
 quality_cpu_split.py ``--variants whole`` starts a frontend per workload and plays routing_quality's ``tenants`` or
 ``multiturn`` requests once: the prompt cache sees each prompt for the first time, and a hit's tail is new text (a
@@ -16,35 +16,14 @@ per counted request; the ids and block hashes of the two asserted equal on every
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import importlib.machinery
-import importlib.util
-import os
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import orjson
-
 from bench.common import default_tokenizer_dir
-from bench.kv_stages import workload_bodies
+from bench.context_bpe_ab import compare, ref_module
 from infera.kv.tokenizer import PromptRenderer
-from infera.router.context import ContextBuilder, RouteRequest
-
-
-def _ref_native(ref: Path) -> Any:
-    """The ref tree's built ``infera.kv._native`` as a module of its own."""
-    path = next((ref / "infera/kv").glob("_native.*.so"))
-    loader = importlib.machinery.ExtensionFileLoader("ref_kv._native", str(path))
-    spec = importlib.util.spec_from_loader("ref_kv._native", loader)
-    assert spec is not None
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
 
 
 def _ref_renderer(ref: Path) -> PromptRenderer:
@@ -52,46 +31,12 @@ def _ref_renderer(ref: Path) -> PromptRenderer:
     r = PromptRenderer.from_dir(default_tokenizer_dir())
     cache = r.prompt_cache
     assert cache is not None and cache._native is not None
-    cache._native = _ref_native(ref)
+    cache._native = ref_module(ref, "_native")
     return r
 
 
 def main(ref: Path, workload: str, rounds: int) -> None:
-    trees: dict[str, PromptRenderer] = {"ref": _ref_renderer(ref),
-                                        "this": PromptRenderer.from_dir(default_tokenizer_dir())}
-    builders = {k: ContextBuilder(r, True) for k, r in trees.items()}
-    bodies, _, _, max_tokens = workload_bodies(workload)
-    junk = bytearray(int(os.environ.get("JUNK_MB", "48")) << 20)
-    where = ctypes.addressof((ctypes.c_char * len(junk)).from_buffer(junk)) if junk else 0
-    gc.freeze()
-    gc.set_threshold(5000, 10, 10)
-    clock = time.thread_time_ns
-    total = dict.fromkeys(trees, 0)
-    n = 0
-    for r in range(rounds + 1):
-        for renderer in trees.values():
-            cache = renderer.prompt_cache
-            assert cache is not None
-            cache.clear()
-        for i, body in enumerate(bodies):
-            order = ("ref", "this") if (i + r) % 2 else ("this", "ref")
-            got = []
-            for name in order:
-                if junk:
-                    ctypes.memset(where, (n + len(got)) & 0xFF, len(junk))  # every line written, no Python loop
-                req = RouteRequest(kind="chat", path="/v1/chat/completions", body=body, payload=orjson.loads(body),
-                                   model="m", max_tokens=max_tokens)
-                t0 = clock()
-                ctx = builders[name].build(req)
-                d = clock() - t0
-                got.append((list(ctx.token_ids or []), ctx.hashes(16)))
-                if r:
-                    total[name] += d
-            assert got[0] == got[1], "the trees' ids or block hashes differ"
-            n += r > 0
-    mine, theirs = total["this"] / n / 1e3, total["ref"] / n / 1e3
-    print(f"{workload}: ref {theirs:.1f} µs, this {mine:.1f} µs, this / ref {mine / theirs:.3f} ({n} requests each,"
-          f" JUNK_MB {len(junk) >> 20})", flush=True)
+    compare(_ref_renderer(ref), workload, rounds)
 
 
 if __name__ == "__main__":
