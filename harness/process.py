@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,11 +22,35 @@ QUIET = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "OMP_NUM_T
          "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (``ip_local_port_range``)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999
+
+
+_PICK = random.SystemRandom()
+
+
 def free_port() -> int:
-    """A loopback port free right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free right now, outside the kernel's ephemeral range. A port the OS picks for a bind to port
+    0 comes from that range, from which every outgoing connection's local port comes too: between this call and
+    the child's bind, a client's connect (to NATS, etcd, an engine) could take it, and the child fails to start with
+    "address already in use" (seen in the e2e tier's NATS tests)."""
+    low, high = ephemeral_range()
+    # below the range where it leaves room, else above it
+    spans = [span for span in ((max(1024, low - 22000), low - 1), (high + 1, 65535)) if span[0] < span[1]]
+    for _ in range(200 if spans else 0):
+        start, end = _PICK.choice(spans)
+        port = _PICK.randint(start, end)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port outside the ephemeral range {low}-{high}")
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
