@@ -18,11 +18,15 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from harness import Process, free_port, frontend_argv, http_get, mock_argv
+
+TraceFunction = Callable[[FrameType, str, Any], Any]  # what sys.settrace takes and a trace function returns
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
@@ -48,6 +52,26 @@ except OSError:
     _cmd = []
 if b"infera.server" in _cmd and b"--router-policy" in _cmd:
 '''
+
+
+def opcode_tracer(key: Callable[[FrameType], str], frames: Counter[str], ops: Counter[str]) -> TraceFunction:
+    """A ``sys.settrace`` function that counts each call (``frames``) and each bytecode it runs (``ops``, its opcode
+    events) under ``key(frame)``: counts, not times, so a loaded box cannot blur them (bench/dispatch_frames.py,
+    bench/lean_frames.py)."""
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
+        if event != "call":
+            return None
+        name = key(frame)
+        frames[name] += 1
+        frame.f_trace_opcodes = True
+
+        def local(frame: FrameType, event: str, arg: Any) -> TraceFunction:
+            if event == "opcode":
+                ops[name] += 1
+            return local
+        return local
+    return tracer
 
 
 def export_ref(ref: str, dest: Path) -> Path:

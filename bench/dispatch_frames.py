@@ -15,8 +15,6 @@ import itertools
 import random
 import sys
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
 
 def main() -> None:
@@ -31,7 +29,7 @@ def main() -> None:
     import orjson
 
     from bench import kv_stages
-    from bench.common import default_tokenizer_dir
+    from bench.common import default_tokenizer_dir, opcode_tracer
     from infera.kv.tokenizer import PromptRenderer
     from infera.protocols.worker import Capacity
     from infera.router.context import RouteRequest
@@ -48,18 +46,8 @@ def main() -> None:
     frames: collections.Counter[str] = collections.Counter()
     ops: collections.Counter[str] = collections.Counter()
 
-    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
-        if event != "call":
-            return None
-        key = f"{frame.f_code.co_filename.split('/')[-1]}:{frame.f_code.co_name}"
-        frames[key] += 1
-        frame.f_trace_opcodes = True
-
-        def local(frame: FrameType, event: str, arg: Any) -> Any:
-            if event == "opcode":
-                ops[key] += 1
-            return local
-        return local
+    tracer = opcode_tracer(lambda frame: f"{frame.f_code.co_filename.split('/')[-1]}:{frame.f_code.co_name}",
+                           frames, ops)
 
     async def run() -> None:
         for i in range(2 * args.n):

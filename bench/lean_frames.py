@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # not first: a child's PYTHONPATH picks its infera
@@ -26,6 +25,7 @@ GROUPS = ("infera/", "uvicorn/", "starlette/", "prometheus_client/", "asyncio/",
 
 def child(engine_url: str, n: int) -> None:
     import bench.lean_inproc as li
+    from bench.common import opcode_tracer
 
     ops: collections.Counter[str] = collections.Counter()
     frames: collections.Counter[str] = collections.Counter()
@@ -33,18 +33,7 @@ def child(engine_url: str, n: int) -> None:
     def group(filename: str) -> str:
         return next((g.rstrip("/") for g in GROUPS if g in filename), "other")
 
-    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
-        if event != "call":
-            return None
-        name = group(frame.f_code.co_filename)
-        frames[name] += 1
-        frame.f_trace_opcodes = True
-
-        def local(frame: FrameType, event: str, arg: Any) -> Any:
-            if event == "opcode":
-                ops[name] += 1
-            return local
-        return local
+    tracer = opcode_tracer(lambda frame: group(frame.f_code.co_filename), frames, ops)
 
     drive = li._drive
 
