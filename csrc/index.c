@@ -3783,6 +3783,7 @@ static int add_pick14(PyObject *mod) {
 }
 
 #include "prompt_cache.c"
+#include "store_u64.c"
 #include "index_payload.c"
 #include "load.c"
 #include "index_clear.c"
