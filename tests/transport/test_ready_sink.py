@@ -10,6 +10,7 @@ import functools
 import logging
 import select
 import socket
+import time
 from collections import Counter
 from typing import Any
 
@@ -137,3 +138,45 @@ def test_the_bound_catch_up_calls_python_for_touched_rows_only_when_there_are_so
         assert calls == ["clock", [walk[0]]] and side.batches["b"] == 1 and side.last["b"] == 1.0
     finally:
         side.close()
+
+
+class _Without:
+    """The C module less ``ready_sink`` (an extension built before it)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "ready_sink":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+class _Bound:
+    """An event source that keeps the ready sink a feed binds."""
+
+    ready: Any = None
+
+    def bind(self, *sinks: Any) -> None:
+        self.ready = sinks[5] if len(sinks) > 5 else None
+
+    def watch(self, worker: Any) -> None:
+        pass
+
+
+def test_the_feed_binds_the_c_catch_up_where_it_is_built_and_on_ready_or_nothing_elsewhere() -> None:
+    from infera.kv.feed import IndexFeed
+    from tests.fakes import FakeFleet
+
+    source = _Bound()
+    IndexFeed(FakeFleet(), source, PrefixIndex())  # type: ignore[arg-type]
+    if PrefixIndex().takes_streams:
+        assert isinstance(source.ready, functools.partial)
+    older = PrefixIndex()
+    if older.native is not None:
+        older._native = _Without(older.native)
+        feed = IndexFeed(FakeFleet(), source, older)  # type: ignore[arg-type]
+        assert older.ready_sink(({}, {}, {}), time.monotonic, set(), print) is None
+        assert source.ready == (feed.on_ready if older.takes_ready else None)
+    IndexFeed(FakeFleet(), source, PrefixIndex(native=False))  # type: ignore[arg-type]
+    assert source.ready is None  # the pure-Python path: each link's reader
