@@ -144,7 +144,8 @@ TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, t
             if fd_at is not None and a[fd_at] not in _seen["fds"]:
                 _seen["fds"][a[fd_at]] = _tcp_bytes(a[fd_at])
             r = fn(self, *a, **k)
-            _seen["batches"] += batches(r)
+            if not _st.get("ready"):
+                _seen["batches"] += batches(r)
             return r
         return w
     def _kv_window():
@@ -203,18 +204,36 @@ TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, t
         I.PrefixIndex.apply_payload = _seeing(I.PrefixIndex.apply_payload, bool)
         I.PrefixIndex.drain_socket = _seeing(I.PrefixIndex.drain_socket, lambda r: 0 if r is None else r[2])
         I.PrefixIndex.drain_stream = _seeing(I.PrefixIndex.drain_stream, lambda r: 0 if r is None else r[2], 1)
-        if hasattr(I.PrefixIndex, "drain_ready"):  # a catch-up's streams in one call (catchup18): every stream's fd
-            dr = _seeing(I.PrefixIndex.drain_ready, lambda r: sum(n for _, n in r[2]))
-            def drain_ready(self, epfd, streams, *a, **k):
-                if _st["on"]:
-                    for fd in streams:
-                        if fd not in _seen["fds"]:
-                            _seen["fds"][fd] = _tcp_bytes(fd)
-                return dr(self, epfd, streams, *a, **k)
-            I.PrefixIndex.drain_ready = drain_ready
-        # the whole intake on the loop thread: the epoll, each socket's reads and applies (a decision's catch-up
-        # and the backstop's): a C drain (drain16) applies batches without ``deliver``
-        Z.ZmqEventSource._ready = _timed("kv intake (epoll, reads, apply)", Z.ZmqEventSource._ready)
+        # A catch-up in one call (catchup18; bound once by the feed since intake20, PrefixIndex.ready_sink) is counted
+        # around the timer, not inside it: its batches from the feed's book (the bound partial's 4th argument, or
+        # the feed's ``batches``), its streams' fds from the source, its index's totals from the index (or the
+        # partial's workers and counters); the drains inside it do not count again (``_st["ready"]``)
+        _rd = _timed("kv intake (epoll, reads, apply)", Z.ZmqEventSource._ready)
+        def _ready_seen(self):
+            sink = self._ready_sink
+            if not _st["on"] or sink is None or not self._streams:
+                return _rd(self)
+            if isinstance(sink, functools.partial):
+                workers, _, counters, book = sink.args[:4]
+                ix = _seen.setdefault("bound", {}).get(id(workers))
+                if ix is None:  # what _kv_totals reads of an index (hashable: a key of _seen["ix"])
+                    ix = _seen["bound"][id(workers)] = type("BoundIndex", (), {"counters": counters,
+                                                                               "_workers": workers})()
+            else:  # the feed's on_ready
+                ix, book = sink.__self__.index, sink.__self__.batches
+            if ix not in _seen["ix"]:
+                _seen["ix"][ix] = _kv_totals(ix)
+            for fd in self._streams:
+                if fd not in _seen["fds"]:
+                    _seen["fds"][fd] = _tcp_bytes(fd)
+            b0 = sum(book.values())
+            _st["ready"] = True
+            try:
+                return _rd(self)
+            finally:
+                _st["ready"] = False
+                _seen["batches"] += sum(book.values()) - b0
+        Z.ZmqEventSource._ready = _ready_seen
         if os.environ.get("QUALITY_SPLIT_INTAKE"):  # the intake's parts in wall time (a vDSO clock, ~0.1 µs a read,
             # where the thread-CPU clock is a ~2 µs syscall): every call kept, medians printed
             Z.ZmqEventSource.catch_up = _walled("kv: catch_up", Z.ZmqEventSource.catch_up)

@@ -1997,6 +1997,7 @@ static int add_load(PyObject *mod); /* the load tracker's cells and tickets: csr
 static int add_clear15(PyObject *mod); /* a worker's clear (PrefixIndex._clear): csrc/index_clear.c, included last */
 static int add_drain16(PyObject *mod); /* a ZMQ socket's batches (PrefixIndex.drain_socket): csrc/zmq_drain.c */
 static int add_stream17(PyObject *mod); /* a ZMTP stream's batches (PrefixIndex.drain_stream): csrc/zmtp_drain.c */
+static int add_ready20(PyObject *mod); /* a catch-up as one bound call (PrefixIndex.ready_sink): csrc/ready_bound.c */
 static int add_hold18(PyObject *mod); /* one leg's hold (Legs.hold) in one call: csrc/hold18.c, included last */
 static int splice_register(PyObject *mod); /* a streamed chunk to the client (infera.server.splice): csrc/splice.c, last */
 static int headers_register(PyObject *mod); /* a request's header fields (infera.server.arrival): csrc/headers.c */
@@ -2017,7 +2018,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     }
     if (add_prompt_ids(mod) < 0 || add_recency(mod) < 0 || add_scales(mod) < 0 || add_pick11(mod) < 0 ||
         add_pick14(mod) < 0 || add_prompt_cache(mod) < 0 || add_payload(mod) < 0 || add_load(mod) < 0 ||
-        add_clear15(mod) < 0 || add_drain16(mod) < 0 || add_stream17(mod) < 0 || add_hold18(mod) < 0 || splice_register(mod) < 0 ||
+        add_clear15(mod) < 0 || add_drain16(mod) < 0 || add_stream17(mod) < 0 || add_ready20(mod) < 0 || add_hold18(mod) < 0 || splice_register(mod) < 0 ||
         headers_register(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
@@ -3783,6 +3784,7 @@ static int add_pick14(PyObject *mod) {
 }
 
 #include "prompt_cache.c"
+#include "store_u64.c"
 #include "index_payload.c"
 #include "load.c"
 #include "index_clear.c"
@@ -3791,5 +3793,6 @@ static int add_pick14(PyObject *mod) {
 #include "hold18.c"
 #include "zmq_drain.c"
 #include "zmtp_drain.c"
+#include "ready_bound.c"
 #include "splice.c"
 #include "headers.c"

@@ -362,6 +362,11 @@ static int apply_stored(Tables *t, const PEvent *ev, const uint64_t *hs, const u
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     PyMem_Free(buf);
 #endif
+    if (su_takes(t)) { /* the common tables: on the u64s, no lists (csrc/store_u64.c) */
+        int r = store_u64(t, hs + ev->hashes, locals, n, touched);
+        if (locals != stack) PyMem_Free(locals);
+        return r;
+    }
     PyObject *ehs = u64_list(hs + ev->hashes, (size_t)n);
     PyObject *lo = ehs == NULL ? NULL : u64_list(locals, (size_t)n);
     if (locals != stack) PyMem_Free(locals);

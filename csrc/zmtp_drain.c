@@ -234,9 +234,19 @@ static PyObject *zt_wall(void) {
     return PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
 }
 
+/* A reader's record of arrivals (drain_ready's ``book``): dicts by worker id, and the time to record; ``when`` NULL:
+ * ``clock()`` read at the first drain that applied batches (the reference then the struct's: zt_unbook drops it). */
+typedef struct {
+    PyObject *batches, *last, *owed, *when, *clock;
+} zt_bookref;
+
+static void zt_unbook(zt_bookref *bk) {
+    if (bk != NULL && bk->clock != NULL) Py_CLEAR(bk->when);
+}
+
 /* What PrefixIndex._applied and the book's arrival do after a drain of ``worker`` (state ``st``) that applied
- * batches: ``ans`` its answer. 0, or -1 with an error set. */
-static int zt_book(PyObject *ans, PyObject *worker, PyObject *wid, PyObject *counters, PyObject *now, PyObject *book,
+ * batches: ``ans`` its answer; ``arrived`` NULL: not kept. 0, or -1 with an error set. */
+static int zt_book(PyObject *ans, PyObject *worker, PyObject *wid, PyObject *counters, PyObject *now, zt_bookref *bk,
                    PyObject *touched, PyObject *arrived) {
     static PyObject *s_names[5], *s_orphans, *s_ts, *s_at;
     if (s_at == NULL) {
@@ -266,14 +276,17 @@ static int zt_book(PyObject *ans, PyObject *worker, PyObject *wid, PyObject *cou
     int bad = PyObject_SetAttr(worker, s_at, at);
     Py_DECREF(at);
     if (bad < 0) return -1;
-    PyObject *item = PyTuple_Pack(2, wid, n);
-    if (item == NULL) return -1;
-    bad = PyList_Append(arrived, item);
-    Py_DECREF(item);
-    if (bad < 0 || book == Py_None) return bad;
+    if (arrived != NULL) {
+        PyObject *item = PyTuple_Pack(2, wid, n);
+        if (item == NULL) return -1;
+        bad = PyList_Append(arrived, item);
+        Py_DECREF(item);
+        if (bad < 0) return -1;
+    }
+    if (bk == NULL) return 0;
     /* the book: (batches per worker, the time of each worker's last batch, the workers owed a batch, that time) */
-    PyObject *batches = PyTuple_GET_ITEM(book, 0), *last = PyTuple_GET_ITEM(book, 1);
-    PyObject *owed = PyTuple_GET_ITEM(book, 2), *when = PyTuple_GET_ITEM(book, 3);
+    if (bk->when == NULL && (bk->when = PyObject_CallNoArgs(bk->clock)) == NULL) return -1;
+    PyObject *batches = bk->batches, *last = bk->last, *owed = bk->owed, *when = bk->when;
     PyObject *had = PyDict_GetItemWithError(batches, wid), *sum;
     if (had == NULL && PyErr_Occurred()) return -1;
     if ((sum = had == NULL ? (Py_INCREF(n), n) : PyNumber_Add(had, n)) == NULL) return -1;
@@ -300,57 +313,31 @@ static int zt_book(PyObject *ans, PyObject *worker, PyObject *wid, PyObject *cou
  * ``settled``): a stream registered with EPOLLRDHUP has a peer's end that came before the epoll_wait reported in
  * this call, after the bytes before it; one that comes later, at the next. */
 #define ZT_EVENTS 256
-static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* drain_ready's work after its arguments' checks: the ready streams drained, the answers appended to ``others``,
+ * ``drained``, ``arrived`` (NULL: not kept) and ``touched``. 0, or -1 with an error set. */
+static int zt_ready(int epfd, PyObject *streams, PyObject *workers, PyObject *size, PyObject *counters, PyObject *now,
+                    zt_bookref *book, PyObject *others, PyObject *drained, PyObject *arrived, PyObject *touched) {
     static PyObject *s_worker_id, *s_buffer, *s_expected, *s_busy, *s_tables;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "drain_ready takes 7 arguments");
-        return NULL;
-    }
     if (s_tables == NULL) {
         if ((s_worker_id = PyUnicode_InternFromString("worker_id")) == NULL ||
             (s_buffer = PyUnicode_InternFromString("buffer")) == NULL ||
             (s_expected = PyUnicode_InternFromString("expected")) == NULL ||
             (s_busy = PyUnicode_InternFromString("busy")) == NULL ||
             (s_tables = PyUnicode_InternFromString("tables")) == NULL)
-            return NULL;
+            return -1;
     }
-    long epfd = PyLong_AsLong(args[0]);
-    if (epfd == -1 && PyErr_Occurred()) return NULL;
-    if (epfd < 0 || epfd > INT_MAX) {
-        PyErr_SetString(PyExc_ValueError, "drain_ready: not a descriptor");
-        return NULL;
-    }
-    PyObject *streams = args[1], *workers = args[2], *counters = args[4], *now = args[5], *book = args[6];
-    if (!PyDict_CheckExact(streams) || !PyDict_CheckExact(workers)) {
-        PyErr_SetString(PyExc_TypeError, "drain_ready: streams and workers must be dicts");
-        return NULL;
-    }
-    if (now != Py_None && !PyFloat_Check(now)) {
-        PyErr_SetString(PyExc_TypeError, "drain_ready: now must be a float or None");
-        return NULL;
-    }
-    if (book != Py_None) {
-        if (!PyTuple_CheckExact(book) || PyTuple_GET_SIZE(book) != 4 || !PyDict_Check(PyTuple_GET_ITEM(book, 0)) ||
-            !PyDict_Check(PyTuple_GET_ITEM(book, 1)) || !PyDict_Check(PyTuple_GET_ITEM(book, 2))) {
-            PyErr_SetString(PyExc_TypeError, "drain_ready: book must be (dict, dict, dict, when) or None");
-            return NULL;
-        }
-    }
-    PyObject *others = PyList_New(0), *drained = PyList_New(0), *arrived = PyList_New(0), *touched = PyList_New(0);
-    PyObject *out = NULL;
-    if (others == NULL || drained == NULL || arrived == NULL || touched == NULL) goto done;
     struct epoll_event evs[ZT_EVENTS];
     int r;
     do {
-        r = epoll_wait((int)epfd, evs, ZT_EVENTS, 0);
+        r = epoll_wait(epfd, evs, ZT_EVENTS, 0);
         if (r < 0) {
             if (errno == EINTR) continue;
             PyErr_SetFromErrno(PyExc_OSError);
-            goto done;
+            return -1;
         }
         for (int i = 0; i < r; i++) {
             PyObject *fd = PyLong_FromLong(evs[i].data.fd);
-            if (fd == NULL) goto done;
+            if (fd == NULL) return -1;
             PyObject *st = PyDict_GetItemWithError(streams, fd), *worker = NULL, *wid = NULL, *busy = NULL;
             if (st == NULL && PyErr_Occurred()) goto fd_fail;
             if (st != NULL) {
@@ -368,7 +355,7 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
                 Py_XDECREF(wid);
                 int bad = PyList_Append(others, fd);
                 Py_DECREF(fd);
-                if (bad < 0) goto done;
+                if (bad < 0) return -1;
                 continue;
             }
             PyObject *tables = PyObject_GetAttr(worker, s_tables), *buf = NULL, *exp = NULL, *ans = NULL;
@@ -381,7 +368,7 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
                 goto st_fail;
             PyObject *a[14] = {fd, buf, exp};
             for (int k = 0; k < 10; k++) a[3 + k] = PyTuple_GET_ITEM(tables, k);
-            a[13] = args[3];
+            a[13] = size;
             if ((ans = zt_drain(a, !(evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)))) == NULL) goto st_fail;
             if (PyObject_SetAttr(st, s_expected, PyTuple_GET_ITEM(ans, 1)) < 0) goto st_fail;
             Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(ans, 2));
@@ -409,11 +396,52 @@ static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t n
         fd_fail:
             Py_XDECREF(wid);
             Py_DECREF(fd);
-            goto done;
+            return -1;
         }
     } while (r == ZT_EVENTS);
-    out = PyTuple_Pack(4, others, drained, arrived, touched);
-done:
+    return 0;
+}
+
+static PyObject *drain_ready(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "drain_ready takes 7 arguments");
+        return NULL;
+    }
+    long epfd = PyLong_AsLong(args[0]);
+    if (epfd == -1 && PyErr_Occurred()) return NULL;
+    if (epfd < 0 || epfd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "drain_ready: not a descriptor");
+        return NULL;
+    }
+    PyObject *streams = args[1], *workers = args[2], *counters = args[4], *now = args[5], *book = args[6];
+    if (!PyDict_CheckExact(streams) || !PyDict_CheckExact(workers)) {
+        PyErr_SetString(PyExc_TypeError, "drain_ready: streams and workers must be dicts");
+        return NULL;
+    }
+    if (now != Py_None && !PyFloat_Check(now)) {
+        PyErr_SetString(PyExc_TypeError, "drain_ready: now must be a float or None");
+        return NULL;
+    }
+    if (book != Py_None) {
+        if (!PyTuple_CheckExact(book) || PyTuple_GET_SIZE(book) != 4 || !PyDict_Check(PyTuple_GET_ITEM(book, 0)) ||
+            !PyDict_Check(PyTuple_GET_ITEM(book, 1)) || !PyDict_Check(PyTuple_GET_ITEM(book, 2))) {
+            PyErr_SetString(PyExc_TypeError, "drain_ready: book must be (dict, dict, dict, when) or None");
+            return NULL;
+        }
+    }
+    zt_bookref bk = {NULL, NULL, NULL, NULL, NULL};
+    if (book != Py_None) {
+        bk.batches = PyTuple_GET_ITEM(book, 0);
+        bk.last = PyTuple_GET_ITEM(book, 1);
+        bk.owed = PyTuple_GET_ITEM(book, 2);
+        bk.when = PyTuple_GET_ITEM(book, 3);
+    }
+    PyObject *others = PyList_New(0), *drained = PyList_New(0), *arrived = PyList_New(0), *touched = PyList_New(0);
+    PyObject *out = NULL;
+    if (others != NULL && drained != NULL && arrived != NULL && touched != NULL &&
+        zt_ready((int)epfd, streams, workers, args[3], counters, now, book == Py_None ? NULL : &bk, others, drained,
+                 arrived, touched) == 0)
+        out = PyTuple_Pack(4, others, drained, arrived, touched);
     Py_XDECREF(others);
     Py_XDECREF(drained);
     Py_XDECREF(arrived);

@@ -54,10 +54,13 @@ class IndexFeed:
         self._timer: asyncio.TimerHandle | None = None
         fleet.subscribe(self._on_change)
         if events is not None:  # the index takes vLLM's common batches straight from their bytes, if it can
+            # a catch-up's streams: the index's C bound once with this feed's book (no Python frame of ours a call)
+            ready = index.ready_sink((self.batches, self._last_batch, self._expect_since), clock, self._blind_logged,
+                                     self._flowing) if index.takes_ready else None
             events.bind(self.on_batch, self.on_gap, self.on_payload if index.takes_payloads else None,
                         self.on_socket if index.takes_sockets else None,
                         self.on_stream if index.takes_streams else None,
-                        self.on_ready if index.takes_ready else None)
+                        ready or (self.on_ready if index.takes_ready else None))
 
     @property
     def follows_events(self) -> bool:
@@ -139,12 +142,17 @@ class IndexFeed:
         same effects as :meth:`on_stream` stream by stream."""
         others, left, arrived = self.index.drain_ready(
             epfd, streams, book=(self.batches, self._last_batch, self._expect_since, self._clock()))
-        if self._blind_logged:  # the rest of _arrived, booked by the call: the log line of events that flow again
-            for worker_id, _ in arrived:
-                if worker_id in self._blind_logged:
-                    self._blind_logged.discard(worker_id)
-                    log.info("worker %s: KV events flow again", worker_id)
+        if self._blind_logged:
+            self._flowing(arrived)
         return others, left
+
+    def _flowing(self, arrived: list[tuple[str, int]]) -> None:
+        """The rest of :meth:`_arrived` for the workers a one-call catch-up booked: the log line of events that
+        flow again."""
+        for worker_id, _ in arrived:
+            if worker_id in self._blind_logged:
+                self._blind_logged.discard(worker_id)
+                log.info("worker %s: KV events flow again", worker_id)
 
     def _drained(self, worker_id: str,
                  got: tuple[int, int | None, int, Any] | None) -> tuple[int, int | None, Any] | None:

@@ -35,10 +35,11 @@ event times in ``cache_view`` are wall-clock seconds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from itertools import chain, compress, groupby, islice, repeat
 from operator import and_, attrgetter, ne, not_, or_, sub, xor
 from typing import Any, cast
@@ -49,7 +50,7 @@ from infera.kv.index_rows import RowRuns
 from infera.kv.index_tables import Predictions, WorkerTable
 from infera.kv.native import choose
 from infera.protocols.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, TokenIds
-from infera.transport.base import StreamState
+from infera.transport.base import ReadySink, StreamState
 
 CACHE_VIEW_MAX_HASHES = 256
 RUN_MIN_BLOCKS = 64  # a query remembers the walk over a prompt's leading shared blocks from this many on
@@ -291,6 +292,27 @@ class PrefixIndex:
         if touched:
             self._touch(touched)
         return others, left, arrived
+
+    def ready_sink(self, book: tuple[dict[str, int], dict[str, float], dict[str, float]], clock: Callable[[], float],
+                   blind: set[str], arrived: Callable[[list[tuple[str, int]]], None]) -> ReadySink | None:
+        """:meth:`drain_ready` bound once as a reader's catch-up (csrc/ready_bound.c): a C callable of (epoll
+        descriptor, streams) that returns (others, left) as ``drain_ready`` does, books each drain that applied
+        batches in ``book`` (batches, last, owed) with ``clock()`` read once, at the first such drain, and calls
+        Python back only for what is left to it: the touched rows (:meth:`_touch`) and, while ``blind`` is not empty,
+        ``arrived(list of (worker id, batches applied))``. None: the C path is not built with it (the reader calls
+        :meth:`drain_ready` itself). The tables bound are the index's own for its lifetime."""
+        native = getattr(self._native, "ready_sink", None) if self._ready is not None else None
+        if native is None:
+            return None
+
+        def post(got: list[tuple[str, int]], touched: list[int]) -> None:
+            if touched:
+                self._touch(touched)
+            if got:
+                arrived(got)
+
+        return cast(ReadySink, functools.partial(native, self._workers, self._payload_size, self.counters, *book,
+                                                 clock, blind, post))
 
     def _tables(self, worker: WorkerTable) -> tuple[Any, ...]:
         """What the C loops take: the worker's tables, the index's, and the worker's bit (kept in

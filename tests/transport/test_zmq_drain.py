@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -121,14 +122,26 @@ class Engine:
 
 class Stack:
     """One frontend's feed over the engines: C drain (``native``) or the Python loop, over libzmq or ZMTP; a C drain
-    over ZMTP a socket at a time, or every ready socket in one call at a catch-up (``ready``)."""
+    over ZMTP a socket at a time, or every ready socket in one call at a catch-up (``ready``: through the feed's
+    ``on_ready``; "bound": the catch-up the feed binds itself, the index's C bound once, as a frontend runs it)."""
 
-    def __init__(self, engines: list[Engine], native: bool, zmtp: bool, ready: bool = False) -> None:
+    def __init__(self, engines: list[Engine], native: bool, zmtp: bool, ready: bool | str = False) -> None:
         self.index = PrefixIndex(block_size=BLOCK)
         self.source = ZmqEventSource(backstop=60.0, zmtp=zmtp)
         self.feed = IndexFeed(FakeFleet(*(e.record() for e in engines)), self.source, self.index)
         self.c_batches = 0
-        if native:
+        if ready == "bound":
+            bound = self.source._ready_sink
+            assert isinstance(bound, functools.partial)  # not the feed's on_ready: no Python frame of ours a call
+
+            def counted_bound(epfd: int, streams: dict[int, StreamState]) -> Any:
+                before = sum(self.feed.batches.values())
+                got = bound(epfd, streams)
+                self.c_batches += sum(self.feed.batches.values()) - before
+                return got
+
+            self.source._ready_sink = counted_bound
+        elif native:
             on_socket, on_stream = self.feed.on_socket, self.feed.on_stream
 
             def counted(wid: str, handle: int, expected: int | None) -> Any:
@@ -200,12 +213,13 @@ async def three_stacks(zctx: zmq.Context[zmq.Socket[bytes]],
                        zmtp: bool) -> AsyncIterator[tuple[list[Engine], list[Stack]]]:
     """Three engines, and three feeds following them: one draining in C (over ZMTP if ``zmtp``, else libzmq), one
     through the pyzmq loop, one through the ZMTP reader's Python loop; over ZMTP a fourth, draining every ready
-    socket in one C call at a catch-up."""
+    socket in one C call at a catch-up, and a fifth doing so through the catch-up the feed binds itself."""
     engines = [Engine(zctx, f"w{i}") for i in range(3)]
     stacks = [Stack(engines, native=True, zmtp=zmtp), Stack(engines, native=False, zmtp=False),
               Stack(engines, native=False, zmtp=True)]
     if zmtp:
         stacks.append(Stack(engines, native=True, zmtp=True, ready=True))
+        stacks.append(Stack(engines, native=True, zmtp=True, ready="bound"))
     try:
         for s in stacks:
             await s.start()
