@@ -5,8 +5,10 @@ with the calls inside the pick (``KvEvictPolicy.score_workers``: the one C call,
 back) and inside ``Legs.place`` (``hold``: the load ticket, the index's prediction, the overlap statistic) wrapped in
 wall-clock timers (~0.1 µs each), after the warm-up. ``--thrash MB`` copies that much memory between requests
 (untimed), so the caches are as cold as a live frontend's between two decisions (16: the stages' µs near
-quality_cpu_split --timers' on a quiet box). A call made from C without a Python attribute in between (the shadow's
-``recency_touch``, the walk inside ``overlaps_and_confirmed`` taken in C) is within its caller's figure.
+quality_cpu_split --timers' on a quiet box). Each line gives the mean and, robust to a busy box's preemptions (a shared
+box's means move by a third between runs of the same tree), the median of the calls' wall µs. A call made from C
+without a Python attribute in between (the shadow's ``recency_touch``, the walk inside ``overlaps_and_confirmed``
+taken in C) is within its caller's figure.
 
     PYTHONPATH=$PWD .venv/bin/python bench/pick_steps.py --workload tenants --thrash 16
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +42,7 @@ def main() -> None:
     from infera.router import kv_evict, legs, pick
 
     spent: collections.Counter[str] = collections.Counter()
+    each: collections.defaultdict[str, list[int]] = collections.defaultdict(list)
     calls: collections.Counter[str] = collections.Counter()
     on = [False]
     now = time.perf_counter_ns
@@ -50,7 +54,9 @@ def main() -> None:
                 return f(*a, **k)
             finally:
                 if on[0]:
-                    spent[name] += now() - t
+                    dt = now() - t
+                    spent[name] += dt
+                    each[name].append(dt)
                     calls[name] += 1
         return wrapper
 
@@ -90,7 +96,8 @@ def main() -> None:
     print(f"{args.workload} {args.policy}, thrash {args.thrash:g} MB: kv_stages' pick {stages['pick']:.1f}, legs "
           f"{stages['legs']:.1f} µs/request (CPU, with these timers)")
     for name in sorted(spent):
-        print(f"  {name:48s} {spent[name] / args.n / 1e3:7.1f} µs/request  {calls[name] / args.n:5.2f} calls/request")
+        print(f"  {name:48s} {spent[name] / args.n / 1e3:7.1f} µs/request  {calls[name] / args.n:5.2f} calls/request"
+              f"  median {statistics.median(each[name]) / 1e3:6.1f} µs/call")
 
 
 if __name__ == "__main__":

@@ -3280,15 +3280,16 @@ static int add_pick11(PyObject *mod) {
  * tracker's and the index's methods and _refresh for a worker with kept sums (helper pick16); then parts, None or
  * the index's tables (PrefixIndex.decide_parts), from which holding() and overlaps_and_confirmed()'s one walk are
  * done in C (csrc/decide17.c, helper place17); then RoutingContext, whose instances' hashes() it reads from their
- * ``_hashes`` where they are kept (decide17.c). The policy's attributes _now, _decisions, _pending, _log_tau,
- * _recency_args and stay_added are read and set as the Python sets them. None, before anything else is read or
+ * ``_hashes`` where they are kept (decide17.c); then facts, None or the policy's list in which the workers' record
+ * values are kept per candidates' list (csrc/decide20.c, helper pick20). The policy's attributes _now, _decisions,
+ * _pending, _log_tau, _recency_args and stay_added are read and set as the Python sets them. None, before anything else is read or
  * changed, when there is no worker or a worker holds blocks below the device (cached_credit's fractional credit):
  * the caller takes the candidates' path. */
 
 enum { DC_CLOCK, DC_HELD, DC_HOLDING, DC_BLOCK_COUNT, DC_OVERLAPS, DC_TTFT_SAMPLES, DC_PREFILL, DC_ACTIVE, DC_DECODING,
        DC_REFRESH, DC_RECENCY, DC_NEW_SHADOW, DC_SCALES, DC_BEST, DC_PRUNE, DC_WEIGHT, DC_HORIZON, DC_EVICTION,
        DC_OCCUPANCY, DC_MARGIN, DC_FLOOR_MODE, DC_MIN_SAMPLES, DC_DEAD_BAND, DC_MAX_RELATIVE, DC_REUSE_EMA,
-       DC_PRUNE_EVERY, DC_CELLS, DC_TABLES, DC_SUMS_FALLBACK, DC_PARTS, DC_CTX_TYPE, DC_N };
+       DC_PRUNE_EVERY, DC_CELLS, DC_TABLES, DC_SUMS_FALLBACK, DC_PARTS, DC_CTX_TYPE, DC_FACTS, DC_N };
 
 /* the tracker's and the index's reads from their cells and tables (csrc/decide16.c, helper pick16) */
 static int d16_load(PyObject *cells, PyObject *wid, long long *queued, long long *active);
@@ -3304,6 +3305,13 @@ static PyObject *d17_holding(PyObject **ip, PyObject *block, PyObject *now);
 static PyObject *d17_overlaps(PyObject **ip, PyObject *hashes, PyObject *t);
 static PyObject *d17_hashes(PyObject *ctx, PyObject *size, PyObject *ctx_type);
 static int add_decide17(void);
+/* the workers' record values kept per candidates' list (csrc/decide20.c, helper pick20) */
+typedef struct {
+    PyObject *worker, *wid, *size_obj;  /* borrowed: the kept ``refs`` hold them */
+    long long size, capacity;
+} D20Fact;
+static const D20Fact *d20_facts(PyObject *facts, PyObject *workers);
+static int add_decide20(void);
 
 static PyObject *STR_D_NOW, *STR_D_DECISIONS, *STR_D_PENDING, *STR_D_LOG_TAU, *STR_D_RECENCY_ARGS, *STR_D_STAY_ADDED,
     *STR_D_HASHES, *STR_D_COUNT, *STR_D_NO_HIT, *STR_D_CACHE_HIT, *STR_D_LOAD, *STR_D_PROMPT_TOKENS, *STR_D_MAX_TOKENS;
@@ -3437,21 +3445,31 @@ static NO_FMA PyObject *kv_decide(PyObject *self, PyObject *const *args, Py_ssiz
     }
     PyObject *out = NULL, *now = NULL, *by_size = NULL, *overlaps = NULL, *sums = NULL, *scales = NULL;
     PyObject *costs = NULL, *added = NULL, *log_tau = NULL;
+    /* the records' values, kept per candidates' list (csrc/decide20.c) or read now */
+    const D20Fact *facts = cfg[DC_FACTS] != Py_None ? d20_facts(cfg[DC_FACTS], workers) : NULL;
+    if (facts == NULL && PyErr_Occurred()) goto done;
     /* the candidates' reads (Picker._candidates' and the terms' held): nothing here changes them */
     for (Py_ssize_t i = 0; i < n; i++) {
         DecideCand *c = &cs[i];
-        PyObject *worker = PyList_GET_ITEM(workers, i), *cap;
-        c->wid = PyObject_GetAttr(worker, STR_INSTANCE_ID);
-        c->size_obj = c->wid ? PyObject_GetAttr(worker, STR_BLOCK_SIZE) : NULL;
-        cap = c->size_obj ? PyObject_GetAttr(worker, STR_CAPACITY) : NULL;
-        if (cap == NULL) goto done;
-        int bad = attr_ll(cap, STR_KV_BLOCKS, &c->capacity) < 0;
-        Py_DECREF(cap);
-        c->size = bad ? 0 : PyLong_AsLongLong(c->size_obj);
-        if (bad || (c->size == -1 && PyErr_Occurred())) goto done;
-        if (c->size <= 0) {
-            PyErr_SetString(PyExc_ValueError, "kv_decide: the block size must be positive");
-            goto done;
+        if (facts != NULL) {
+            c->wid = Py_NewRef(facts[i].wid);
+            c->size_obj = Py_NewRef(facts[i].size_obj);
+            c->size = facts[i].size;
+            c->capacity = facts[i].capacity;
+        } else {
+            PyObject *worker = PyList_GET_ITEM(workers, i), *cap;
+            c->wid = PyObject_GetAttr(worker, STR_INSTANCE_ID);
+            c->size_obj = c->wid ? PyObject_GetAttr(worker, STR_BLOCK_SIZE) : NULL;
+            cap = c->size_obj ? PyObject_GetAttr(worker, STR_CAPACITY) : NULL;
+            if (cap == NULL) goto done;
+            int bad = attr_ll(cap, STR_KV_BLOCKS, &c->capacity) < 0;
+            Py_DECREF(cap);
+            c->size = bad ? 0 : PyLong_AsLongLong(c->size_obj);
+            if (bad || (c->size == -1 && PyErr_Occurred())) goto done;
+            if (c->size <= 0) {
+                PyErr_SetString(PyExc_ValueError, "kv_decide: the block size must be positive");
+                goto done;
+            }
         }
         if (cfg[DC_CELLS] != Py_None) {
             if (d16_load(cfg[DC_CELLS], c->wid, &c->queued, &c->active) < 0) goto done;
@@ -3779,7 +3797,7 @@ static int add_pick14(PyObject *mod) {
         *names[k] = PyUnicode_InternFromString(text[k]);
         if (*names[k] == NULL) return -1;
     }
-    if (add_decide16() < 0 || add_decide17() < 0) return -1;
+    if (add_decide16() < 0 || add_decide17() < 0 || add_decide20() < 0) return -1;
     return PyModule_AddFunctions(mod, pick14_methods);
 }
 
@@ -3790,6 +3808,7 @@ static int add_pick14(PyObject *mod) {
 #include "index_clear.c"
 #include "decide16.c"
 #include "decide17.c"
+#include "decide20.c"
 #include "hold18.c"
 #include "zmq_drain.c"
 #include "zmtp_drain.c"

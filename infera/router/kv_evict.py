@@ -122,6 +122,9 @@ class KvEvictPolicy(KvTtftPolicy):
                 not self.busy_occupancy and not self.progress_busy:
             self._c_decide = native.kv_decide
         self._decide_cfg: tuple[Any, ...] | None = None  # kv_decide's cfg, built at its first call
+        # the workers' record values (id, block size, capacity) kv_decide read on its last candidates' list, kept in C
+        # for the next decision on the same list (csrc/decide20.c: [list, packed values, their objects])
+        self._decide_facts: list[Any] = [None, None, None]
 
     @property
     def tau(self) -> float | None:
@@ -159,7 +162,7 @@ class KvEvictPolicy(KvTtftPolicy):
                 self._recency, self._new_shadow, self._scales, self._confirmed_best, self._prune, self._weight,
                 self.horizon, self.eviction_weight, self._occupancy, self.stay_margin, _FLOOR_MODES[self.stay_floor],
                 MIN_SAMPLES, SCALE_DEAD_BAND, MAX_RELATIVE_SCALE, REUSE_EMA, PRUNE_EVERY, *self._decide_tables(),
-                RoutingContext)
+                RoutingContext, self._decide_facts)
         got = decide(self, ctx, workers if type(workers) is list else list(workers), cfg)
         if got is None:
             return None
