@@ -189,3 +189,48 @@ def test_chat_sessions_through_both_paths(qwen_tokenizer_dir: Path, listed: bool
         text = renderer.render_chat(messages)
         _feed(caches, text, codec.encode(text, False), listed, 16)
     assert caches[0].hits > 20
+
+
+TURN = st.lists(st.one_of(st.sampled_from(["abc ", "\n", "é", "\u0338", "😀", "<", ">", "<x>", "  ", "x"]),
+                          st.text(max_size=8)), max_size=8).map("".join)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(turns=st.lists(st.tuples(st.integers(0, 9), TURN, TURN, st.one_of(st.none(), st.integers(0, 60))),
+                      min_size=1, max_size=16),
+       max_bytes=st.integers(300, 6000), sizes=st.lists(st.sampled_from([1, 2, 4, 16]), min_size=1, max_size=3))
+def test_a_conversations_turns_extended_equal_their_ids_and_hashes_from_scratch(
+        turns: list[tuple[int, str, str, int | None]], max_bytes: int, sizes: list[int]) -> None:
+    """Random ChatML conversations (a shared system prompt, turns appended to one of the earlier conversations: the
+    next turn, a branch, a fresh one), each prompt given to the packed C cache as the router's context asks it
+    (``listed`` False, perhaps under a ``most`` bound): the ids and every block size's hashes it hands out equal those
+    made from scratch, and it decides the bound and leaves its tables as the pure-Python cache does."""
+    caches = _trio(_codec, {t: i for t, i in TOKENS.items()}, max_bytes)
+    pure, packed = caches[1], caches[2]
+    system = "<|im_start|>system\nbe brief<|im_end|>\n"
+    chats: list[str] = []
+    for pick, user, answer, most in turns:
+        if chats and pick < 7:  # the next turn of an earlier conversation (the last one most often)
+            i = len(chats) - 1 if pick < 4 else pick % len(chats)
+            prior = chats[i]
+        else:
+            i, prior = len(chats), system
+            chats.append(prior)
+        head = prior.removesuffix("<|im_start|>assistant\n")
+        if prior != system:
+            head += f"<|im_start|>assistant\n{answer}<|im_end|>\n"
+        text = f"{head}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        chats[i] = text
+        want = _codec(text)
+        got = [cache.encode_within(text, most, False) for cache in caches]
+        assert (got[1] is None) == (got[2] is None) == (got[0] is None)
+        if got[2] is None:
+            continue
+        for ids in got:
+            assert ids is not None and list(ids) == want
+            for size in sizes:  # a size asked for: made with the ids from the next prompt on
+                assert block_hashes(ids, size) == pure_block_hashes(want, size)
+            for made_size, made in (getattr(ids, "complete", None) or {}).items():
+                assert made == pure_block_hashes(want, made_size)
+        assert _state(packed) == _state(pure) == _state(caches[0])
+        _check_keys(packed)
