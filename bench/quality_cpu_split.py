@@ -183,6 +183,9 @@ TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, t
                 self._encode = _timed("context: - a whole prompt's BPE", self._encode)
                 if getattr(self, "_encode_packed", None) is not None:
                     self._encode_packed = _timed("context: - the tail's BPE (packed)", self._encode_packed)
+                    if isinstance(getattr(self, "_packer", None), tuple):  # an ASCII tail's C call, timed alike
+                        p = self._packer
+                        self._packer = (self._encode_packed, _timed("context: - the tail's BPE (packed)", p[1]), *p[2:])
                 self._tw = True
             return _ew(self, *a, **k)
         PC.PromptCache.encode_within = _within

@@ -107,13 +107,17 @@ class PromptCache:
     in Python (False), or C when built unless ``INFERA_PURE_PYTHON`` (None); the same ids, keys and eviction
     order either way (tests/kv/test_prompt_cache.py). ``encode_tail_packed``, if given: ``encode_tail``'s ids
     as the bytes of a uint32 array (native order), which the C path appends to the entry's array as they are
-    (no list of ints built and packed again; bench/README.md "Issue 15, thirteenth round ... ctx15"). Thread-safe.
+    (no list of ints built and packed again; bench/README.md "Issue 15, thirteenth round ... ctx15").
+    ``encode_tail_call``, if given with it: ``(call, *rest)`` with ``call(tail, *rest) == encode_tail_packed(tail)``
+    for an ASCII tail, which the C path then calls itself (no Python frame between; "twentieth round ... ctx20").
+    Thread-safe.
     """
 
     def __init__(self, encode: Callable[[str], list[int]], boundaries: Mapping[str, int],
                  max_bytes: int = DEFAULT_MAX_BYTES, vocab_size: int = 0, native: bool | None = None,
                  encode_tail: Callable[[str], list[int]] | None = None,
-                 encode_tail_packed: Callable[[str], bytes] | None = None) -> None:
+                 encode_tail_packed: Callable[[str], bytes] | None = None,
+                 encode_tail_call: tuple[Callable[..., bytes], str, str, Mapping[str, int]] | None = None) -> None:
         if not boundaries:
             raise ValueError("a prompt cache needs the codec's boundary tokens")
         self._encode = encode
@@ -135,6 +139,10 @@ class PromptCache:
         self._bounds = (first[0], last[0]) if delimited and self._native is not None else None
         # only where the entry's cuts are found in C from its array (the Python path reads the tail's ids as a list)
         self._encode_packed = encode_tail_packed if self._bounds is not None else None
+        # what prompt_extend is given: the packer, or (the packer, the C call an ASCII tail goes to, its arguments)
+        self._packer: Callable[[str], bytes] | tuple[object, ...] | None = self._encode_packed
+        if self._encode_packed is not None and encode_tail_call is not None:
+            self._packer = (self._encode_packed, *encode_tail_call)
         self.max_bytes = max_bytes
         self.min_chars = MIN_CHARS  # shorter prompts are encoded directly
         self._keys: dict[int, tuple[list[_Entry], int]] = {}  # cut key -> (entry holder, index into its cuts)
@@ -265,7 +273,7 @@ class PromptCache:
         last = k == len(cuts) - 1
         branch = base.branch
         state = base.state if last else branch[1] if branch is not None and branch[0] == k else None
-        ids, complete, got = native.prompt_extend(data, start, base.ids, offset, self._encode_packed,
+        ids, complete, got = native.prompt_extend(data, start, base.ids, offset, self._packer,
                                                   tuple(sizes), known, offset - 1, *bounds, self._names_t,
                                                   self._tokens, state, TAIL_WINDOW, not last)
         if listed or got is None:  # the rarer ways: as _cut_entry and _finish

@@ -205,7 +205,18 @@ def test_a_conversations_turns_extended_equal_their_ids_and_hashes_from_scratch(
     next turn, a branch, a fresh one), each prompt given to the packed C cache as the router's context asks it
     (``listed`` False, perhaps under a ``most`` bound): the ids and every block size's hashes it hands out equal those
     made from scratch, and it decides the bound and leaves its tables as the pure-Python cache does."""
-    caches = _trio(_codec, {t: i for t, i in TOKENS.items()}, max_bytes)
+    calls: list[str] = []
+
+    def call(text: str, first: str, last: str, specials: dict[str, int]) -> bytes:
+        assert text.isascii() and (first, last, specials) == ("<", ">", TOKENS)  # only an ASCII tail comes here
+        calls.append(text)
+        return array("I", _codec(text)).tobytes()
+
+    # the C path with a packer (_trio's third), and with the packer and the C call an ASCII tail goes to
+    caches = (*_trio(_codec, {t: i for t, i in TOKENS.items()}, max_bytes),
+              PromptCache(_codec, dict(TOKENS), max_bytes, native=True, encode_tail_call=(call, "<", ">", TOKENS),
+                          encode_tail_packed=lambda s: array("I", _codec(s)).tobytes()))
+    caches[3].min_chars = 0
     pure, packed = caches[1], caches[2]
     system = "<|im_start|>system\nbe brief<|im_end|>\n"
     chats: list[str] = []
@@ -223,7 +234,7 @@ def test_a_conversations_turns_extended_equal_their_ids_and_hashes_from_scratch(
         chats[i] = text
         want = _codec(text)
         got = [cache.encode_within(text, most, False) for cache in caches]
-        assert (got[1] is None) == (got[2] is None) == (got[0] is None)
+        assert (got[1] is None) == (got[2] is None) == (got[0] is None) == (got[3] is None)
         if got[2] is None:
             continue
         for ids in got:
@@ -232,5 +243,26 @@ def test_a_conversations_turns_extended_equal_their_ids_and_hashes_from_scratch(
                 assert block_hashes(ids, size) == pure_block_hashes(want, size)
             for made_size, made in (getattr(ids, "complete", None) or {}).items():
                 assert made == pure_block_hashes(want, made_size)
-        assert _state(packed) == _state(pure) == _state(caches[0])
+        assert _state(packed) == _state(pure) == _state(caches[0]) == _state(caches[3])
         _check_keys(packed)
+
+
+def test_an_ascii_tail_goes_to_the_c_call_and_any_other_to_the_packer() -> None:
+    went: list[tuple[str, str]] = []
+
+    def call(text: str, first: str, last: str, specials: dict[str, int]) -> bytes:
+        went.append(("call", text))
+        return array("I", _codec(text)).tobytes()
+
+    def packer(text: str) -> bytes:
+        went.append(("packer", text))
+        return array("I", _codec(text)).tobytes()
+
+    cache = PromptCache(_codec, dict(TOKENS), 1 << 20, native=True, encode_tail_packed=packer,
+                        encode_tail_call=(call, "<", ">", TOKENS))
+    cache.min_chars = 0
+    first = "<|im_start|>user\nhi<|im_end|>\n"
+    for text in (first, first + "<|im_start|>user\nho<|im_end|>\n", first + "<|im_start|>user\nhé<|im_end|>\n"):
+        assert list(cache.encode_within(text, None, False) or []) == _codec(text)
+    # the tails past the longest cut seen (after the first's <|im_end|>, then after the second's <|im_start|>)
+    assert went == [("call", "\n<|im_start|>user\nho<|im_end|>\n"), ("packer", "user\nhé<|im_end|>\n")]
