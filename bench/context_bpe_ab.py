@@ -64,11 +64,11 @@ def main(ref: Path, workload: str, rounds: int) -> None:
     compare(_ref_renderer(ref), workload, rounds)
 
 
-def compare(ref_renderer: PromptRenderer, workload: str, rounds: int) -> None:
+def compare(ref_renderer: PromptRenderer, workload: str, rounds: int, ref_builder: Any = ContextBuilder) -> None:
     """``ref_renderer`` against this tree's renderer on ``workload``'s requests, ``rounds`` counted rounds (the
-    module docstring says how)."""
+    module docstring says how); ``ref_builder``: the ref's ``ContextBuilder`` class (default: this tree's)."""
     trees: dict[str, PromptRenderer] = {"ref": ref_renderer, "this": PromptRenderer.from_dir(default_tokenizer_dir())}
-    builders = {k: ContextBuilder(r, True) for k, r in trees.items()}
+    builders = {k: (ref_builder if k == "ref" else ContextBuilder)(r, True) for k, r in trees.items()}
     bodies, _, _, max_tokens = workload_bodies(workload)
     junk = bytearray(int(os.environ.get("JUNK_MB", "48")) << 20)
     where = ctypes.addressof((ctypes.c_char * len(junk)).from_buffer(junk)) if junk else 0

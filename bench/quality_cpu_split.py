@@ -184,6 +184,16 @@ TIMERS_SITE = FRONTEND_SITE_HEAD + r'''    import functools, gc, json, signal, t
                 self._encode = _timed("context: - a whole prompt's BPE", self._encode)
                 if getattr(self, "_encode_packed", None) is not None:
                     self._encode_packed = _timed("context: - the tail's BPE (packed)", self._encode_packed)
+                    if isinstance(getattr(self, "_packer", None), tuple):  # an ASCII tail's C call, timed alike
+                        p = self._packer
+                        self._packer = (self._encode_packed, _timed("context: - the tail's BPE (packed)", p[1]), *p[2:])
+                if getattr(self, "_native", None) is not None and hasattr(self, "_packer"):
+                    # ctx20's encode_within calls prompt_tail itself on the C path (not through _find): timed alike
+                    import types
+                    nat = self._native
+                    names = [n for n in dir(nat) if not n.startswith("__")]
+                    self._native = types.SimpleNamespace(**{n: getattr(nat, n) for n in names})
+                    self._native.prompt_tail = _timed("context: - lookup", nat.prompt_tail)
                 self._tw = True
             return _ew(self, *a, **k)
         PC.PromptCache.encode_within = _within

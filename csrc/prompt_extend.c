@@ -14,6 +14,8 @@ static PyObject *STR_FROMBYTES;
  * snap) -> (ids, complete, cuts):
  *   tail = data[start:].decode("utf-8", "surrogatepass") if start < len(data) else ""
  *   ids = base_ids[:offset]; ids.frombytes(packer(tail) if tail else b"")
+ * ``packer``: a callable, or (packer, call, *rest) of 5 (an ASCII tail's ids are ``call(tail, *rest)``: the same
+ * bytes without the packer's Python frame; any other tail's ``packer(tail)``)
  *   complete = {size: extend_u32(ids, known.get(size, []), size, offset // size) for size in sizes}
  *   cuts = prompt_cuts(data, start, ids, pos, first, last, names, tokens, state, window, snap)
  * ``sizes``: a tuple of ints; ``known``: a dict (block size -> list of hashes). */
@@ -37,7 +39,21 @@ static PyObject *prompt_extend(PyObject *self, PyObject *const *args, Py_ssize_t
     if (start < n) {
         PyObject *tail = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(data) + start, n - start, "surrogatepass");
         if (tail == NULL) goto fail;
-        PyObject *packed = PyObject_CallOneArg(args[4], tail);
+        PyObject *packer = args[4], *packed;
+        if (PyTuple_Check(packer) && PyTuple_GET_SIZE(packer) == 5) { /* (packer, call, *rest): ASCII to ``call`` */
+            const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
+            Py_ssize_t q = start;
+            while (q < n && p[q] < 0x80) q++;
+            if (q == n) {
+                PyObject *call[4] = {tail, PyTuple_GET_ITEM(packer, 2), PyTuple_GET_ITEM(packer, 3),
+                                     PyTuple_GET_ITEM(packer, 4)};
+                packed = PyObject_Vectorcall(PyTuple_GET_ITEM(packer, 1), call, 4, NULL);
+            } else {
+                packed = PyObject_CallOneArg(PyTuple_GET_ITEM(packer, 0), tail);
+            }
+        } else {
+            packed = PyObject_CallOneArg(packer, tail);
+        }
         Py_DECREF(tail);
         if (packed == NULL) goto fail;
         PyObject *done = PyObject_CallMethodOneArg(ids, STR_FROMBYTES, packed);

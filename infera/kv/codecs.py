@@ -147,6 +147,15 @@ class TiktokenCodec:
         for)."""
         return self._pack_fresh if self._packed is not None else None
 
+    def fresh_packer_call(self) -> tuple[Callable[..., bytes], str, str, dict[str, int]] | None:
+        """:meth:`fresh_packer`'s C call and the arguments after the text, ``(call, first, last, specials)``: for an
+        ASCII text (which NFC leaves as it is) ``call(text, first, last, specials) == fresh_packer()(text)`` with no
+        Python frame in between (the prompt cache's C calls it so for an ASCII tail); None when there is no packer."""
+        if self._packed is None:
+            return None
+        first, last = self._delims
+        return self._packed, first, last, self._special_ids
+
     def _pack_fresh(self, text: str) -> bytes:
         packed = self._packed
         assert packed is not None

@@ -107,13 +107,17 @@ class PromptCache:
     in Python (False), or C when built unless ``INFERA_PURE_PYTHON`` (None); the same ids, keys and eviction
     order either way (tests/kv/test_prompt_cache.py). ``encode_tail_packed``, if given: ``encode_tail``'s ids
     as the bytes of a uint32 array (native order), which the C path appends to the entry's array as they are
-    (no list of ints built and packed again; bench/README.md "Issue 15, thirteenth round ... ctx15"). Thread-safe.
+    (no list of ints built and packed again; bench/README.md "Issue 15, thirteenth round ... ctx15").
+    ``encode_tail_call``, if given with it: ``(call, *rest)`` with ``call(tail, *rest) == encode_tail_packed(tail)``
+    for an ASCII tail, which the C path then calls itself (no Python frame between; "twentieth round ... ctx20").
+    Thread-safe.
     """
 
     def __init__(self, encode: Callable[[str], list[int]], boundaries: Mapping[str, int],
                  max_bytes: int = DEFAULT_MAX_BYTES, vocab_size: int = 0, native: bool | None = None,
                  encode_tail: Callable[[str], list[int]] | None = None,
-                 encode_tail_packed: Callable[[str], bytes] | None = None) -> None:
+                 encode_tail_packed: Callable[[str], bytes] | None = None,
+                 encode_tail_call: tuple[Callable[..., bytes], str, str, Mapping[str, int]] | None = None) -> None:
         if not boundaries:
             raise ValueError("a prompt cache needs the codec's boundary tokens")
         self._encode = encode
@@ -135,6 +139,10 @@ class PromptCache:
         self._bounds = (first[0], last[0]) if delimited and self._native is not None else None
         # only where the entry's cuts are found in C from its array (the Python path reads the tail's ids as a list)
         self._encode_packed = encode_tail_packed if self._bounds is not None else None
+        # what prompt_extend is given: the packer, or (the packer, the C call an ASCII tail goes to, its arguments)
+        self._packer: Callable[[str], bytes] | tuple[object, ...] | None = self._encode_packed
+        if self._encode_packed is not None and encode_tail_call is not None:
+            self._packer = (self._encode_packed, *encode_tail_call)
         self.max_bytes = max_bytes
         self.min_chars = MIN_CHARS  # shorter prompts are encoded directly
         self._keys: dict[int, tuple[list[_Entry], int]] = {}  # cut key -> (entry holder, index into its cuts)
@@ -175,8 +183,21 @@ class PromptCache:
             return self._encode(text)
         data = text.encode("utf-8", "surrogatepass")
         n = len(data)
+        bounds = self._bounds
+        probed = bounds is not None and self._encode_packed is not None
+        if probed:  # the C path with a packer, a recent cut (the next turn): no _find, _tail_hit frames
+            with self._lock:
+                found = self._native.prompt_tail(  # type: ignore[union-attr]
+                    data, *bounds, self._names_t, self._ends, self._keys, TAIL_WINDOW, TAIL_PROBES)  # type: ignore[misc]
+                if found is not None:
+                    if most is not None and n - found[0].cuts[found[1]][0] > most:
+                        return None
+                    if id(found[0]) in self._lru:
+                        self._lru.move_to_end(id(found[0]))
+            if found is not None:
+                return self._extend_native(data, found[0], found[1], listed)
         with self._lock:
-            found, scanned = self._find(data)
+            found, scanned = self._find(data, not probed)
             if most is not None and n - (found[0].cuts[found[1]][0] if found is not None else 0) > most:
                 return None
             if found is not None and id(found[0]) in self._lru:
@@ -242,20 +263,43 @@ class PromptCache:
         native = self._native
         bounds = self._bounds
         assert native is not None and bounds is not None
-        before = base.cuts[: k + 1]
+        cuts = base.cuts
+        before = cuts[: k + 1]
         start, _, offset, _ = before[-1]
         known = base.hashes
-        self._sizes.update(known)
-        state = self._state(base, k)
-        ids, complete, got = native.prompt_extend(data, start, base.ids, offset, self._encode_packed,
-                                                  tuple(self._sizes), known, offset - 1, *bounds, self._names_t,
-                                                  self._tokens, state, TAIL_WINDOW, k < len(base.cuts) - 1)
-        out: PromptIds | None = None
-        if listed:
-            out = PromptIds()
-            native.u32_fill(out, ids, self._ints)
-        return self._finish(self._cut_entry(got, data, ids, before, base, k), base, k, ids, complete, out, known,
-                            offset)
+        sizes = self._sizes
+        sizes.update(known)
+        # _state inline (a frame less a hit): the base's last cut's state, or the one kept for the cut branched off from
+        last = k == len(cuts) - 1
+        branch = base.branch
+        state = base.state if last else branch[1] if branch is not None and branch[0] == k else None
+        ids, complete, got = native.prompt_extend(data, start, base.ids, offset, self._packer,
+                                                  tuple(sizes), known, offset - 1, *bounds, self._names_t,
+                                                  self._tokens, state, TAIL_WINDOW, not last)
+        if listed or got is None:  # the rarer ways: as _cut_entry and _finish
+            out: PromptIds | None = None
+            if listed:
+                out = PromptIds()
+                native.u32_fill(out, ids, self._ints)
+            return self._finish(self._cut_entry(got, data, ids, before, base, k), base, k, ids, complete, out,
+                                known, offset)
+        # _cut_entry's and _finish's lines for the router's case (a remembered prompt, an ArrayIds): three frames less
+        new, end, stream, at_start = got
+        if at_start is not None:
+            base.branch = (k, at_start)
+        entry = _Entry(data, ids, before + new)
+        if end == entry.cuts[-1][0]:
+            entry.state = stream
+        reused = before[-1][2]
+        with self._lock:
+            self._store(entry, base, k)
+            self.hits += 1
+            self.reused_tokens += reused
+            self.encoded_tokens += len(ids) - reused
+        own = entry.hashes
+        for size, h in complete.items():
+            own[size] = h.copy()
+        return ArrayIds(ids, complete, own)
 
     @staticmethod
     def _state(base: _Entry | None, k: int) -> xxhash.xxh3_64 | bytes | None:
@@ -305,10 +349,10 @@ class PromptCache:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _find(self, data: bytes) -> tuple[tuple[_Entry, int] | None, list[tuple[int, bytes]] | None]:
+    def _find(self, data: bytes, tail: bool = True) -> tuple[tuple[_Entry, int] | None, list[tuple[int, bytes]] | None]:
         """(entry, cut index) of the longest seen cut of ``data``, and the boundary matches when a full
-        scan found them (None after a tail hit). Under the lock."""
-        found = self._tail_hit(data)
+        scan found them (None after a tail hit; ``tail`` False: the tail was probed already). Under the lock."""
+        found = self._tail_hit(data) if tail else None
         if found is not None:
             return found, None
         # no recent turn: the longest seen cut anywhere (shared system prompt)

@@ -141,7 +141,8 @@ class PromptRenderer:
         self._prompts = (
             PromptCache(self._encode_plain, codec.boundaries, prompt_cache_bytes, codec.vocab_size,
                         encode_tail=codec.encode_fresh if isinstance(codec, TiktokenCodec) else None,
-                        encode_tail_packed=codec.fresh_packer if isinstance(codec, TiktokenCodec) else None)
+                        encode_tail_packed=codec.fresh_packer if isinstance(codec, TiktokenCodec) else None,
+                        encode_tail_call=codec.fresh_packer_call() if isinstance(codec, TiktokenCodec) else None)
             if codec.boundaries and prompt_cache_bytes > 0 else None
         )
         self._env = make_env()

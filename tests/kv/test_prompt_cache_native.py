@@ -189,3 +189,80 @@ def test_chat_sessions_through_both_paths(qwen_tokenizer_dir: Path, listed: bool
         text = renderer.render_chat(messages)
         _feed(caches, text, codec.encode(text, False), listed, 16)
     assert caches[0].hits > 20
+
+
+TURN = st.lists(st.one_of(st.sampled_from(["abc ", "\n", "é", "\u0338", "😀", "<", ">", "<x>", "  ", "x"]),
+                          st.text(max_size=8)), max_size=8).map("".join)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(turns=st.lists(st.tuples(st.integers(0, 9), TURN, TURN, st.one_of(st.none(), st.integers(0, 60))),
+                      min_size=1, max_size=16),
+       max_bytes=st.integers(300, 6000), sizes=st.lists(st.sampled_from([1, 2, 4, 16]), min_size=1, max_size=3))
+def test_a_conversations_turns_extended_equal_their_ids_and_hashes_from_scratch(
+        turns: list[tuple[int, str, str, int | None]], max_bytes: int, sizes: list[int]) -> None:
+    """Random ChatML conversations (a shared system prompt, turns appended to one of the earlier conversations: the
+    next turn, a branch, a fresh one), each prompt given to the packed C cache as the router's context asks it
+    (``listed`` False, perhaps under a ``most`` bound): the ids and every block size's hashes it hands out equal those
+    made from scratch, and it decides the bound and leaves its tables as the pure-Python cache does."""
+    calls: list[str] = []
+
+    def call(text: str, first: str, last: str, specials: dict[str, int]) -> bytes:
+        assert text.isascii() and (first, last, specials) == ("<", ">", TOKENS)  # only an ASCII tail comes here
+        calls.append(text)
+        return array("I", _codec(text)).tobytes()
+
+    # the C path with a packer (_trio's third), and with the packer and the C call an ASCII tail goes to
+    caches = (*_trio(_codec, {t: i for t, i in TOKENS.items()}, max_bytes),
+              PromptCache(_codec, dict(TOKENS), max_bytes, native=True, encode_tail_call=(call, "<", ">", TOKENS),
+                          encode_tail_packed=lambda s: array("I", _codec(s)).tobytes()))
+    caches[3].min_chars = 0
+    pure, packed = caches[1], caches[2]
+    system = "<|im_start|>system\nbe brief<|im_end|>\n"
+    chats: list[str] = []
+    for pick, user, answer, most in turns:
+        if chats and pick < 7:  # the next turn of an earlier conversation (the last one most often)
+            i = len(chats) - 1 if pick < 4 else pick % len(chats)
+            prior = chats[i]
+        else:
+            i, prior = len(chats), system
+            chats.append(prior)
+        head = prior.removesuffix("<|im_start|>assistant\n")
+        if prior != system:
+            head += f"<|im_start|>assistant\n{answer}<|im_end|>\n"
+        text = f"{head}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        chats[i] = text
+        want = _codec(text)
+        got = [cache.encode_within(text, most, False) for cache in caches]
+        assert (got[1] is None) == (got[2] is None) == (got[0] is None) == (got[3] is None)
+        if got[2] is None:
+            continue
+        for ids in got:
+            assert ids is not None and list(ids) == want
+            for size in sizes:  # a size asked for: made with the ids from the next prompt on
+                assert block_hashes(ids, size) == pure_block_hashes(want, size)
+            for made_size, made in (getattr(ids, "complete", None) or {}).items():
+                assert made == pure_block_hashes(want, made_size)
+        assert _state(packed) == _state(pure) == _state(caches[0]) == _state(caches[3])
+        _check_keys(packed)
+
+
+def test_an_ascii_tail_goes_to_the_c_call_and_any_other_to_the_packer() -> None:
+    went: list[tuple[str, str]] = []
+
+    def call(text: str, first: str, last: str, specials: dict[str, int]) -> bytes:
+        went.append(("call", text))
+        return array("I", _codec(text)).tobytes()
+
+    def packer(text: str) -> bytes:
+        went.append(("packer", text))
+        return array("I", _codec(text)).tobytes()
+
+    cache = PromptCache(_codec, dict(TOKENS), 1 << 20, native=True, encode_tail_packed=packer,
+                        encode_tail_call=(call, "<", ">", TOKENS))
+    cache.min_chars = 0
+    first = "<|im_start|>user\nhi<|im_end|>\n"
+    for text in (first, first + "<|im_start|>user\nho<|im_end|>\n", first + "<|im_start|>user\nhé<|im_end|>\n"):
+        assert list(cache.encode_within(text, None, False) or []) == _codec(text)
+    # the tails past the longest cut seen (after the first's <|im_end|>, then after the second's <|im_start|>)
+    assert went == [("call", "\n<|im_start|>user\nho<|im_end|>\n"), ("packer", "user\nhé<|im_end|>\n")]
