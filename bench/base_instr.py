@@ -86,10 +86,16 @@ def child(urls: list[str], warmup: int, n: int) -> None:
 
 
 def instructions(out: Path) -> int:
+    """The dump's ``summary:`` line (its ``totals:`` line, printed too, has disagreed with it: bench/README.md)."""
+    found = {}
     for line in out.read_text().splitlines():
         if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1])
-    raise SystemExit(f"no totals in {out}")
+            key, value = line.split()[:2]
+            found[key] = int(value)
+    if "summary:" not in found:
+        raise SystemExit(f"no summary in {out}")
+    print(f"{out.name}: {found}", file=sys.stderr)
+    return found["summary:"]
 
 
 def main() -> None:
