@@ -1,9 +1,11 @@
-"""Round-robin: a stateless even spread (one counter, no view of the caches)."""
+"""Round-robin: a stateless even spread (one counter, no view of the caches, no read of the loads)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from infera.kv.load import LoadTracker
+from infera.protocols.worker import WorkerRecord
 from infera.router.base import Candidate, PolicyDeps, RoutingContext, Scores
 
 CACHED_UP_TO = 64  # fleets up to this size get their n cost lists made once (n² floats), not per request
@@ -17,7 +19,15 @@ class RoundRobinPolicy:
         self._rotations: list[list[float]] = []  # for a pool of len(self._rotations): the costs per start
 
     def score(self, ctx: RoutingContext, candidates: Sequence[Candidate]) -> Scores:
-        n = len(candidates)
+        return self._rotate(len(candidates))
+
+    def score_workers(self, ctx: RoutingContext, workers: Sequence[WorkerRecord], load: LoadTracker) -> Scores:
+        """:meth:`score` from the worker records alone: a rotation reads no load, and its costs are distinct (no tie
+        for the picker to break by load), so the picker need not build a :class:`Candidate` per worker (three load
+        reads each) for it."""
+        return self._rotate(len(workers))
+
+    def _rotate(self, n: int) -> Scores:
         start = self._next % n
         self._next += 1
         # Candidates arrive sorted by instance id; the one at ``start`` costs least. The lists are shared

@@ -229,3 +229,18 @@ async def test_any_split_into_reads_is_parsed_as_uvicorn_parses_it(name: str, cu
 def test_the_servers_protocol_has_the_arrival_callbacks() -> None:
     cls = with_lean(with_deadlines(10, 60), None)
     assert issubclass(cls, ArrivalHttpToolsProtocol) and issubclass(cls, DeadlineHttpToolsProtocol)
+
+
+async def test_a_body_read_in_one_piece_is_kept_as_it_came_and_more_pieces_are_appended() -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 20000 + b'"}]}'
+    raw = post(HOT.encode(), body=body)
+    for size, kind in ((len(raw), bytes), (7000, bytearray)):
+        protocol, _, _ = built(True)
+        for at in range(0, len(raw), size):
+            protocol.data_received(raw[at:at + size])
+        # one piece: the bytes httptools made, not a copy in a bytearray; several: appended to one bytearray
+        assert type(protocol.cycle.body) is kind and protocol.cycle.body == body
+        protocol.connection_lost(None)
+        for task in list(protocol.tasks):
+            task.cancel()
+        await asyncio.gather(*protocol.tasks, return_exceptions=True)
