@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from fastapi import Request
@@ -65,7 +65,7 @@ def worker_headers(routed: RoutedResponse) -> dict[str, str]:
 
 
 def worker_raw_headers(routed: RoutedResponse) -> list[tuple[bytes, bytes]]:
-    """:func:`worker_headers` as raw (name, value) bytes, for a whole answer."""
+    """:func:`worker_headers` as raw (name, value) bytes, for a whole answer and a relayed stream."""
     out = [(b"x-infera-worker", routed.worker_id.encode("latin-1"))]
     if routed.prefill_worker_id:
         out.append((b"x-infera-prefill-worker", routed.prefill_worker_id.encode("latin-1")))
@@ -294,6 +294,10 @@ class Spliced(Protocol):
         ...
 
 
+_NO_CACHE = (b"cache-control", b"no-cache")
+_EVENT_STREAM = (b"content-type", b"text/event-stream; charset=utf-8")
+
+
 class SseRelay(Response):
     """A worker's SSE stream relayed to the client as one coroutine, bytes untouched.
 
@@ -315,12 +319,14 @@ class SseRelay(Response):
     media_type = "text/event-stream"
 
     def __init__(self, routed: RoutedResponse, watch: ClientWatch, path: str, started: float,
-                 headers: Mapping[str, str], error_event: Callable[[UpstreamError], bytes],
+                 headers: list[tuple[bytes, bytes]], error_event: Callable[[UpstreamError], bytes],
                  observe_gap: Callable[[float], None], complete: Callable[[Outcome], None],
                  gap_buckets: Buckets | None = None) -> None:
         self.status_code = routed.status
         self.background = None
-        self.init_headers({"cache-control": "no-cache", **headers})
+        # what init_headers({"cache-control": "no-cache", **headers}) makes of raw, lower-case ``headers`` naming
+        # neither (the worker's, :func:`worker_raw_headers`), without its per-header encoding and scans
+        self.raw_headers = [_NO_CACHE, *headers, _EVENT_STREAM]
         self._routed = routed
         self._watch = watch
         self._path = path
