@@ -191,13 +191,14 @@ class LeanPath:
         """Send ``response``: a whole one in one write, a stream through the cycle's ``send``."""
         path: str = cycle.scope["path"]
         if type(response).__call__ is not Response.__call__:  # a stream (its own __call__)
-            _hold_heads(cycle)  # its head waits for its first chunk, as on the ASGI stack (infera.server.coalesce)
             send: Send = cast(Send, cycle.send)
             send = id_sender(_closing(send) if closing else send, rid, path)
             if observation is not None:
                 send = _observed(send, observation)
-            if isinstance(response, SseRelay):  # its body past the sends above, which only touch the start
-                response.direct = CycleWriter(cycle, observation)
+            if isinstance(response, SseRelay):  # its start with its first chunk, and its body, past the sends above
+                response.direct = CycleWriter(cycle, observation, rid, closing, _hold_heads)
+            else:
+                _hold_heads(cycle)  # its head waits for its first chunk, as on the ASGI stack (infera.server.coalesce)
             await response(cast(Any, cycle.scope), cast(Receive, cycle.receive), send)
             return
         status = response.status_code

@@ -247,6 +247,11 @@ class BodyWriter(Protocol):
     one on a :class:`SseRelay` it serves: :mod:`infera.server.splice`); what ``send`` does to a body message,
     synchronously."""
 
+    def start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool) -> bool:
+        """Write the response's start and its first body piece (``more`` False: the whole body) as the sends would,
+        in one write; False when it does not (nothing written): then ``send`` them."""
+        ...
+
     def ready(self) -> bool:
         """The response has started and its body can be written by :meth:`write` (else ``send`` it)."""
         ...
@@ -342,17 +347,25 @@ class SseRelay(Response):
         status = str(routed.status)
         ended = False
         watch.then(routed.close)
+        direct = self.direct
+        start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            if direct is None:
+                await send(start)
             chunk = routed.first + routed.drain()
             if chunk:
                 tally.feed(chunk)
                 ended = tally.done
                 if ended:
                     self._finishing()
-                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            # the server's writer writes the start with the first chunk, in one write; else they are sent
+            if direct is None or not direct.start(self.status_code, self.raw_headers, chunk, not ended):
+                if direct is not None:
+                    await send(start)
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
             last = time.perf_counter()
-            direct, pipe = self.direct, routed.pipe
+            pipe = routed.pipe
 
             def take(chunk: bytes) -> bool:
                 """One chunk's bookkeeping (the inter-chunk gap, the tally); True when it ends the response."""
