@@ -16,6 +16,7 @@ from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE
 
 from infera.router.router import RoutedResponse
 from infera.server import lean
+from infera.server.coalesce import hold_heads
 from infera.server.relay import SseRelay, worker_headers, worker_raw_headers
 from infera.server.splice import NAME_BYTES, VALUE_BYTES, CycleWriter
 from tests.server.test_lean import STREAM, _writes_of, post
@@ -40,8 +41,11 @@ async def test_a_streams_start_with_its_first_chunk_is_the_bytes_the_sends_wrote
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     raw = REQUESTS[name]
     holds: list[object] = []
-    hold_heads = lean.hold_heads
-    monkeypatch.setattr(lean, "hold_heads", lambda cycle, loop: (holds.append(cycle), hold_heads(cycle, loop)))
+
+    def counted(cycle: Any, loop: Any) -> None:
+        holds.append(cycle)
+        hold_heads(cycle, loop)
+    monkeypatch.setattr(lean, "hold_heads", counted)
     direct = await _writes_of(raw)
     assert holds == []  # no HeadHold: the head went out with the first chunk, one write
     assert direct[0].startswith(b"HTTP/1.1 200 OK") and b"\r\n\r\n" in direct[0] and b"data: " in direct[0]
