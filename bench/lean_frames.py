@@ -1,9 +1,11 @@
 """Python frames and bytecodes per request on the live lean path, by package: a count, not a time, so a loaded box
 cannot blur it. One mock engine; a child per tree (the ref's export, this tree) runs ``bench/lean_inproc.py``'s
-frontend and client (round-robin, non-streamed, real sockets), warms up, then traces ``--n`` requests with
-``sys.settrace`` and opcode events (the client's own frames and bytecodes are counted too, the same in both trees).
+frontend and client (round-robin, non-streamed or ``--stream``ed, real sockets), warms up, then traces ``--n``
+requests with ``sys.settrace`` and opcode events (the client's own frames and bytecodes are counted too, the same in
+both trees).
 
     PYTHONPATH=$PWD .venv/bin/python bench/lean_frames.py --ref main --n 400
+    PYTHONPATH=$PWD .venv/bin/python bench/lean_frames.py --ref main --n 400 --stream
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))  # not first: a chi
 GROUPS = ("infera/", "uvicorn/", "starlette/", "prometheus_client/", "asyncio/", "bench/")
 
 
-def child(engine_url: str, n: int) -> None:
+def child(engine_url: str, n: int, stream: bool = False, max_tokens: int = 8) -> None:
     import bench.lean_inproc as li
     from bench.common import opcode_tracer
 
@@ -37,7 +39,7 @@ def child(engine_url: str, n: int) -> None:
 
     drive = li._drive
 
-    async def traced(port: int, bodies: list[bytes], warmup: int, _: int) -> dict[str, Any]:
+    async def traced(port: int, bodies: list[bytes], warmup: int, _: int, __: int = 1) -> dict[str, Any]:
         await drive(port, bodies, 0, 300)
         sys.settrace(tracer)
         try:
@@ -48,17 +50,19 @@ def child(engine_url: str, n: int) -> None:
                 "by_package": {k: [frames[k] / n, ops[k] / n] for k in sorted(frames)}}
 
     li._drive = traced  # type: ignore[assignment]
-    li.child(engine_url, 0, 0)
+    li.child(engine_url, 0, 0, stream, 1, max_tokens)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", default="main", help="git ref of the 'before' frontend")
     ap.add_argument("--n", type=int, default=400, help="traced requests per tree")
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--stream", action="store_true", help="streamed requests (SSE, one event per token)")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]))
+        child(args.child[0], int(args.child[1]), args.child[2] == "1", int(args.child[3]))
         return
     from bench.common import PYTHON, REPO, default_tokenizer_dir, export_ref, mock_engine, stop_all
 
@@ -71,7 +75,8 @@ def main() -> None:
         engine.start()
         engine.wait_ready("/infera/worker", 60)
         for name, path in trees.items():
-            out = subprocess.run([PYTHON, __file__, "--child", engine.url, str(args.n)],
+            out = subprocess.run([PYTHON, __file__, "--child", engine.url, str(args.n), str(int(args.stream)),
+                                  str(args.max_tokens)],
                                  env={**os.environ, "PYTHONPATH": path}, check=True, capture_output=True,
                                  text=True).stdout
             result = json.loads(out.strip().splitlines()[-1])

@@ -1,14 +1,16 @@
-"""The frontend's CPU per request at concurrency 1, in process: infera at git ``--ref`` vs this tree, in rounds.
+"""The frontend's CPU per request, in process: infera at git ``--ref`` vs this tree, in rounds.
 
 One mock engine (a subprocess, shared). Each round runs, for each tree in turn (the order alternating), a
 child process that builds the round-robin frontend as ``python -m infera.server`` does (``build`` +
-``server_for``, uvloop) and drives it from a raw asyncio client in the same process and loop (one kept-alive
-connection, head and body in one write, ~1k-token chat, non-streamed, 8 tokens). The child reports its own
+``server_for``, uvloop) and drives it from a raw asyncio client in the same process and loop (``--concurrency``
+kept-alive connections, 1 by default, head and body in one write, ~1k-token chat, non-streamed or ``--stream``ed
+(SSE, read to the last chunk), ``--max-tokens`` 8 by default). The child reports its own
 CPU (``time.process_time``) per request over the measured requests: the frontend's work plus a small,
 constant client, without the other processes' scheduling in the figure, which is what a loaded shared box
 lets one compare; and the p50 of its requests (which does include the engine and the box).
 
     PYTHONPATH=$PWD nice -n 10 .venv/bin/python bench/lean_inproc.py --ref main --rounds 5 --n 2000
+    PYTHONPATH=$PWD nice -n 10 .venv/bin/python bench/lean_inproc.py --ref main --stream --concurrency 32
 """
 
 from __future__ import annotations
@@ -30,34 +32,50 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))
 MODEL = "bench-model"
 
 
-async def _drive(port: int, bodies: list[bytes], warmup: int, n: int) -> dict[str, float]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def _drive(port: int, bodies: list[bytes], warmup: int, n: int, concurrency: int = 1) -> dict[str, float]:
+    """``warmup`` then ``n`` requests over ``concurrency`` kept-alive connections, each posting in turn; a streamed
+    answer (chunked) is read to its last chunk."""
+    conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(concurrency)]
 
-    async def post(body: bytes) -> float:
+    async def post(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], body: bytes) -> float:
+        reader, writer = conn
         started = time.perf_counter()
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                      b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         head = await reader.readuntil(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(f"answer: {head[:200]!r}")
-        length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                      if line.startswith(b"content-length:"))
-        await reader.readexactly(length)
+        if b"transfer-encoding: chunked" in head:
+            got = b""
+            while not got.endswith(b"\r\n0\r\n\r\n"):
+                got += await reader.read(1 << 16)
+        else:
+            length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                          if line.startswith(b"content-length:"))
+            await reader.readexactly(length)
         return time.perf_counter() - started
 
-    for i in range(warmup):
-        await post(bodies[i % len(bodies)])
-    times = []
+    async def run(count: int, into: list[float]) -> None:
+        left = iter(range(count))
+
+        async def worker(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+            for i in left:
+                into.append(await post(conn, bodies[i % len(bodies)]))
+        await asyncio.gather(*(worker(conn) for conn in conns))
+
+    await run(warmup, [])
+    times: list[float] = []
     cpu0 = time.process_time()
-    for i in range(n):
-        times.append(await post(bodies[i % len(bodies)]))
+    await run(n, times)
     cpu = time.process_time() - cpu0
-    writer.close()
+    for _, writer in conns:
+        writer.close()
     times.sort()
     return {"cpu_us": cpu / n * 1e6, "p50_ms": times[n // 2] * 1e3}
 
 
-def child(engine_url: str, warmup: int, n: int) -> None:
+def child(engine_url: str, warmup: int, n: int, stream: bool = False, concurrency: int = 1,
+          max_tokens: int = 8) -> None:
     import uvloop
 
     from bench.common import chat_body
@@ -69,7 +87,7 @@ def child(engine_url: str, warmup: int, n: int) -> None:
     port = free_port()
     argv = frontend_argv(port, [engine_url], policy="round-robin", args=("--log-level", "warning"))[3:]
     settings = load(ServerSettings, argv, {})
-    bodies = [chat_body(i, MODEL, False, 8) for i in range(400)]
+    bodies = [chat_body(i, MODEL, stream, max_tokens) for i in range(400)]
 
     async def main() -> dict[str, float]:
         server = server_for(build(settings), settings)
@@ -80,7 +98,7 @@ def child(engine_url: str, warmup: int, n: int) -> None:
                 assert not task.done(), "the frontend did not start"
                 if server.started:
                     try:
-                        return await _drive(port, bodies, warmup, n)
+                        return await _drive(port, bodies, warmup, n, concurrency)
                     except (RuntimeError, OSError):
                         if time.monotonic() > deadline:
                             raise
@@ -100,10 +118,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--n", type=int, default=2000, help="measured requests per tree per round")
     ap.add_argument("--warmup", type=int, default=300)
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--stream", action="store_true", help="streamed requests (SSE, one event per token)")
+    ap.add_argument("--concurrency", type=int, default=1, help="kept-alive client connections posting at once")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), int(args.child[2]))
+        url, warmup, n, stream, conc, max_tokens = args.child
+        child(url, int(warmup), int(n), stream == "1", int(conc), int(max_tokens))
         return
     from bench.common import PYTHON, REPO, default_tokenizer_dir, export_ref, median, mock_engine, stop_all
 
@@ -118,7 +140,8 @@ def main() -> None:
         for r in range(args.rounds):
             order = list(trees) if r % 2 == 0 else list(trees)[::-1]
             for name in order:
-                out = subprocess.run([PYTHON, __file__, "--child", engine.url, str(args.warmup), str(args.n)],
+                out = subprocess.run([PYTHON, __file__, "--child", engine.url, str(args.warmup), str(args.n),
+                                      str(int(args.stream)), str(args.concurrency), str(args.max_tokens)],
                                      env={**os.environ, "PYTHONPATH": trees[name]}, check=True,
                                      capture_output=True, text=True).stdout
                 result = json.loads(out.strip().splitlines()[-1])
@@ -133,7 +156,8 @@ def main() -> None:
         stop_all([engine])
     ref_cpu = median([x["cpu_us"] for x in results[args.ref]])
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {args.rounds} rounds x {args.n} requests, "
-          f"ref {args.ref}; medians over rounds")
+          f"ref {args.ref}; {'streamed' if args.stream else 'non-streamed'}, concurrency {args.concurrency}, "
+          f"max_tokens {args.max_tokens}; medians over rounds")
     print("| tree | CPU µs/req (frontend + client, one process) | ratio | p50 ms |")
     print("|---|--:|--:|--:|")
     for name, rows in results.items():

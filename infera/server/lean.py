@@ -18,7 +18,8 @@ instead, which does what those layers did, in one place:
   the connection closed, as uvicorn does);
 - a whole response (every answer but a stream) written as head and body in one write, the
   response's state kept on uvicorn's cycle (keep-alive, pipelining, flow control, the access log);
-  a stream goes through the cycle's ``send`` with the same header and body effects.
+  a stream goes through the cycle's ``send`` with the same header and body effects, except an ``SseRelay``'s start,
+  which its ``CycleWriter`` writes with the first chunk in one write (``infera.server.splice``).
 
 The protocol starts such a request where its headers end: for a request target that is exactly a hot route's
 path (no query, no escapes; no upgrade, root path or concurrency limit) it sets the scope's path fields and makes
@@ -188,16 +189,18 @@ class LeanPath:
 
     async def answer(self, cycle: RequestResponseCycle, response: Response, rid: bytes, closing: bool,
                      observation: Observation | None) -> None:
-        """Send ``response``: a whole one in one write, a stream through the cycle's ``send``."""
+        """Send ``response``: a whole one in one write, a stream through the cycle's ``send`` (a relay's start with
+        its first chunk and its body through its :class:`CycleWriter`)."""
         path: str = cycle.scope["path"]
         if type(response).__call__ is not Response.__call__:  # a stream (its own __call__)
-            _hold_heads(cycle)  # its head waits for its first chunk, as on the ASGI stack (infera.server.coalesce)
             send: Send = cast(Send, cycle.send)
             send = id_sender(_closing(send) if closing else send, rid, path)
             if observation is not None:
                 send = _observed(send, observation)
-            if isinstance(response, SseRelay):  # its body past the sends above, which only touch the start
-                response.direct = CycleWriter(cycle, observation)
+            if isinstance(response, SseRelay):  # its start with its first chunk, and its body, past the sends above
+                response.direct = CycleWriter(cycle, observation, rid, closing, _hold_heads)
+            else:
+                _hold_heads(cycle)  # its head waits for its first chunk, as on the ASGI stack (infera.server.coalesce)
             await response(cast(Any, cycle.scope), cast(Receive, cycle.receive), send)
             return
         status = response.status_code

@@ -35,7 +35,6 @@ from infera.server.relay import (
     collect_or_disconnect,
     dispatch_or_disconnect,
     read_headers,
-    worker_headers,
     worker_raw_headers,
 )
 from infera.server.responses import AfterWrite, JsonResponse, WholeResponse
@@ -124,7 +123,7 @@ class OpenAIHandlers:
             if routed.content_type.startswith("text/event-stream"):
                 self.metrics.observer(self.metrics.ttft, path)(ttft)
                 relayed = True  # the relay stops the watch when the stream ends
-                return SseRelay(routed, watch, path, started, worker_headers(routed), _error_event,
+                return SseRelay(routed, watch, path, started, worker_raw_headers(routed), _error_event,
                                 self.metrics.observer(self.metrics.itl, path), self.complete,
                                 self.metrics.buckets(self.metrics.itl, path))
             try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from fastapi import Request
@@ -65,7 +65,7 @@ def worker_headers(routed: RoutedResponse) -> dict[str, str]:
 
 
 def worker_raw_headers(routed: RoutedResponse) -> list[tuple[bytes, bytes]]:
-    """:func:`worker_headers` as raw (name, value) bytes, for a whole answer."""
+    """:func:`worker_headers` as raw (name, value) bytes, for a whole answer and a relayed stream."""
     out = [(b"x-infera-worker", routed.worker_id.encode("latin-1"))]
     if routed.prefill_worker_id:
         out.append((b"x-infera-prefill-worker", routed.prefill_worker_id.encode("latin-1")))
@@ -247,6 +247,11 @@ class BodyWriter(Protocol):
     one on a :class:`SseRelay` it serves: :mod:`infera.server.splice`); what ``send`` does to a body message,
     synchronously."""
 
+    def start(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool) -> bool:
+        """Write the response's start and its first body piece (``more`` False: the whole body) as the sends would,
+        in one write; False when it does not (nothing written): then ``send`` them."""
+        ...
+
     def ready(self) -> bool:
         """The response has started and its body can be written by :meth:`write` (else ``send`` it)."""
         ...
@@ -294,6 +299,10 @@ class Spliced(Protocol):
         ...
 
 
+_NO_CACHE = (b"cache-control", b"no-cache")
+_EVENT_STREAM = (b"content-type", b"text/event-stream; charset=utf-8")
+
+
 class SseRelay(Response):
     """A worker's SSE stream relayed to the client as one coroutine, bytes untouched.
 
@@ -315,12 +324,14 @@ class SseRelay(Response):
     media_type = "text/event-stream"
 
     def __init__(self, routed: RoutedResponse, watch: ClientWatch, path: str, started: float,
-                 headers: Mapping[str, str], error_event: Callable[[UpstreamError], bytes],
+                 headers: list[tuple[bytes, bytes]], error_event: Callable[[UpstreamError], bytes],
                  observe_gap: Callable[[float], None], complete: Callable[[Outcome], None],
                  gap_buckets: Buckets | None = None) -> None:
         self.status_code = routed.status
         self.background = None
-        self.init_headers({"cache-control": "no-cache", **headers})
+        # what init_headers({"cache-control": "no-cache", **headers}) makes of raw, lower-case ``headers`` naming
+        # neither (the worker's, :func:`worker_raw_headers`), without its per-header encoding and scans
+        self.raw_headers = [_NO_CACHE, *headers, _EVENT_STREAM]
         self._routed = routed
         self._watch = watch
         self._path = path
@@ -336,17 +347,25 @@ class SseRelay(Response):
         status = str(routed.status)
         ended = False
         watch.then(routed.close)
+        direct = self.direct
+        start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            if direct is None:
+                await send(start)
             chunk = routed.first + routed.drain()
             if chunk:
                 tally.feed(chunk)
                 ended = tally.done
                 if ended:
                     self._finishing()
-                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            # the server's writer writes the start with the first chunk, in one write; else they are sent
+            if direct is None or not direct.start(self.status_code, self.raw_headers, chunk, not ended):
+                if direct is not None:
+                    await send(start)
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
             last = time.perf_counter()
-            direct, pipe = self.direct, routed.pipe
+            pipe = routed.pipe
 
             def take(chunk: bytes) -> bool:
                 """One chunk's bookkeeping (the inter-chunk gap, the tally); True when it ends the response."""

@@ -79,13 +79,13 @@ class StreamTally:
     def feed(self, chunk: bytes) -> None:
         if self._open:
             self._usage += chunk[:_KEEP - len(self._usage)]
-            self._open = b"\n\n" not in self._usage and len(self._usage) < _KEEP
+            self._open = self._usage.find(b"\n\n") < 0 and len(self._usage) < _KEEP
         # One search a marker over the seam and the chunk together (not one in each, and no seam of the chunk's
         # first bytes to build): a DONE cannot lie within the seam (it is longer), a USAGE key that does was
         # seen with the chunk before (the last key is taken: rfind finds it in the chunk, else across the seam).
         seam = self._seam
         data = seam + chunk
-        if not self.done and DONE in data:
+        if not self.done and data.find(DONE) >= 0:  # find, not `in`: on 3.11 that makes and drops a TypeError first
             self.done = True
         at = data.rfind(USAGE)
         if at >= 0 and at + len(USAGE) > len(seam):  # in the chunk or across the seam
@@ -96,7 +96,7 @@ class StreamTally:
         if data[at + len(USAGE):at + len(USAGE) + 5].lstrip().startswith(b"n"):
             return  # "usage": null (SGLang sends it on every chunk)
         self._usage = data[at:at + _KEEP]
-        self._open = b"\n\n" not in self._usage and len(self._usage) < _KEEP
+        self._open = self._usage.find(b"\n\n") < 0 and len(self._usage) < _KEEP
 
     def state(self) -> tuple[bytes, bytes, bool, bool]:
         """What the tally holds between chunks: (seam, usage bytes, usage event open, done); a C sink

@@ -256,7 +256,7 @@ class Connection(asyncio.Protocol):
             self._framed = True
             if self._length == -1 and value.isdigit():
                 self._length = int(value)
-        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+        elif name == b"transfer-encoding" and value.lower().find(b"chunked") >= 0:  # not `in`: a TypeError on 3.11
             self._framed = True
             self._length = -2  # chunked wins over a length (and a later length is not read)
 
