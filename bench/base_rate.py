@@ -2,7 +2,7 @@
 
 routing_quality's non-streamed cells send ~20 requests a second of 2.0-2.7k-token chat prompts (8-12 KB JSON
 bodies) and get a small JSON answer (32 tokens) back; round-robin costs ~1000 µs of router CPU a request there,
-~900 of it outside the router's timed stages (bench/README.md, "Issue 15, twentieth round: the request path every
+~900 of it outside the router's timed stages (bench/README.md, "Issue 15, eighteenth round: the request path every
 policy pays"). This replays that shape with less noise than a cell: mock engines (``--engines``, 4 as
 quality_cpu_split; ``--speedup`` as routing_quality's), one round-robin frontend of ``--ref-root``'s tree and one of
 this tree, both up at once; a client sends the tenants workload's bodies (~18 KB each; not streamed, ``max_tokens``

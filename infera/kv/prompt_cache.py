@@ -109,7 +109,7 @@ class PromptCache:
     as the bytes of a uint32 array (native order), which the C path appends to the entry's array as they are
     (no list of ints built and packed again; bench/README.md "Issue 15, thirteenth round ... ctx15").
     ``encode_tail_call``, if given with it: ``(call, *rest)`` with ``call(tail, *rest) == encode_tail_packed(tail)``
-    for an ASCII tail, which the C path then calls itself (no Python frame between; "twentieth round ... ctx20").
+    for an ASCII tail, which the C path then calls itself (no Python frame between; "eighteenth round ... ctx20").
     Thread-safe.
     """
 

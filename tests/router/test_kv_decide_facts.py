@@ -1,5 +1,5 @@
 """kv-aware's one call keeps the workers' record values (id, block size, capacity) per candidates' list (issue 15's
-twentieth round, csrc/decide20.c): the same decisions as the candidates' path, which reads the records at every
+eighteenth round, csrc/decide20.c): the same decisions as the candidates' path, which reads the records at every
 decision, when the router hands over the same list again, when that list is changed in place (a record replaced at
 its position by one with another id, block size or capacity, a record added or taken out), and when it hands over
 another list."""
