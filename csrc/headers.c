@@ -58,11 +58,14 @@ static PyObject *HeaderSink_call(HeaderSink *self, PyObject *args, PyObject *kwa
     if (i == nlen && PyBytes_CheckExact(name)) {
         lowered = Py_NewRef(name);
     } else {
-        lowered = PyBytes_FromStringAndSize(n, nlen);
+        /* a new object to write into: PyBytes_FromStringAndSize(n, 1) would hand back CPython's shared one-byte
+         * bytes object (b"D" of every b"D" in the process), lowered in place for all (a one-letter name) */
+        lowered = PyBytes_FromStringAndSize(NULL, nlen);
         if (lowered == NULL) return NULL;
         char *out = PyBytes_AS_STRING(lowered);
         for (i = 0; i < nlen; i++) {
-            if (out[i] >= 'A' && out[i] <= 'Z') out[i] = (char)(out[i] + ('a' - 'A'));
+            char c = n[i];
+            out[i] = c >= 'A' && c <= 'Z' ? (char)(c + ('a' - 'A')) : c;
         }
     }
     while (end > 0 && (v[end - 1] == ' ' || v[end - 1] == '\t')) end--;

@@ -6,6 +6,7 @@ request fed in any split into reads, hot or not, well-formed or not."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 from typing import Any
 
 import pytest
@@ -51,6 +52,28 @@ def test_the_header_sink_keeps_what_uvicorns_on_header_keeps(fields: list[tuple[
     assert kept == uvicorns.headers
     assert all(type(n) is bytes and type(v) is bytes for n, v in kept)
     assert sink.expect is uvicorns.expect_100_continue
+
+
+BYTE_VALUES = bytes(range(256))
+
+
+@needs_sink
+def test_a_one_letter_name_is_lowered_in_a_new_object_not_in_pythons_shared_one_byte_bytes() -> None:
+    """BYTE_VALUES[68:69] and every other one-byte bytes object is CPython's one shared object per byte value: lowering
+    a one-letter name in place turned b"D" into b"d" for the whole process (tests/server/test_tally.py's
+    test_byte_by_byte then missed "[DONE]" after test_the_header_sink_keeps_what_uvicorns_on_header_keeps drew
+    b"D", b"O", b"N" or b"E" as a name). A shared object found changed is put back, so a failure here stays here."""
+    sink = header_sink()
+    sink.headers = kept = []
+    changed = []
+    for c in range(ord("A"), ord("Z") + 1):
+        sink(bytes([c]), b"v")
+        shared = BYTE_VALUES[c:c + 1]
+        if shared[0] != c:
+            changed.append(chr(c))
+            ctypes.memset(id(shared) + bytes.__basicsize__ - 1, c, 1)  # ob_sval[0], back as it was
+    assert not changed, f"the shared one-byte bytes of {changed} were lowered in place"
+    assert kept == [(bytes([c]), b"v") for c in range(ord("a"), ord("z") + 1)]
 
 
 @needs_sink
