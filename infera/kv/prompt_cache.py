@@ -263,43 +263,20 @@ class PromptCache:
         native = self._native
         bounds = self._bounds
         assert native is not None and bounds is not None
-        cuts = base.cuts
-        before = cuts[: k + 1]
+        before = base.cuts[: k + 1]
         start, _, offset, _ = before[-1]
         known = base.hashes
-        sizes = self._sizes
-        sizes.update(known)
-        # _state inline (a frame less a hit): the base's last cut's state, or the one kept for the cut branched off from
-        last = k == len(cuts) - 1
-        branch = base.branch
-        state = base.state if last else branch[1] if branch is not None and branch[0] == k else None
+        self._sizes.update(known)
+        state = self._state(base, k)
         ids, complete, got = native.prompt_extend(data, start, base.ids, offset, self._packer,
-                                                  tuple(sizes), known, offset - 1, *bounds, self._names_t,
-                                                  self._tokens, state, TAIL_WINDOW, not last)
-        if listed or got is None:  # the rarer ways: as _cut_entry and _finish
-            out: PromptIds | None = None
-            if listed:
-                out = PromptIds()
-                native.u32_fill(out, ids, self._ints)
-            return self._finish(self._cut_entry(got, data, ids, before, base, k), base, k, ids, complete, out,
-                                known, offset)
-        # _cut_entry's and _finish's lines for the router's case (a remembered prompt, an ArrayIds): three frames less
-        new, end, stream, at_start = got
-        if at_start is not None:
-            base.branch = (k, at_start)
-        entry = _Entry(data, ids, before + new)
-        if end == entry.cuts[-1][0]:
-            entry.state = stream
-        reused = before[-1][2]
-        with self._lock:
-            self._store(entry, base, k)
-            self.hits += 1
-            self.reused_tokens += reused
-            self.encoded_tokens += len(ids) - reused
-        own = entry.hashes
-        for size, h in complete.items():
-            own[size] = h.copy()
-        return ArrayIds(ids, complete, own)
+                                                  tuple(self._sizes), known, offset - 1, *bounds, self._names_t,
+                                                  self._tokens, state, TAIL_WINDOW, k < len(base.cuts) - 1)
+        out: PromptIds | None = None
+        if listed:
+            out = PromptIds()
+            native.u32_fill(out, ids, self._ints)
+        return self._finish(self._cut_entry(got, data, ids, before, base, k), base, k, ids, complete, out, known,
+                            offset)
 
     @staticmethod
     def _state(base: _Entry | None, k: int) -> xxhash.xxh3_64 | bytes | None:
