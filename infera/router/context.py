@@ -57,17 +57,9 @@ class ContextBuilder:
     def build(self, req: RouteRequest) -> RoutingContext:
         if not self._tokenize:
             return self._context(req, None)
-        renderer = self.renderer
-        payload = req.payload
         try:
-            # a chat prompt's ids as the prompt cache holds them (ArrayIds: counted and hashed, no list built);
-            # _prompt_ids' and _chat_text's lines here: two frames less a request (each costs µs in a cold process)
-            if req.kind == "chat" and renderer is not None:
-                kwargs = payload.get("chat_template_kwargs") or {}
-                token_ids = renderer.encode_chat_ids(
-                    renderer.render_chat(list(payload["messages"]), tools=payload.get("tools"), **kwargs))
-            else:
-                token_ids = self.prompt_tokens(req.kind, payload)
+            # a chat prompt's ids as the prompt cache holds them (ArrayIds: counted and hashed, no list built)
+            token_ids = self._prompt_ids(req.kind, req.payload)
         except Exception as exc:
             log.debug("could not render the prompt for routing: %s", exc)
             token_ids = None
